@@ -1,0 +1,8 @@
+"""arrcoc demo (not built yet: see the open issues)."""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="(not available yet)")
+    p.set_defaults(func=lambda args: print("arrcoc demo is not available yet") or 1)

@@ -1,0 +1,55 @@
+"""arrcoc infer IMAGE --query TEXT [--backend eager] [--json OUT] [--png OUT]"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("infer", help="relevance heatmap of one image for one query")
+    p.add_argument("image", type=Path)
+    p.add_argument("--query", "-q", required=True)
+    p.add_argument("--backend", default="eager", choices=("eager", "compiled", "onnx"))
+    p.add_argument("--variant", default=None, help="model variant (default: settings)")
+    p.add_argument("--weights", default="default", help="weights file; 'none' for untrained")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--k", type=int, default=None, help="cells to select (default 200)")
+    p.add_argument("--token-budget", type=int, default=None)
+    p.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
+    p.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..images import load_image
+    from ..pipeline import Controls, RelevancePipeline
+    from ..render import overlay
+    from ..settings import get_settings
+
+    settings = get_settings()
+    weights = None if args.weights == "none" else args.weights
+    pipe = RelevancePipeline(
+        args.variant or settings.variant, weights, args.backend, args.device,
+        buckets=(1,), cache_dir=settings.cache_dir,
+    )  # fmt: skip
+    pipe.warmup()
+    controls = Controls(k=args.k, token_budget=args.token_budget)
+    [result] = pipe.infer([args.image], args.query, controls)
+    doc = result.to_json()
+    if args.json_out is not None:
+        text = json.dumps(doc)
+        if str(args.json_out) == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            args.json_out.write_text(text)
+    if args.png_out is not None:
+        overlay(load_image(args.image), result.relevance).save(args.png_out)
+    if args.json_out is None or str(args.json_out) != "-":
+        top = ", ".join(f"({i // result.grid},{i % result.grid})" for i in result.selected[:5])
+        bal = " ".join(f"{n}={w:.2f}" for n, w in zip(doc["balance_names"], doc["balance"]))
+        print(f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]")
+        print(f"  top cells (row,col): {top}   weights: {bal}")
+        print(f"  {result.k} cells, {doc['tokens_used']} tokens; model {result.timings_ms['model_ms']:.1f} ms")
+    return 0

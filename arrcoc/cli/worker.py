@@ -1,0 +1,8 @@
+"""arrcoc worker (not built yet: see the open issues)."""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("worker", help="(not available yet)")
+    p.set_defaults(func=lambda args: print("arrcoc worker is not available yet") or 1)

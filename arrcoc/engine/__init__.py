@@ -1,0 +1,45 @@
+"""Inference engine: one interface, one module per backend, one factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import EngineError
+from .base import Backend
+
+BACKENDS = ("eager", "compiled", "onnx")
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError("CUDA was requested but no GPU is visible; use --device cpu.")
+    return dev
+
+
+def create_backend(
+    name: str,
+    model: nn.Module,
+    device: str | torch.device = "auto",
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+    dtype: torch.dtype = torch.float32,
+    cache_dir: Path | None = None,
+) -> Backend:
+    dev = resolve_device(device)
+    if name == "eager":
+        from .eager import EagerBackend as cls
+    elif name == "compiled":
+        from .compiled import CompiledBackend as cls
+    elif name == "onnx":
+        from .onnx import OnnxBackend as cls
+    else:
+        raise EngineError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}.")
+    return cls(model, dev, buckets, dtype, cache_dir)
+
+
+__all__ = ["Backend", "BACKENDS", "create_backend", "resolve_device"]

@@ -1,0 +1,93 @@
+"""The three ways of knowing: information, perspectival and participatory scorers.
+
+Each maps a batch to (B, G, G) scores in [0, 1], per image.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .texture import minmax
+
+HIST_BINS = 16
+
+
+def cell_index_map(size: int, cell: int = 16) -> Tensor:
+    """(S*S,) int64: for each pixel (row-major), the row-major index of its cell."""
+    grid = size // cell
+    rows = torch.arange(size) // cell
+    return (rows.view(-1, 1) * grid + rows.view(1, -1)).reshape(-1)
+
+
+def luminance_entropy(images: Tensor, cell_of_pixel: Tensor, grid: int) -> Tensor:
+    """Information: Shannon entropy of each cell's 16-bin luminance histogram, over log(16).
+
+    images: uint8 (B, 3, S, S). Luminance and bins are computed in integers so every backend
+    (eager, Inductor, ONNX Runtime) puts each pixel in exactly the same bin.
+    """
+    b = images.shape[0]
+    px = images.to(torch.int32)
+    grey = px[:, 0] * 299 + px[:, 1] * 587 + px[:, 2] * 114  # (B, S, S) in [0, 255000]
+    bins = (grey * HIST_BINS) // 255001  # (B, S, S) in [0, 15]
+    index = cell_of_pixel.view(1, -1) * HIST_BINS + bins.reshape(b, -1).to(torch.int64)
+    counts = torch.zeros(b, grid * grid * HIST_BINS, dtype=torch.float32, device=images.device)
+    counts = counts.scatter_add(1, index, torch.ones_like(index, dtype=torch.float32))
+    p = counts.view(b, grid * grid, HIST_BINS)
+    p = p / p.sum(dim=-1, keepdim=True)
+    entropy = -(p * torch.log(p.clamp_min(1e-12))).sum(dim=-1) / math.log(HIST_BINS)
+    return entropy.view(b, grid, grid).clamp(0.0, 1.0)
+
+
+def channel_softmax_entropy(texture: Tensor) -> Tensor:
+    """arr-coc-0-1's information score: entropy of a softmax over the 13 channels, min-max.
+
+    Kept as an option; it mostly measures position, since channels 8-10 dominate.
+    """
+    p = torch.softmax(texture, dim=1)
+    h = -(p * torch.log(p.clamp_min(1e-12))).sum(dim=1)
+    return minmax(h)
+
+
+def salience(texture: Tensor) -> Tensor:
+    """Perspectival: edge magnitude (channel 7) and local contrast (channel 12), min-max."""
+    return minmax(0.5 * texture[:, 7] + 0.5 * texture[:, 12])
+
+
+class ParticipatoryScorer(nn.Module):
+    """Query coupling: cosine between a per-cell embedding of the texture and the query.
+
+    arr-coc-0-1 used a 1x1-conv MLP, which sees one cell and cannot ground sizes or relations.
+    Here three 3x3 convs (dilations 1, 2, 4: a 15x15-cell receptive field) are FiLM-modulated
+    by the query, and a global-context branch (mean over the grid) lets a cell compare itself
+    with the rest of the image ("the largest", "left of").
+    """
+
+    def __init__(self, channels: int = 13, hidden: int = 64, query_dim: int = 384, embed_dim: int = 128):
+        super().__init__()
+        self.stem = nn.Conv2d(channels, hidden, 3, padding=1)
+        self.convs = nn.ModuleList(
+            [nn.Conv2d(hidden, hidden, 3, padding=d, dilation=d) for d in (2, 4)]
+        )
+        self.film = nn.Linear(query_dim, 2 * hidden * 3)
+        self.mix = nn.Conv2d(2 * hidden, hidden, 1)
+        self.cell_proj = nn.Conv2d(hidden, embed_dim, 1)
+        self.query_proj = nn.Linear(query_dim, embed_dim)
+        self.hidden = hidden
+
+    def forward(self, texture: Tensor, query: Tensor) -> Tensor:
+        """texture (B, 13, G, G), query (B, Dq) -> scores (B, G, G) in [0, 1]."""
+        b = texture.shape[0]
+        film = self.film(query).view(b, 3, 2, self.hidden, 1, 1)
+        h = F.gelu(self.stem(texture)) * (1 + film[:, 0, 0]) + film[:, 0, 1]
+        for i, conv in enumerate(self.convs, start=1):
+            h = h + F.gelu(conv(h)) * (1 + film[:, i, 0]) + film[:, i, 1]
+        context = h.mean(dim=(-2, -1), keepdim=True).expand_as(h)
+        h = F.gelu(self.mix(torch.cat((h, h - context), dim=1)))
+        cells = F.normalize(self.cell_proj(h), dim=1)  # (B, E, G, G)
+        q = F.normalize(self.query_proj(query), dim=-1)  # (B, E)
+        cos = torch.einsum("behw,be->bhw", cells, q)
+        return (cos + 1.0) * 0.5

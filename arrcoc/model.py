@@ -1,0 +1,92 @@
+"""The ARR-COC model: uint8 images + query embeddings + controls -> relevance and allocation.
+
+One forward with static shapes, no host syncs and no graph breaks, so the same function runs
+eagerly, under torch.compile(fullgraph=True), inside a CUDA graph and as an ONNX export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from .attending import TokenAllocator
+from .balancing import TensionBalancer
+from .knowing import ParticipatoryScorer, cell_index_map, channel_softmax_entropy, luminance_entropy, salience
+from .texture import CHANNELS, TextureConstants, texture_from_float
+
+# controls (B, 5): scorer scales (information, perspectival, participatory), K, total tokens
+CONTROL_FIELDS = ("scale_information", "scale_perspectival", "scale_participatory", "k", "token_budget")
+
+
+class ModelOutput(NamedTuple):
+    relevance: Tensor  # (B, G, G) in [0, 1]
+    information: Tensor  # (B, G, G)
+    perspectival: Tensor  # (B, G, G)
+    participatory: Tensor  # (B, G, G)
+    balance: Tensor  # (B, 3) effective scorer weights, sum to 1
+    tensions: Tensor  # (B, 3) in (0, 1)
+    order: Tensor  # (B, N) int64 cells by relevance, highest first
+    budgets: Tensor  # (B, N) tokens per rank, 0 past K
+    budget_map: Tensor  # (B, G, G)
+    texture: Tensor  # (B, 13, G, G)
+
+
+@dataclass(frozen=True)
+class TextureModelConfig:
+    image_size: int = 512  # S: images are resized to S x S
+    cell: int = 16  # pixels per cell side; G = S / cell = 32
+    compat: bool = False  # arr-coc-0-1's texture channels 11-12 and bilinear sampling
+    information: str = "entropy"  # "entropy" (luminance histogram) | "softmax" (arr-coc-0-1)
+    hidden: int = 64  # participatory conv width: small, the grid is only 32 x 32
+    embed_dim: int = 128  # joint cell/query space
+    query_dim: int = 384  # all-MiniLM-L6-v2
+    k: int = 200  # cells selected by default (of 1024)
+    token_budget: int = 25600  # default total: 128 tokens per selected cell on average
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.cell
+
+
+class ArrcocTexture(nn.Module):
+    def __init__(self, config: TextureModelConfig = TextureModelConfig()):
+        super().__init__()
+        assert config.image_size % config.cell == 0 and config.cell == 16
+        self.config = config
+        self.constants = TextureConstants(config.grid)
+        self.register_buffer("cell_of_pixel", cell_index_map(config.image_size), persistent=False)
+        self.participatory = ParticipatoryScorer(CHANNELS, config.hidden, config.query_dim, config.embed_dim)
+        self.balancer = TensionBalancer(config.query_dim)
+        self.allocator = TokenAllocator()
+
+    def default_controls(self, batch: int, device: torch.device | None = None) -> Tensor:
+        c = self.config
+        row = torch.tensor([1.0, 1.0, 1.0, float(c.k), float(c.token_budget)], device=device)
+        return row.expand(batch, -1).contiguous()
+
+    def scorer_maps(self, images: Tensor, query: Tensor) -> tuple[Tensor, Tensor]:
+        """(maps (B, 3, G, G), texture (B, 13, G, G)): the part training needs."""
+        c = self.config
+        rgb = images.to(torch.float32) / 255.0
+        texture, _ = texture_from_float(rgb, self.constants, c.grid, c.compat)
+        if c.information == "softmax":
+            information = channel_softmax_entropy(texture)
+        else:
+            information = luminance_entropy(images, self.cell_of_pixel, c.grid)
+        maps = torch.stack(
+            (information, salience(texture), self.participatory(texture, query)), dim=1
+        )
+        return maps, texture
+
+    def forward(self, images: Tensor, query: Tensor, controls: Tensor) -> ModelOutput:
+        """images uint8 (B, 3, S, S); query (B, 384); controls (B, 5) see CONTROL_FIELDS."""
+        maps, texture = self.scorer_maps(images, query)
+        balanced = self.balancer(maps, query, controls[:, 0:3])
+        alloc = self.allocator(balanced.relevance, controls[:, 3], controls[:, 4])
+        return ModelOutput(
+            balanced.relevance, maps[:, 0], maps[:, 1], maps[:, 2], balanced.weights,
+            balanced.tensions, alloc.order, alloc.budgets, alloc.budget_map, texture,
+        )  # fmt: skip

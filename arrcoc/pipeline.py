@@ -1,0 +1,143 @@
+"""The library's front door: images + queries -> RelevanceResult, on any backend.
+
+    pipe = RelevancePipeline("arrcoc-texture", backend="eager")
+    [result] = pipe.infer(["photo.jpg"], "the red mug")
+
+Executors (in-process and Celery) and the CLI all call this, so every path gives the same result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .engine import Backend, create_backend, resolve_device
+from .errors import InvalidInputError
+from .images import ImageLike, ImageLimits, load_image, to_tensor
+from .query import QueryEncoder
+from .registry import create_model, get_variant
+from .result import RelevanceResult
+
+
+@dataclass(frozen=True)
+class Controls:
+    """What a user may change per request (arr-coc-0-1's sliders, K and the token budget)."""
+
+    scale_information: float = 1.0
+    scale_perspectival: float = 1.0
+    scale_participatory: float = 1.0
+    k: int | None = None  # None: the variant's default
+    token_budget: int | None = None
+
+    def validated(self, cells: int, default_k: int, default_budget: int) -> "Controls":
+        scales = (self.scale_information, self.scale_perspectival, self.scale_participatory)
+        if any(not np.isfinite(s) or s < 0 or s > 10 for s in scales):
+            raise InvalidInputError("Scorer scales must be numbers between 0 and 10.")
+        if sum(scales) <= 0:
+            raise InvalidInputError("At least one scorer scale must be above 0.")
+        k = default_k if self.k is None else int(self.k)
+        if not 1 <= k <= cells:
+            raise InvalidInputError(f"K must be between 1 and {cells} (the number of cells).")
+        budget = default_budget if self.token_budget is None else int(self.token_budget)
+        if not 64 * k <= budget <= 400 * cells:
+            raise InvalidInputError(
+                f"The token budget must be between 64*K = {64 * k} and {400 * cells} tokens."
+            )
+        return Controls(*scales, k, budget)
+
+    def as_row(self) -> list[float]:
+        return [self.scale_information, self.scale_perspectival, self.scale_participatory,
+                float(self.k), float(self.token_budget)]  # fmt: skip
+
+
+class RelevancePipeline:
+    def __init__(
+        self,
+        variant: str = "arrcoc-texture",
+        weights: str | Path | None = "default",
+        backend: str | Backend = "eager",
+        device: str = "auto",
+        query_encoder: QueryEncoder | None = None,
+        limits: ImageLimits = ImageLimits(),
+        buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+        cache_dir: Path | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        self.variant = get_variant(variant)
+        self.device = resolve_device(device)
+        if isinstance(backend, Backend):
+            self.backend = backend
+            self.model = backend.model
+        else:
+            self.model = create_model(variant, weights, self.device)
+            self.backend = create_backend(backend, self.model, self.device, buckets, dtype, cache_dir)
+        self.encoder = query_encoder or QueryEncoder()
+        self.limits = limits
+
+    def warmup(self) -> None:
+        self.backend.warmup()
+
+    @property
+    def weights_version(self) -> str:
+        return getattr(self.model, "weights_version", "untrained")
+
+    def infer(
+        self,
+        images: list[ImageLike] | ImageLike,
+        queries: list[str] | str,
+        controls: list[Controls] | Controls | None = None,
+    ) -> list[RelevanceResult]:
+        """One result per image. A single query (or Controls) applies to every image."""
+        if not isinstance(images, list):
+            images = [images]
+        n = len(images)
+        if n == 0:
+            raise InvalidInputError("No images given.")
+        queries = [queries] * n if isinstance(queries, str) else list(queries)
+        if len(queries) != n:
+            raise InvalidInputError(f"{n} images but {len(queries)} queries.")
+        controls = [controls or Controls()] * n if not isinstance(controls, list) else controls
+        if len(controls) != n:
+            raise InvalidInputError(f"{n} images but {len(controls)} control sets.")
+        t0 = time.perf_counter()
+        cfg = self.model.config
+        cells = cfg.grid * cfg.grid
+        checked = [c.validated(cells, cfg.k, cfg.token_budget) for c in controls]
+        query_vecs = self.encoder.encode(queries)
+        pil = [load_image(im, self.limits) for im in images]
+        batch = torch.stack([to_tensor(im, self.variant.image_size) for im in pil])
+        control_rows = torch.tensor([c.as_row() for c in checked], dtype=torch.float32)
+        t1 = time.perf_counter()
+        out = self.backend.run(batch, query_vecs, control_rows)
+        out = type(out)(*(t.detach().cpu() for t in out))
+        t2 = time.perf_counter()
+        timings = {"preprocess_ms": (t1 - t0) * 1e3, "model_ms": (t2 - t1) * 1e3}
+        return [self._result(out, i, queries[i], checked[i], pil[i].size, timings) for i in range(n)]
+
+    def _result(self, out, i: int, query: str, c: Controls, size: tuple[int, int], timings) -> RelevanceResult:
+        k = int(c.k)
+        return RelevanceResult(
+            variant=self.variant.name,
+            weights_version=self.weights_version,
+            backend=self.backend.name,
+            query=" ".join(query.split()),
+            relevance=out.relevance[i].numpy(),
+            information=out.information[i].numpy(),
+            perspectival=out.perspectival[i].numpy(),
+            participatory=out.participatory[i].numpy(),
+            balance=out.balance[i].numpy(),
+            tensions=out.tensions[i].numpy(),
+            selected=out.order[i, :k].numpy(),
+            budgets=out.budgets[i, :k].numpy().astype(np.int64),
+            budget_map=out.budget_map[i].numpy(),
+            texture=out.texture[i].numpy(),
+            image_size=size,
+            token_budget=int(c.token_budget),
+            benchmark_only=self.variant.benchmark_only,
+            bucket=self.backend.bucket_for(out.relevance.shape[0]),
+            timings_ms=dict(timings),
+        )

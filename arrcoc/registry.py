@@ -1,0 +1,85 @@
+"""Variant registry: names -> a small config + a builder + where its weights live (timm-style)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .errors import UnknownVariantError
+from .weights import load_weights
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    build: Callable[[], nn.Module]
+    image_size: int
+    grid: int
+    description: str
+    weights_file: str | None = None  # file under arrcoc/weights/, shipped with the package
+    benchmark_only: bool = False  # random weights: timing only, never meaningful output
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+_VARIANTS: dict[str, Variant] = {}
+
+
+def register_variant(variant: Variant) -> Variant:
+    if variant.name in _VARIANTS:
+        raise ValueError(f"variant {variant.name!r} registered twice")
+    _VARIANTS[variant.name] = variant
+    return variant
+
+
+def get_variant(name: str) -> Variant:
+    _register_builtins()
+    try:
+        return _VARIANTS[name]
+    except KeyError:
+        raise UnknownVariantError(
+            f"Unknown model variant {name!r}. Known variants: {', '.join(list_variants())}."
+        ) from None
+
+
+def list_variants() -> list[str]:
+    _register_builtins()
+    return sorted(_VARIANTS)
+
+
+def default_weights_path(name: str) -> Path | None:
+    v = get_variant(name)
+    return WEIGHTS_DIR / v.weights_file if v.weights_file else None
+
+
+def create_model(
+    name: str = "arrcoc-texture",
+    weights: str | Path | None = "default",
+    device: str | torch.device = "cpu",
+) -> nn.Module:
+    """Build a registered variant. weights: "default" (bundled), None (untrained), or a path.
+
+    The returned module carries `weights_version` ("untrained" when none were loaded).
+    """
+    variant = get_variant(name)
+    model = variant.build()
+    model.variant_name = name
+    model.weights_version = "untrained"
+    path = default_weights_path(name) if weights == "default" else weights
+    if path is not None:
+        if weights == "default" and not Path(path).is_file():
+            path = None  # variant ships no weights yet: stay untrained, and say so
+        else:
+            model.weights_version = load_weights(model, Path(path), name)
+    return model.to(device).eval()
+
+
+def _register_builtins() -> None:
+    if _VARIANTS:
+        return
+    from . import variants  # noqa: F401  (registers on import)

@@ -1,0 +1,51 @@
+"""Heatmap rendering, shared by the CLI, the demo and batch jobs. numpy + Pillow only."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+# anchor colours of a perceptually ordered map (dark purple -> orange -> pale yellow, "inferno")
+_ANCHORS = np.array(
+    [[0, 0, 4], [40, 11, 84], [101, 21, 110], [159, 42, 99], [212, 72, 66], [245, 125, 21],
+     [250, 193, 39], [252, 255, 164]],
+    dtype=np.float64,
+)  # fmt: skip
+_LUT = np.stack(
+    [np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(_ANCHORS)), _ANCHORS[:, c]) for c in range(3)],
+    axis=1,
+).astype(np.uint8)
+
+
+def colorize(values: np.ndarray, vmin: float = 0.0, vmax: float = 1.0) -> np.ndarray:
+    """(H, W) floats -> (H, W, 3) uint8 colours."""
+    scaled = (np.asarray(values, dtype=np.float64) - vmin) / max(vmax - vmin, 1e-12)
+    return _LUT[np.clip(scaled * 255.0 + 0.5, 0, 255).astype(np.uint8)]
+
+
+def heatmap_image(grid_values: np.ndarray, size: tuple[int, int], vmin: float = 0.0, vmax: float = 1.0) -> Image.Image:
+    """A (G, G) map as a colour image of `size` (width, height), cells kept crisp."""
+    return Image.fromarray(colorize(grid_values, vmin, vmax)).resize(size, Image.Resampling.NEAREST)
+
+
+def overlay(image: Image.Image, grid_values: np.ndarray, alpha: float = 0.55) -> Image.Image:
+    """The map blended over the image at the image's own size."""
+    base = image.convert("RGB")
+    heat = heatmap_image(grid_values, base.size)
+    return Image.blend(base, heat, float(np.clip(alpha, 0.0, 1.0)))
+
+
+def selection_mask(selected: np.ndarray, grid: int) -> np.ndarray:
+    """(G, G) bool: True on selected cells."""
+    mask = np.zeros(grid * grid, dtype=bool)
+    mask[np.asarray(selected, dtype=np.int64)] = True
+    return mask.reshape(grid, grid)
+
+
+def homunculus(image: Image.Image, selected: np.ndarray, grid: int, dim: float = 0.25) -> Image.Image:
+    """The image with rejected cells dimmed: what the model 'looks at'."""
+    base = np.asarray(image.convert("RGB"), dtype=np.float32)
+    h, w = base.shape[:2]
+    keep = np.asarray(Image.fromarray(selection_mask(selected, grid).astype(np.uint8) * 255).resize((w, h), Image.Resampling.NEAREST)) > 127
+    out = np.where(keep[..., None], base, base * dim)
+    return Image.fromarray(out.astype(np.uint8))

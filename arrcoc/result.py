@@ -1,0 +1,78 @@
+"""The result of one image + query: one typed, JSON-serialisable object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .balancing import SCORER_NAMES, TENSION_NAMES
+
+JSON_KEYS = (
+    "variant", "weights_version", "backend", "grid", "relevance", "information", "perspectival",
+    "participatory", "balance", "tensions", "selected", "budgets",
+)  # fmt: skip  -- the stable contract of `arrcoc infer --json`; add keys, never rename
+
+
+def _grid(a: np.ndarray) -> list[list[float]]:
+    return np.round(a.astype(np.float64), 6).tolist()
+
+
+@dataclass(frozen=True)
+class RelevanceResult:
+    variant: str
+    weights_version: str
+    backend: str
+    query: str
+    relevance: np.ndarray  # (G, G) in [0, 1]
+    information: np.ndarray  # (G, G)
+    perspectival: np.ndarray  # (G, G)
+    participatory: np.ndarray  # (G, G)
+    balance: np.ndarray  # (3,) information, perspectival, participatory; sums to 1
+    tensions: np.ndarray  # (3,) TENSION_NAMES order
+    selected: np.ndarray  # (K,) row-major cell indices, most relevant first
+    budgets: np.ndarray  # (K,) tokens per selected cell, in [64, 400]
+    budget_map: np.ndarray  # (G, G) tokens per cell, 0 where not selected
+    texture: np.ndarray  # (13, G, G)
+    image_size: tuple[int, int]  # original (width, height)
+    token_budget: int
+    benchmark_only: bool = False
+    bucket: int | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def grid(self) -> int:
+        return int(self.relevance.shape[0])
+
+    @property
+    def k(self) -> int:
+        return int(self.selected.shape[0])
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "variant": self.variant,
+            "weights_version": self.weights_version,
+            "backend": self.backend,
+            "grid": self.grid,
+            "relevance": _grid(self.relevance),
+            "information": _grid(self.information),
+            "perspectival": _grid(self.perspectival),
+            "participatory": _grid(self.participatory),
+            "balance": [round(float(x), 6) for x in self.balance],
+            "tensions": {n: round(float(x), 6) for n, x in zip(TENSION_NAMES, self.tensions)},
+            "selected": [int(x) for x in self.selected],
+            "budgets": [int(x) for x in self.budgets],
+            # extras
+            "query": self.query,
+            "k": self.k,
+            "token_budget": self.token_budget,
+            "tokens_used": int(self.budgets.sum()),
+            "balance_names": list(SCORER_NAMES),
+            "budget_map": np.asarray(self.budget_map, dtype=np.int64).tolist(),
+            "image_size": list(self.image_size),
+            "benchmark_only": self.benchmark_only,
+            "bucket": self.bucket,
+            "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
+        }
+        return out

@@ -1,0 +1,123 @@
+"""Texture array: uint8 images [B, 3, S, S] -> float [B, 13, G, G] (G = S / 16).
+
+Channel order follows arr-coc-0-1:
+  0-2   R, G, B in [0, 1]
+  3     L* / 100 (CIE L*a*b*, sRGB D65)
+  4     (a* + 128) / 255
+  5-7   Sobel gx, gy, magnitude of the grey image, min-max normalised per image
+  8, 9  y and x in [0, 1]
+  10    eccentricity: distance from the centre over its maximum
+  11    default: (b* + 128) / 255            compat: copy of 7 (as arr-coc-0-1)
+  12    default: local luminance std (per cell, min-max per image)   compat: copy of 3
+
+Default mode averages every feature over its 16x16 cell (area pooling). `compat=True` reproduces
+arr-coc-0-1 exactly: bilinear point-sampling to G x G (align_corners=False, no antialias).
+Every normalisation is per image, so an image's map never depends on its batch-mates.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+CHANNELS = 13
+CHANNEL_NAMES = (
+    "red", "green", "blue", "lightness", "a*", "sobel_x", "sobel_y", "edge_magnitude",
+    "y", "x", "eccentricity", "b*", "local_contrast",
+)  # fmt: skip
+COMPAT_CHANNEL_NAMES = CHANNEL_NAMES[:11] + ("edge_magnitude_copy", "lightness_copy")
+
+# sRGB (linear) -> XYZ, D65 white point
+_RGB_TO_XYZ = (
+    (0.4124564, 0.3575761, 0.1804375),
+    (0.2126729, 0.7151522, 0.0721750),
+    (0.0193339, 0.1191920, 0.9503041),
+)
+_WHITE_D65 = (0.95047, 1.0, 1.08883)
+_GREY = (0.299, 0.587, 0.114)
+
+
+def minmax(x: Tensor, eps: float = 1e-8) -> Tensor:
+    """Min-max normalise each map over its last two dims. x: (B, C, H, W) or (B, H, W)."""
+    lo = x.amin(dim=(-2, -1), keepdim=True)
+    hi = x.amax(dim=(-2, -1), keepdim=True)
+    return (x - lo) / (hi - lo + eps)
+
+
+def rgb_to_lab(rgb: Tensor, rgb_to_xyz: Tensor, white: Tensor) -> Tensor:
+    """sRGB in [0, 1] (B, 3, H, W) -> CIE L*a*b* (B, 3, H, W)."""
+    linear = torch.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055).pow(2.4))
+    xyz = torch.einsum("ij,bjhw->bihw", rgb_to_xyz, linear) / white.view(1, 3, 1, 1)
+    delta = 6.0 / 29.0
+    f = torch.where(xyz > delta**3, xyz.clamp_min(1e-12).pow(1.0 / 3.0), xyz / (3 * delta**2) + 4.0 / 29.0)
+    fx, fy, fz = f[:, 0], f[:, 1], f[:, 2]
+    return torch.stack((116.0 * fy - 16.0, 500.0 * (fx - fy), 200.0 * (fy - fz)), dim=1)
+
+
+def sobel(grey: Tensor, kernels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """grey (B, 1, H, W) -> gx, gy, magnitude, each (B, 1, H, W). Replicate padding."""
+    g = F.conv2d(F.pad(grey, (1, 1, 1, 1), mode="replicate"), kernels)
+    gx, gy = g[:, 0:1], g[:, 1:2]
+    return gx, gy, torch.sqrt(gx * gx + gy * gy + 1e-8)
+
+
+def position_channels(grid: int, device: torch.device | None = None) -> Tensor:
+    """(3, G, G): y, x in [0, 1] and eccentricity (distance from the centre / its max)."""
+    t = torch.linspace(0.0, 1.0, grid, device=device)
+    y, x = torch.meshgrid(t, t, indexing="ij")
+    ecc = torch.sqrt((y - 0.5) ** 2 + (x - 0.5) ** 2)
+    return torch.stack((y, x, ecc / ecc.max()))
+
+
+def sobel_kernels() -> Tensor:
+    """(2, 1, 3, 3): gx positive where brightness increases rightwards, gy downwards."""
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
+    return torch.stack((kx, kx.t())).unsqueeze(1)
+
+
+class TextureConstants(nn.Module):
+    """Every constant the texture maths needs, as buffers: no host->device copy in forward."""
+
+    def __init__(self, grid: int):
+        super().__init__()
+        self.register_buffer("sobel", sobel_kernels(), persistent=False)
+        self.register_buffer("rgb_to_xyz", torch.tensor(_RGB_TO_XYZ), persistent=False)
+        self.register_buffer("white", torch.tensor(_WHITE_D65), persistent=False)
+        self.register_buffer("grey_weights", torch.tensor(_GREY).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("positions", position_channels(grid), persistent=False)
+
+
+def texture_from_float(rgb: Tensor, consts: TextureConstants, grid: int, compat: bool) -> tuple[Tensor, Tensor]:
+    """rgb (B, 3, S, S) in [0, 1] -> (texture (B, 13, G, G), grey (B, 1, S, S))."""
+    b = rgb.shape[0]
+    grey = (rgb * consts.grey_weights).sum(dim=1, keepdim=True)
+    lab = rgb_to_lab(rgb, consts.rgb_to_xyz, consts.white)
+    gx, gy, mag = sobel(grey, consts.sobel)
+    lightness = lab[:, 0:1] / 100.0
+    if compat:
+        full = torch.cat((rgb, lightness, (lab[:, 1:2] + 128.0) / 255.0, gx, gy, mag), dim=1)
+        small = F.interpolate(full, size=(grid, grid), mode="bilinear", align_corners=False)
+        edges = minmax(small[:, 5:8])
+        extra = torch.cat((edges[:, 2:3], small[:, 3:4]), dim=1)
+    else:
+        full = torch.cat(
+            (rgb, lightness, (lab[:, 1:2] + 128.0) / 255.0, gx, gy, mag, (lab[:, 2:3] + 128.0) / 255.0,
+             lightness * lightness),
+            dim=1,
+        )  # fmt: skip
+        small = F.adaptive_avg_pool2d(full, grid)
+        edges = minmax(small[:, 5:8])
+        variance = (small[:, 9:10] - small[:, 3:4] ** 2).clamp_min(0.0)
+        extra = torch.cat((small[:, 8:9], minmax(torch.sqrt(variance + 1e-12))), dim=1)
+    pos = consts.positions.unsqueeze(0).expand(b, -1, -1, -1)
+    return torch.cat((small[:, 0:5], edges, pos, extra), dim=1), grey
+
+
+def texture_array(images: Tensor, compat: bool = False) -> Tensor:
+    """uint8 images (B, 3, S, S) -> texture array (B, 13, S/16, S/16). Convenience wrapper."""
+    if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"expected uint8 (B, 3, S, S), got {images.dtype} {tuple(images.shape)}")
+    grid = images.shape[-1] // 16
+    consts = TextureConstants(grid).to(images.device)
+    return texture_from_float(images.float() / 255.0, consts, grid, compat)[0]

@@ -1,0 +1,28 @@
+"""The built-in variants. Importing this module registers them."""
+
+from __future__ import annotations
+
+from .model import ArrcocTexture, TextureModelConfig
+from .registry import Variant, register_variant
+
+_texture = TextureModelConfig()
+register_variant(
+    Variant(
+        name="arrcoc-texture",
+        build=lambda: ArrcocTexture(_texture),
+        image_size=_texture.image_size,
+        grid=_texture.grid,
+        description="13-channel texture array, 3x3-conv participatory scorer; the default",
+        weights_file="arrcoc-texture.safetensors",
+    )
+)
+_compat = TextureModelConfig(compat=True, information="softmax")
+register_variant(
+    Variant(
+        name="arrcoc-texture-compat",
+        build=lambda: ArrcocTexture(_compat),
+        image_size=_compat.image_size,
+        grid=_compat.grid,
+        description="arr-coc-0-1's texture channels and softmax-entropy information score",
+    )
+)
