@@ -1,0 +1,1 @@
+"""Running work: one Executor interface, an in-process and a Celery implementation."""
