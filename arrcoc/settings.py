@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     batch_max_size: int = 32
     task_time_limit_s: int = 600
     max_redeliveries: int = 3
+    visibility_timeout_s: int = 3600  # an unacked task is redelivered after this (worker died)
+    redis_prefix: str = "arrcoc"  # job store and image keys
+    redis_timeout_s: float = 5.0  # socket timeouts: no client call hangs on a dead Redis
+    max_archive_bytes: int = 1024 * 1024 * 1024  # batch zip upload
+    max_archive_ratio: int = 200  # uncompressed / compressed per entry above this: a zip bomb
+    worker_threads: int | None = None  # None: batch_max_size + 4 (threads pool: batching needs them)
 
     @field_validator("buckets")
     @classmethod

@@ -13,11 +13,16 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from ..errors import ArrcocError
 from ..pipeline import Controls
 from ..result import RelevanceResult
 
 
-class JobState(str, Enum):
+class ServiceUnavailableError(ArrcocError):
+    """The queue (Redis) or its workers did not answer in time: check that they run, then retry."""
+
+
+class JobState(str, Enum):  # noqa: UP042 -- str() of a member stays as it was
     PENDING = "pending"  # accepted, waiting for a worker
     RUNNING = "running"
     DONE = "done"
@@ -30,7 +35,7 @@ class JobState(str, Enum):
         return self in (JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.EXPIRED)
 
 
-class JobKind(str, Enum):
+class JobKind(str, Enum):  # noqa: UP042
     BATCH = "batch"
     BENCH = "bench"
 
@@ -95,7 +100,7 @@ class Executor(ABC):
     def bench_report(self, job_id: str) -> dict[str, Any]:
         """The benchmark report (JSON document) of a finished bench job."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- optional hook
         """Release connections and threads."""
 
 

@@ -1,0 +1,124 @@
+"""Dynamic batching: coalesce concurrent requests into one engine call (Triton-style).
+
+Callers `submit()` an item from any thread and wait on the returned Future. One batching thread
+takes the first waiting item, then keeps collecting until `max_batch` items are in hand or
+`max_delay_s` has passed since that first item, and runs them as one batch. Under load the
+backlog fills a batch at once (no delay); when idle a request waits at most `max_delay_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ArrcocError
+
+log = logging.getLogger(__name__)
+
+
+class DeadlineExceeded(ArrcocError, TimeoutError):
+    """A request waited past its deadline before the engine got to it."""
+
+
+@dataclass
+class _Request:
+    item: Any
+    future: Future
+    deadline: float | None  # time.monotonic() after which nobody waits for it
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+# run_batch(items) -> one result or one exception per item, in order
+RunBatch = Callable[[list[Any]], Sequence[Any]]
+
+
+class DynamicBatcher:
+    def __init__(self, run_batch: RunBatch, max_batch: int = 32, max_delay_s: float = 0.005, name: str = "batcher"):
+        assert max_batch >= 1 and max_delay_s >= 0
+        self.run_batch = run_batch
+        self.max_batch = max_batch
+        self.max_delay_s = max_delay_s
+        self.batch_sizes: Counter[int] = Counter()  # batch size -> how many batches ran
+        self.submitted = 0  # requests ever submitted
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Any, deadline: float | None = None) -> Future:
+        if self._closed:
+            raise ArrcocError("The batcher is shut down; the worker is stopping.")
+        fut: Future = Future()
+        self.submitted += 1
+        self._queue.put(_Request(item, fut, deadline))
+        return fut
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def close(self, timeout: float = 5.0) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join(timeout)
+
+    def _collect(self, first: _Request) -> list[_Request]:
+        batch = [first]
+        until = time.monotonic() + self.max_delay_s
+        while len(batch) < self.max_batch:
+            remaining = until - time.monotonic()
+            try:
+                req = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if req is None:  # closing: finish this batch first
+                self._queue.put(None)
+                break
+            batch.append(req)
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = self._collect(first)
+            now = time.monotonic()
+            live = []
+            for req in batch:
+                if req.future.set_running_or_notify_cancel() is False:
+                    continue
+                if req.deadline is not None and now > req.deadline:
+                    req.future.set_exception(DeadlineExceeded("The request waited too long in the queue; try again."))
+                else:
+                    live.append(req)
+            if not live:
+                continue
+            self.batch_sizes[len(live)] += 1
+            try:
+                results = list(self.run_batch([r.item for r in live]))
+                assert len(results) == len(live), "run_batch must return one result per item"
+            except BaseException as e:  # the whole batch failed: every caller hears why
+                log.exception("batch of %d failed", len(live))
+                results = [e] * len(live)
+            for req, res in zip(live, results, strict=True):
+                if isinstance(res, BaseException):
+                    req.future.set_exception(res)
+                else:
+                    req.future.set_result(res)
+        # fail whatever is still queued
+        while True:
+            try:
+                req = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if req is not None and req.future.set_running_or_notify_cancel():
+                req.future.set_exception(ArrcocError("The worker is stopping; try again."))

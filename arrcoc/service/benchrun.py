@@ -1,0 +1,91 @@
+"""Adapter to the engine's benchmark harness (arrcoc.bench), with a small fallback of our own.
+
+The harness is built in arrcoc/bench; until it is importable, the fallback times each backend and
+bucket on synthetic inputs so that bench jobs work end to end. Both return one JSON document.
+"""
+
+from __future__ import annotations
+
+import inspect
+import platform
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from ..settings import Settings
+from .executor import BenchRequest
+from .runtime import Runtime
+
+SCHEMA = "arrcoc.bench.service-fallback/1"
+
+
+def _harness():
+    try:
+        from ..bench import run_benchmark  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return run_benchmark
+
+
+def run_benchmark(request: BenchRequest, runtime: Runtime, settings: Settings) -> dict[str, Any]:
+    harness = _harness()
+    if harness is None:
+        return _fallback(request, runtime, settings)
+    kwargs = {"variants": list(request.variants), "backends": list(request.backends),
+              "buckets": list(request.buckets), "iterations": request.iterations, "warmup": request.warmup,
+              "device": request.device, "cache_dir": settings.cache_dir, **request.options}  # fmt: skip
+    params = inspect.signature(harness).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    report = harness(**kwargs)
+    return report if isinstance(report, dict) else dict(report)
+
+
+def _fallback(request: BenchRequest, runtime: Runtime, settings: Settings) -> dict[str, Any]:
+    from ..engine import create_backend, resolve_device
+    from ..registry import create_model, get_variant
+
+    device = resolve_device(request.device)
+    rows = []
+    for variant in request.variants:
+        size = get_variant(variant).image_size
+        model = create_model(variant, settings.weights or "default", device)
+        for backend_name in request.backends:
+            try:
+                backend = create_backend(backend_name, model, device, tuple(request.buckets), cache_dir=settings.cache_dir)
+                backend.warmup()
+            except Exception as e:  # a backend that cannot be built is reported, not fatal
+                rows.append({"variant": variant, "backend": backend_name, "error": f"{type(e).__name__}: {e}"})
+                continue
+            for bucket in request.buckets:
+                rows.append(_time_one(backend, variant, bucket, size, request))
+            backend.close()
+    return {
+        "schema": SCHEMA, "created_at": time.time(), "harness": "arrcoc.service.benchrun fallback",
+        "device": str(device), "torch": torch.__version__, "python": platform.python_version(),
+        "platform": platform.platform(), "request": {"iterations": request.iterations, "warmup": request.warmup},
+        "results": rows,
+    }  # fmt: skip
+
+
+def _time_one(backend, variant: str, bucket: int, size: int, request: BenchRequest) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (bucket, 3, size, size), dtype=torch.uint8, generator=g)
+    query = torch.nn.functional.normalize(torch.randn(bucket, 384, generator=g), dim=-1)
+    sync = torch.cuda.synchronize if backend.device.type == "cuda" else (lambda: None)
+    for _ in range(request.warmup):
+        backend.run(images, query)
+    sync()
+    times = []
+    for _ in range(max(1, request.iterations)):
+        t0 = time.perf_counter()
+        backend.run(images, query)
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    p = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+    return {"variant": variant, "backend": backend.name, "bucket": bucket, "iterations": len(times),
+            "mean_ms": round(statistics.fmean(times), 3), "p50_ms": round(p(0.5), 3), "p90_ms": round(p(0.9), 3),
+            "p99_ms": round(p(0.99), 3), "images_per_s": round(bucket * 1e3 / statistics.fmean(times), 2)}  # fmt: skip

@@ -1,0 +1,81 @@
+"""InProcessExecutor: no Redis. Threads in this process; batch jobs in the data dir.
+
+Interactive requests go through the same dynamic batcher and `Runtime.run_batch` as a Celery
+worker; batch and benchmark jobs run one at a time on a job thread through the same functions
+(`arrcoc.service.jobs`). Job state lives in memory: it survives a browser refresh, not a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..pipeline import Controls, RelevancePipeline
+from ..result import RelevanceResult
+from ..settings import Settings, get_settings
+from . import jobs
+from .executor import BenchRequest, Executor, JobStatus
+from .runtime import Runtime, validate_image, validate_query_text
+from .store import MemoryJobStore
+
+log = logging.getLogger(__name__)
+
+
+class InProcessExecutor(Executor):
+    def __init__(self, settings: Settings | None = None, pipeline: RelevancePipeline | None = None):
+        self.settings = settings or get_settings()
+        self.runtime = Runtime(self.settings, pipeline)
+        self.store = MemoryJobStore()
+        self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrcoc-job")
+
+    def warmup(self) -> None:
+        """Build and warm the engine now instead of on the first request."""
+        _ = self.runtime.pipeline
+
+    def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0) -> RelevanceResult:
+        pil = validate_image(image, self.settings)
+        text = validate_query_text(query, self.settings)
+        return self.runtime.infer(pil, text, controls or Controls(), timeout)
+
+    def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None) -> str:
+        job_id, chunks = jobs.create_batch_job(archive, query, controls, self.settings, self.store)
+        self._jobs.submit(self._run_batch, job_id, chunks)
+        return job_id
+
+    def _run_batch(self, job_id: str, chunks: list[tuple[int, int]]) -> None:
+        try:
+            for start, stop in chunks:
+                out = jobs.run_chunk(job_id, start, stop, self.runtime, self.store, self.settings)
+                if out.get("skipped"):
+                    break
+            jobs.maybe_finalize(job_id, self.store, self.settings)
+        except Exception as e:  # never leave a job "running" when its thread died
+            log.exception("batch job %s failed", job_id)
+            from .executor import JobState
+
+            self.store.set_state(job_id, JobState.FAILED, f"The job failed: {type(e).__name__}: {e}",
+                                 expect=(JobState.PENDING, JobState.RUNNING))  # fmt: skip
+
+    def submit_bench(self, request: BenchRequest) -> str:
+        job_id = jobs.create_bench_job(request, self.settings, self.store)
+        self._jobs.submit(jobs.run_bench_job, job_id, self.runtime, self.store, self.settings)
+        return job_id
+
+    def status(self, job_id: str) -> JobStatus:
+        return self.store.status(job_id)
+
+    def cancel(self, job_id: str) -> JobStatus:
+        jobs.cancel_job(job_id, self.store)
+        return self.store.status(job_id)
+
+    def batch_results(self, job_id: str) -> Path:
+        return jobs.results_zip(job_id, self.store, self.settings)
+
+    def bench_report(self, job_id: str) -> dict[str, Any]:
+        return jobs.bench_report(job_id, self.store, self.settings)
+
+    def close(self) -> None:
+        self._jobs.shutdown(wait=False, cancel_futures=True)
+        self.runtime.close()

@@ -1,0 +1,155 @@
+"""One engine per process: the pipeline, the device lock and the dynamic batcher.
+
+Both executors run work through a Runtime, so a result is the same whichever one served it.
+Nothing here touches the device until first use (`pipeline` is built lazily), so a Celery
+prefork parent can import this module and fork safely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ..errors import ArrcocError
+from ..images import ImageLimits, decode, read_bytes
+from ..pipeline import Controls, RelevancePipeline
+from ..query import validate_query
+from ..result import RelevanceResult
+from ..settings import Settings
+from .batching import DynamicBatcher
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def image_limits(settings: Settings) -> ImageLimits:
+    return ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.min_image_side)
+
+
+def validate_image(data: bytes, settings: Settings) -> Image.Image:
+    """The submitting side's check: raises ImageError with a clear message for bad bytes."""
+    limits = image_limits(settings)
+    return decode(read_bytes(data, limits), limits)
+
+
+def validate_query_text(query: str, settings: Settings) -> str:
+    return validate_query(query, settings.max_query_chars)
+
+
+def controls_to_dict(c: Controls | None) -> dict[str, Any]:
+    c = c or Controls()
+    return {"scale_information": c.scale_information, "scale_perspectival": c.scale_perspectival,
+            "scale_participatory": c.scale_participatory, "k": c.k, "token_budget": c.token_budget}  # fmt: skip
+
+
+def controls_from_dict(d: dict[str, Any] | None) -> Controls:
+    return Controls(**(d or {}))
+
+
+class Runtime:
+    def __init__(self, settings: Settings, pipeline: RelevancePipeline | None = None):
+        self.settings = settings
+        self._pipeline = pipeline
+        self._build_lock = threading.Lock()
+        self._batcher: DynamicBatcher | None = None
+        self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
+        self.exclusive_note: dict[str, Any] = {}  # what waited while the device was held
+
+    # -- the engine ------------------------------------------------------------------------
+    @property
+    def pipeline(self) -> RelevancePipeline:
+        if self._pipeline is None:
+            with self._build_lock:
+                if self._pipeline is None:
+                    self._pipeline = self._build()
+        return self._pipeline
+
+    def _build(self) -> RelevancePipeline:
+        from ..query import QueryEncoder
+
+        s = self.settings
+        t0 = time.perf_counter()
+        pipe = RelevancePipeline(
+            s.variant, s.weights or "default", s.backend, s.device,
+            query_encoder=QueryEncoder(s.query_encoder, s.query_cache_size, s.max_query_chars),
+            limits=image_limits(s), buckets=s.buckets, cache_dir=s.cache_dir,
+            dtype=_DTYPES.get(s.dtype, torch.float32),
+        )  # fmt: skip
+        pipe.warmup()
+        pipe.encoder.encode("warm up")  # load the query encoder now, not on the first request
+        log.info("engine %s/%s on %s ready in %.1f s", s.variant, pipe.backend.name, pipe.device,
+                 time.perf_counter() - t0)  # fmt: skip
+        return pipe
+
+    @property
+    def max_batch(self) -> int:
+        return max(1, min(self.settings.batch_max_size, max(self.settings.buckets)))
+
+    def run_batch(self, items: Sequence[tuple[Image.Image, str, Controls]]) -> list[RelevanceResult | Exception]:
+        """Decoded images + queries + controls -> one result or one error per item."""
+        pipe = self.pipeline
+        with self.device_lock:
+            try:
+                return list(pipe.infer([i[0] for i in items], [i[1] for i in items], [i[2] for i in items]))
+            except ArrcocError:
+                if len(items) == 1:
+                    raise
+            out: list[RelevanceResult | Exception] = []
+            for item in items:  # one bad item (query, controls) must not fail its neighbours
+                try:
+                    out.extend(pipe.infer([item[0]], [item[1]], [item[2]]))
+                except ArrcocError as e:
+                    out.append(e)
+            return out
+
+    # -- interactive requests: through the batcher -----------------------------------------
+    @property
+    def batcher(self) -> DynamicBatcher:
+        if self._batcher is None:
+            with self._build_lock:
+                if self._batcher is None:
+                    self._batcher = DynamicBatcher(
+                        self.run_batch, self.max_batch, self.settings.batch_max_delay_ms / 1e3, "arrcoc-batcher"
+                    )
+        return self._batcher
+
+    def infer(self, image: Image.Image, query: str, controls: Controls, timeout: float) -> RelevanceResult:
+        deadline = time.monotonic() + timeout
+        fut = self.batcher.submit((image, query, controls), deadline)
+        try:
+            return fut.result(timeout=timeout)
+        except TimeoutError:
+            fut.cancel()
+            from .batching import DeadlineExceeded
+
+            raise DeadlineExceeded(f"No result within {timeout:.0f} s; the engine is busy. Try again.") from None
+
+    # -- benchmarks: the device held exclusively -------------------------------------------
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[dict[str, Any]]:
+        """Hold the device: interactive batches and batch chunks wait until the block ends."""
+        t0 = time.perf_counter()
+        before = self._batcher.submitted if self._batcher else 0
+        with self.device_lock:
+            note: dict[str, Any] = {"waited_for_device_ms": round((time.perf_counter() - t0) * 1e3, 1)}
+            t1 = time.perf_counter()
+            try:
+                yield note
+            finally:
+                note["held_ms"] = round((time.perf_counter() - t1) * 1e3, 1)
+                after = self._batcher.submitted if self._batcher else 0
+                note["interactive_requests_waited"] = after - before
+
+    def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.close()
+        if self._pipeline is not None:
+            self._pipeline.backend.close()
