@@ -49,3 +49,34 @@ def homunculus(image: Image.Image, selected: np.ndarray, grid: int, dim: float =
     keep = np.asarray(Image.fromarray(selection_mask(selected, grid).astype(np.uint8) * 255).resize((w, h), Image.Resampling.NEAREST)) > 127
     out = np.where(keep[..., None], base, base * dim)
     return Image.fromarray(out.astype(np.uint8))
+
+
+def colormap_hex(n: int = 9) -> list[str]:
+    """n evenly spaced colours of the heatmap colour map as '#rrggbb' (for legends and colourbars)."""
+    return ["#{:02x}{:02x}{:02x}".format(*tuple(int(v) for v in _LUT[i])) for i in np.linspace(0, 255, n).astype(int)]
+
+
+def budget_image(budget_map: np.ndarray, size: tuple[int, int], vmax: float = 400.0) -> Image.Image:
+    """Tokens per cell (0 = not selected, shown near-black grey) as a colour image of `size`."""
+    values = np.asarray(budget_map, dtype=np.float64)
+    rgb = colorize(values, 0.0, vmax)
+    rgb[values <= 0] = (24, 24, 32)
+    return Image.fromarray(rgb).resize(size, Image.Resampling.NEAREST)
+
+
+def tint_cells(
+    image: Image.Image, grid: int, layers: list[tuple[np.ndarray, tuple[int, int, int]]], alpha: float = 0.55, dim: float = 1.0
+) -> Image.Image:
+    """The image (other cells multiplied by `dim`) with each (G, G) bool mask tinted in its colour."""
+    base = np.asarray(image.convert("RGB"), dtype=np.float32)
+    h, w = base.shape[:2]
+    painted = np.zeros((grid, grid), dtype=bool)
+    colour = np.zeros((grid, grid, 3), dtype=np.float32)
+    for mask, rgb in layers:
+        colour[mask] = rgb
+        painted |= mask
+    up = lambda a: np.asarray(Image.fromarray(a).resize((w, h), Image.Resampling.NEAREST))  # noqa: E731
+    keep = up(painted.astype(np.uint8) * 255)[..., None] > 127
+    col = up(colour.astype(np.uint8)).astype(np.float32)
+    out = np.where(keep, base * (1 - alpha) + col * alpha, base * dim)
+    return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))

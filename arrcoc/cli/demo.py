@@ -1,8 +1,26 @@
-"""arrcoc demo (not built yet: see the open issues)."""
+"""arrcoc demo [--port N] [--host H] [--share]: the Gradio demo (in-process executor unless
+ARRCOC_BROKER_URL points at a Redis broker)."""
 
 from __future__ import annotations
 
+import os
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="(not available yet)")
-    p.set_defaults(func=lambda args: print("arrcoc demo is not available yet") or 1)
+    p = sub.add_parser("demo", help="start the Gradio demo (http://127.0.0.1:7860)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   help="interface to listen on (0.0.0.0 for every interface)")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import logging
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from demo.app import launch
+
+    print(f"ARR-COC demo on http://{args.host}:{args.port} (Ctrl+C to stop)")
+    launch(server_name=args.host, server_port=args.port)
+    return 0

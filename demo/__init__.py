@@ -1,0 +1,1 @@
+"""ARR-COC Serve demo: the Gradio adapter (see demo/app.py)."""

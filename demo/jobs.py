@@ -1,0 +1,198 @@
+"""Batch and benchmark tabs: submit through the executor, poll status, fetch results and reports."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from arrcoc.errors import ArrcocError, InvalidInputError, JobError
+from arrcoc.pipeline import Controls
+from arrcoc.service.executor import BenchRequest, JobState, JobStatus
+
+from . import service
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+RESULT_COLUMNS = (
+    "variant", "backend", "bucket", "p50_ms", "p99_ms", "throughput_per_s", "speedup_vs_eager",
+    "max_abs_diff", "topk_agreement", "compile_s", "capture_s",
+)  # fmt: skip -- the report schema of the benchmark harness (arrcoc/bench)
+MANIFEST_SUFFIXES = (".csv", ".jsonl")
+STATE_ICON = {
+    JobState.PENDING: "⏳", JobState.RUNNING: "⚙️", JobState.DONE: "✅",
+    JobState.FAILED: "❌", JobState.CANCELLED: "⛔", JobState.EXPIRED: "⌛",
+}  # fmt: skip
+
+
+def _unavailable() -> str | None:
+    if service.executor_ready():
+        return None
+    return "Jobs need the serving executor (arrcoc.service.inprocess), which is not installed in this build."
+
+
+# ---- batch ------------------------------------------------------------------------------------
+
+
+def build_archive(zip_path: str | None, manifest_path: str | None) -> bytes:
+    """The uploaded zip, with an uploaded manifest (CSV or JSONL: file,query) added to it."""
+    if not zip_path:
+        raise InvalidInputError("Upload a .zip of images first.")
+    data = Path(zip_path).read_bytes()
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            names = zf.namelist()
+            if not any(not n.endswith("/") for n in names):
+                raise InvalidInputError("The zip is empty: put some images in it.")
+            if not manifest_path:
+                return data
+            suffix = Path(manifest_path).suffix.lower()
+            if suffix not in MANIFEST_SUFFIXES:
+                raise InvalidInputError("The manifest must be a .csv or .jsonl file with columns file,query.")
+            out = io.BytesIO()
+            with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+                for info in zf.infolist():
+                    if Path(info.filename).name not in ("manifest.csv", "manifest.jsonl"):
+                        dst.writestr(info, zf.read(info))
+                dst.writestr(f"manifest{suffix}", Path(manifest_path).read_bytes())
+            return out.getvalue()
+    except zipfile.BadZipFile as e:
+        raise InvalidInputError("That file is not a readable .zip archive.") from e
+
+
+def submit_batch(zip_path: str | None, manifest_path: str | None, query: str, controls: Controls) -> str:
+    if (why := _unavailable()) is not None:
+        raise JobError(why)
+    archive = build_archive(zip_path, manifest_path)
+    q = (query or "").strip() or None
+    if q is None and not manifest_path and not _zip_has_manifest(archive):
+        raise InvalidInputError("Type a query for every image, or add a manifest (file,query) to the zip.")
+    return service.executor().submit_batch(archive, q, controls)
+
+
+def _zip_has_manifest(archive: bytes) -> bool:
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        return any(Path(n).name in ("manifest.csv", "manifest.jsonl") for n in zf.namelist())
+
+
+def job_status(job_id: str) -> JobStatus:
+    job_id = (job_id or "").strip()
+    if not job_id:
+        raise InvalidInputError("Paste a job id first.")
+    if (why := _unavailable()) is not None:
+        raise JobError(why)
+    return service.executor().status(job_id)
+
+
+def status_markdown(st: JobStatus) -> str:
+    lines = [f"{STATE_ICON.get(st.state, '')} **{st.state.value}** — job `{st.job_id}` ({st.kind.value})"]
+    if st.total:
+        lines.append(f"{st.done} of {st.total} done" + (f", {st.failed} failed" if st.failed else ""))
+    if st.state == JobState.PENDING and st.queue_position is not None:
+        lines.append(f"queue position: {st.queue_position} job(s) ahead")
+    if st.updated_at and st.created_at:
+        lines.append(f"{max(st.updated_at - st.created_at, 0):.1f} s since submitted")
+    if st.message:
+        lines.append(st.message)
+    return "  \n".join(lines)
+
+
+def progress_html(st: JobStatus | None) -> str:
+    share = 0.0 if st is None else (1.0 if st.state == JobState.DONE else st.progress)
+    return (
+        f'<div class="arr-progress"><div class="arr-progress-fill" style="width:{share * 100:.1f}%"></div>'
+        f"<span>{share:.0%}</span></div>"
+    )
+
+
+def batch_results_file(job_id: str) -> str:
+    """A copy of the results zip in a temp folder Gradio may serve."""
+    src = Path(service.executor().batch_results(job_id))
+    dst = Path(tempfile.mkdtemp(prefix="arrcoc-batch-")) / f"arrcoc-batch-{job_id[:12]}.zip"
+    shutil.copyfile(src, dst)
+    return str(dst)
+
+
+# ---- benchmark --------------------------------------------------------------------------------
+
+
+def submit_bench(variant: str, backends: list[str], buckets: list[str], iterations: int, device: str) -> str:
+    if (why := _unavailable()) is not None:
+        raise JobError(why)
+    if not backends:
+        raise InvalidInputError("Choose at least one backend.")
+    if not buckets:
+        raise InvalidInputError("Choose at least one batch bucket.")
+    req = BenchRequest(
+        variants=(variant,), backends=tuple(backends), buckets=tuple(sorted(int(b) for b in buckets)),
+        iterations=int(iterations), warmup=max(1, min(10, int(iterations) // 5)), device=device,
+    )  # fmt: skip
+    return service.executor().submit_bench(req)
+
+
+def newest_report(folder: Path = BENCH_DIR) -> tuple[dict[str, Any] | None, str]:
+    """The newest stored report under benchmarks/ and its file name (None when there is none)."""
+    files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
+    for f in files:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("results"), list):
+            return doc, f.name
+    return None, ""
+
+
+def report_frame(report: dict[str, Any] | None) -> pd.DataFrame:
+    rows = (report or {}).get("results") or []
+    df = pd.DataFrame([{c: r.get(c) for c in RESULT_COLUMNS} for r in rows if isinstance(r, dict)], columns=list(RESULT_COLUMNS))
+    for c in RESULT_COLUMNS[2:]:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
+def plot_frames(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(latency by bucket, speedup vs eager, parity) frames for the native plots."""
+    if df.empty:
+        empty = pd.DataFrame({"bucket": [], "value": [], "series": []})
+        return empty, empty, empty
+    series = df["backend"].astype(str) + (" · " + df["variant"].astype(str) if df["variant"].nunique() > 1 else "")
+    base = pd.DataFrame({"bucket": df["bucket"].astype(int), "series": series})
+    latency = base.assign(value=df["p50_ms"]).dropna()
+    speedup = base.assign(bucket=df["bucket"].astype(int).astype(str), value=df["speedup_vs_eager"]).dropna()
+    parity = base.assign(bucket=df["bucket"].astype(int).astype(str), value=df["max_abs_diff"]).dropna()
+    return latency, speedup, parity
+
+
+def report_markdown(report: dict[str, Any] | None, source: str) -> str:
+    if not report:
+        return "**No benchmark report yet.** Run one below; a stored report (`benchmarks/*.json`) is shown here once it exists."
+    env = report.get("env") or {}
+    bits = [f"{k} `{env[k]}`" for k in ("gpu", "torch", "triton", "onnxruntime", "cuda", "driver", "date", "commit") if env.get(k)]
+    rec = report.get("recompiles_after_warmup")
+    tail = f" · recompiles after warmup: **{rec}**" if rec is not None else ""
+    return f"**{source}** (schema {report.get('schema', '?')}) — " + " · ".join(bits) + tail
+
+
+def report_files(report: dict[str, Any], stem: str) -> list[str]:
+    folder = Path(tempfile.mkdtemp(prefix="arrcoc-bench-"))
+    (folder / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    report_frame(report).to_csv(folder / f"{stem}.csv", index=False)
+    return [str(folder / f"{stem}.json"), str(folder / f"{stem}.csv")]
+
+
+def friendly(e: Exception) -> str:
+    """A user-facing message for any job error."""
+    if isinstance(e, ArrcocError):
+        return str(e)
+    return f"Something went wrong on the server ({type(e).__name__}). Try again; details are in the server log."
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,254 @@
+"""Every view of the Inference tab, drawn from one stored run (never by running the model again).
+
+Each function takes a `Run` and returns what its Gradio components show: PIL images, markdown,
+HTML legends or pandas frames for the native plots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from arrcoc import metrics
+from arrcoc.balancing import SCORER_NAMES, TENSION_NAMES
+from arrcoc.render import budget_image, colorize, colormap_hex, heatmap_image, homunculus, overlay, tint_cells
+from arrcoc.result import RelevanceResult
+from arrcoc.texture import CHANNEL_NAMES, COMPAT_CHANNEL_NAMES
+
+DISPLAY_SIDE = 640  # longest side of the images the views show
+CHANNEL_GROUPS = {  # texture channel indices per group (arrcoc/texture.py order)
+    "colour": (0, 1, 2, 3, 4, 11),
+    "edges": (5, 6, 7, 12),
+    "position": (8, 9, 10),
+}
+MAPS = {  # overlay choices: label -> (RelevanceResult attribute, value range)
+    "relevance (balanced)": ("relevance", (0.0, 1.0)),
+    "information": ("information", (0.0, 1.0)),
+    "perspectival": ("perspectival", (0.0, 1.0)),
+    "participatory": ("participatory", (0.0, 1.0)),
+    "token budget": ("budget_map", (0.0, 400.0)),
+}
+SELECTED_RGB = (64, 224, 208)  # turquoise: stands out on the warm heatmap colours
+GAINED_RGB, LOST_RGB, KEPT_RGB = (46, 204, 113), (231, 76, 60), (240, 240, 240)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One click of Run: the photo as shown, the result, and the same run without the query."""
+
+    image: Image.Image  # display-sized RGB
+    result: RelevanceResult
+    without_query: RelevanceResult | None = None  # scale_participatory = 0
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.image.size
+
+
+def display_image(img: Image.Image, side: int = DISPLAY_SIDE) -> Image.Image:
+    img = img.convert("RGB")
+    scale = side / max(img.size)
+    if scale < 1:
+        img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.LANCZOS)
+    return img
+
+
+def colourbar_html(low: str, high: str, title: str) -> str:
+    stops = ", ".join(colormap_hex(9))
+    return (
+        f'<div class="arr-legend"><span class="arr-legend-title">{title}</span>'
+        f'<span>{low}</span><span class="arr-legend-bar" style="background: linear-gradient(to right, {stops})">'
+        f"</span><span>{high}</span></div>"
+    )
+
+
+def _cell(i: int, grid: int) -> str:
+    return f"({i // grid}, {i % grid})"
+
+
+# ---- overview -------------------------------------------------------------------------------
+
+
+def overview(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+    r = run.result
+    heat = heatmap_image(r.relevance, run.size)
+    chosen = tint_cells(run.image, r.grid, [(metrics.cell_mask(r.selected, r.grid), SELECTED_RGB)], alpha=0.45, dim=0.55)
+    return run.image, heat, chosen, summary_markdown(r)
+
+
+def summary_markdown(r: RelevanceResult) -> str:
+    weights = " · ".join(f"{n} **{w:.2f}**" for n, w in zip(SCORER_NAMES, r.balance, strict=True))
+    top = ", ".join(_cell(int(i), r.grid) for i in r.selected[:3])
+    t = r.timings_ms
+    timing = f"{t.get('model_ms', 0):.0f} ms model + {t.get('preprocess_ms', 0):.0f} ms preprocessing" if t else "n/a"
+    note = ""
+    if r.weights_version == "untrained":
+        note = "\n\n> ⚠️ These weights are **untrained** (random initialisation): maps show the pipeline, not learned relevance."
+    if r.benchmark_only:
+        note += "\n\n> ⚠️ **Benchmark-only variant**: randomly initialised, not meant for relevance."
+    return (
+        f"**“{r.query}”** — {r.k} of {r.grid * r.grid} cells selected, "
+        f"{int(r.budgets.sum()):,} of {r.token_budget:,} tokens. Most relevant cells (row, col): {top}.\n\n"
+        f"Balancer weights: {weights}. Time: {timing}. "
+        f"Model `{r.variant}` · weights `{r.weights_version}` · backend `{r.backend}`.{note}"
+    )
+
+
+# ---- homunculus, three ways, overlays ----------------------------------------------------------
+
+
+def homunculus_view(run: Run) -> tuple[Image.Image, str]:
+    r = run.result
+    cells = r.grid * r.grid
+    full_tokens = cells * 400
+    md = (
+        f"### {r.k} / {cells} cells kept — {cells / r.k:.1f}× fewer cells\n"
+        f"The model looks at the bright cells only; each gets 64–400 vision tokens by relevance. "
+        f"{int(r.budgets.sum()):,} tokens in all, {full_tokens / max(int(r.budgets.sum()), 1):.1f}× fewer than "
+        f"giving every cell the maximum ({full_tokens:,})."
+    )
+    return homunculus(run.image, r.selected, r.grid, dim=0.18), md
+
+
+def three_ways(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, Image.Image, str]:
+    r = run.result
+    maps = [heatmap_image(getattr(r, n), run.size) for n in ("information", "perspectival", "participatory", "relevance")]
+    rows = "\n".join(f"| {n} | {w:.3f} |" for n, w in zip(SCORER_NAMES, r.balance, strict=True))
+    tens = "\n".join(f"| {n.replace('_', ' ↔ ')} | {v:.3f} |" for n, v in zip(TENSION_NAMES, r.tensions, strict=True))
+    md = (
+        "The balancer mixes the three scorers with query-dependent weights (they sum to 1):\n\n"
+        f"| scorer | weight |\n|---|---|\n{rows}\n\n"
+        "Learned tensions (0 → first pole, 1 → second pole):\n\n"
+        f"| tension | value |\n|---|---|\n{tens}"
+    )
+    return (*maps, md)
+
+
+def overlay_view(run: Run | None, map_label: str, opacity: float) -> Image.Image | None:
+    if run is None:
+        return None
+    attr, (lo, hi) = MAPS.get(map_label, MAPS["relevance (balanced)"])
+    values = np.asarray(getattr(run.result, attr), dtype=np.float64)
+    heat = Image.fromarray(colorize(values, lo, hi)).resize(run.size, Image.Resampling.NEAREST)
+    if attr != "budget_map":
+        return overlay(run.image, values, opacity)
+    return Image.blend(run.image, heat, float(np.clip(opacity, 0, 1)))
+
+
+# ---- texture, budgets ----------------------------------------------------------------------------
+
+
+def texture_view(run: Run) -> tuple[list, list, list]:
+    r = run.result
+    names = COMPAT_CHANNEL_NAMES if "compat" in r.variant else CHANNEL_NAMES
+    galleries = []
+    for idx in CHANNEL_GROUPS.values():
+        items = []
+        for c in idx:
+            ch = np.asarray(r.texture[c], dtype=np.float64)
+            lo, hi = float(ch.min()), float(ch.max())
+            tile = Image.fromarray(colorize(ch, lo, hi if hi > lo else lo + 1)).resize((224, 224), Image.Resampling.NEAREST)
+            items.append((tile, f"{c}: {names[c]}  [{lo:.2f} … {hi:.2f}]"))
+        galleries.append(items)
+    return tuple(galleries)  # type: ignore[return-value]
+
+
+def budget_view(run: Run) -> tuple[Image.Image, str, pd.DataFrame]:
+    r = run.result
+    b = r.budgets
+    md = (
+        f"**{int(b.sum()):,}** of {r.token_budget:,} tokens over {r.k} cells: "
+        f"min {int(b.min())}, median {int(np.median(b))}, max {int(b.max())} tokens per cell. "
+        "Dark cells were not selected (0 tokens)."
+    )
+    curve = pd.DataFrame({"rank": np.arange(1, r.k + 1), "tokens": b.astype(int)})
+    return budget_image(r.budget_map, run.size), md, curve
+
+
+# ---- baseline, metrics -------------------------------------------------------------------------------
+
+METRIC_ROWS = (  # field, label, what it means
+    ("relevance_captured", "relevance captured", "share of the map's total relevance on kept cells"),
+    ("coverage", "coverage", f"share of the {metrics.REGIONS}×{metrics.REGIONS} regions with a kept cell"),
+    ("spatial_entropy", "spatial entropy", "0 = all in one region, 1 = spread evenly"),
+    ("mean_nn_distance", "mean NN distance", "cells from a kept cell to its nearest kept neighbour"),
+    ("clusters", "clusters", "8-connected groups of kept cells"),
+)
+
+
+def _metric_table(named: dict[str, metrics.SelectionMetrics]) -> pd.DataFrame:
+    rows = []
+    for field, label, meaning in METRIC_ROWS:
+        row = {"metric": label}
+        for name, m in named.items():
+            v = getattr(m, field)
+            row[name] = int(v) if isinstance(v, int) else round(float(v), 3)
+        row["meaning"] = meaning
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def comparison_view(run: Run) -> tuple[Image.Image, Image.Image, pd.DataFrame, str]:
+    r = run.result
+    base = metrics.uniform_selection(r.grid, r.k)
+    ours_m = metrics.selection_metrics(r.relevance, r.selected)
+    base_m = metrics.selection_metrics(r.relevance, base)
+    both = len(set(map(int, base)) & set(map(int, r.selected)))
+    md = (
+        f"Same K = {r.k}. ARR-COC keeps **{ours_m.relevance_captured:.0%}** of the map's relevance, the "
+        f"query-blind uniform grid **{base_m.relevance_captured:.0%}**; they share {both} cells."
+    )
+    images = [homunculus(run.image, sel, r.grid, dim=0.18) for sel in (r.selected, base)]
+    return images[0], images[1], _metric_table({"ARR-COC": ours_m, "uniform grid": base_m}), md
+
+
+def metrics_view(run: Run) -> pd.DataFrame:
+    r = run.result
+    return _metric_table({"ARR-COC": metrics.selection_metrics(r.relevance, r.selected)})
+
+
+# ---- query impact, attribution ----------------------------------------------------------------
+
+
+def impact_view(run: Run) -> tuple[Image.Image | None, Image.Image | None, Image.Image | None, str]:
+    r, w = run.result, run.without_query
+    if w is None:
+        return None, None, None, "Run the model to see what the query changes."
+    imp = metrics.query_impact(r.relevance, r.selected, w.relevance, w.selected)
+    g = r.grid
+    kept = metrics.cell_mask(np.array(sorted(set(map(int, r.selected)) & set(map(int, w.selected))), dtype=np.int64), g)
+    change = tint_cells(
+        run.image, g,
+        [(kept, KEPT_RGB), (metrics.cell_mask(imp.gained, g), GAINED_RGB), (metrics.cell_mask(imp.lost, g), LOST_RGB)],
+        alpha=0.6, dim=0.3,
+    )  # fmt: skip
+    md = (
+        f"**Overlap {imp.overlap}/{r.k} cells ({imp.overlap_share:.0%}, Jaccard {imp.jaccard:.2f})** between the "
+        f"selection with the query and without the participatory scorer (its scale set to 0). "
+        f"The relevance centroid moves **{imp.centroid_shift:.1f} cells**; mean |Δ relevance| per cell "
+        f"{imp.mean_abs_change:.3f}. <span style='color:#2ecc71'>■</span> gained by the query "
+        f"({len(imp.gained)}), <span style='color:#e74c3c'>■</span> lost ({len(imp.lost)}), ■ kept."
+    )
+    return heatmap_image(r.relevance, run.size), heatmap_image(w.relevance, run.size), change, md
+
+
+def attribution_view(run: Run) -> tuple[pd.DataFrame, str]:
+    r = run.result
+    names = COMPAT_CHANNEL_NAMES if "compat" in r.variant else CHANNEL_NAMES
+    corr = metrics.channel_attribution(r.texture, r.relevance)
+    group_of = {c: g for g, idx in CHANNEL_GROUPS.items() for c in idx}
+    df = pd.DataFrame({
+        "channel": [f"{i:02d} {n}" for i, n in enumerate(names)],
+        "correlation": np.round(corr, 4),
+        "group": [group_of[i] for i in range(len(names))],
+    })  # fmt: skip
+    order = np.argsort(-np.abs(corr))[:3]
+    top = ", ".join(f"{names[i]} ({corr[i]:+.2f})" for i in order)
+    md = (
+        "Pearson correlation, over the cells of this image, between each texture channel and the "
+        f"relevance map. Strongest: {top}. Correlation is a description, not a causal attribution."
+    )
+    return df, md
