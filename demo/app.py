@@ -45,7 +45,7 @@ BACKEND_LABELS = {
 }
 TITLE = "ARR-COC Serve — query-aware visual relevance"
 INTRO = """
-# 🔎 ARR-COC Serve
+# ARR-COC Serve
 Give a photo and a question: the model scores every 16×16-pixel cell of the image three ways —
 **information** (how much is there), **perspectival** salience (what stands out) and
 **participatory** coupling with your query — balances them into one relevance map, keeps the K most
@@ -62,6 +62,7 @@ CSS = """
 .arr-caption {color: var(--body-text-color-subdued); font-size: 0.9em;}
 footer {visibility: hidden;}
 """
+CHANNEL_GROUP_LABELS = ("colour: R, G, B, L*, a*, b*", "edges: Sobel x, y, magnitude, local contrast", "position: y, x, eccentricity")
 THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="amber")
 
 
@@ -110,7 +111,7 @@ def run_model(
         controls = Controls(float(s_info), float(s_persp), float(s_part), int(k), int(budget))
         image = views.display_image(load_image(data))
         progress(0.25, desc="Running the model (the first run also loads it)")
-        result = service.infer(data, query, controls, backend or "eager")
+        result = service.infer(data, query, controls, backend)
     except Exception as e:
         raise _user_error(e) from e
     run = Run(image=image, result=result)
@@ -126,7 +127,7 @@ def run_without_query(run: Run | None, image_path: str | None, backend: str) -> 
         return Run(run.image, r, r)
     try:
         c = Controls(1.0, 1.0, 0.0, r.k, r.token_budget)
-        without = service.infer(_read_image(image_path), r.query, c, backend or "eager")
+        without = service.infer(_read_image(image_path), r.query, c, backend)
     except Exception as e:  # the main views are already shown; say why this one is missing
         gr.Warning(f"Query impact unavailable: {e}")
         return run
@@ -173,7 +174,7 @@ def batch_submit(zip_path: str | None, manifest_path: str | None, query: str) ->
     except Exception as e:
         raise gr.Error(jobs.friendly(e)) from e
     gr.Info(f"Batch job {job_id} submitted.")
-    return job_id, f"⏳ job `{job_id}` submitted", jobs.progress_html(None), gr.Timer(active=True)
+    return job_id, f"batch job `{job_id}` submitted", jobs.progress_html(None), gr.Timer(active=True)
 
 
 def batch_poll(job_id: str) -> tuple[str, str, str | None, gr.Timer]:
@@ -183,7 +184,7 @@ def batch_poll(job_id: str) -> tuple[str, str, str | None, gr.Timer]:
         st = jobs.job_status(job_id)
         file = jobs.batch_results_file(st.job_id) if st.state == jobs.JobState.DONE else None
     except Exception as e:
-        return f"❌ {jobs.friendly(e)}", jobs.progress_html(None), None, gr.Timer(active=False)
+        return f"**Error:** {jobs.friendly(e)}", jobs.progress_html(None), None, gr.Timer(active=False)
     return jobs.status_markdown(st), jobs.progress_html(st), file, gr.Timer(active=not st.state.finished)
 
 
@@ -228,18 +229,18 @@ def bench_submit(variant: str, backends: list[str], buckets: list[str], iteratio
         job_id = jobs.submit_bench(variant, backends, buckets, int(iterations), device)
     except Exception as e:
         raise gr.Error(jobs.friendly(e)) from e
-    return job_id, f"⏳ benchmark `{job_id}` submitted", gr.Timer(active=True)
+    return job_id, f"benchmark job `{job_id}` submitted", gr.Timer(active=True)
 
 
 def _report_outputs(report: dict[str, Any] | None, source: str) -> tuple:
     df = jobs.report_frame(report)
     latency, speedup, parity = jobs.plot_frames(df)
     files = jobs.report_files(report, Path(source).stem or "report") if report else None
-    return jobs.report_markdown(report, source), df, latency, speedup, parity, files
+    return jobs.report_markdown(report, source), gr.Column(visible=report is not None), df, latency, speedup, parity, files
 
 
 def bench_poll(job_id: str) -> tuple:
-    keep = (gr.skip(),) * 6
+    keep = (gr.skip(),) * 7
     if not (job_id or "").strip():
         return ("", gr.Timer(active=False), *keep)
     try:
@@ -248,7 +249,7 @@ def bench_poll(job_id: str) -> tuple:
             return (jobs.status_markdown(st), gr.Timer(active=not st.state.finished), *keep)
         report = service.executor().bench_report(st.job_id)
     except Exception as e:
-        return (f"❌ {jobs.friendly(e)}", gr.Timer(active=False), *keep)
+        return (f"**Error:** {jobs.friendly(e)}", gr.Timer(active=False), *keep)
     return (jobs.status_markdown(st), gr.Timer(active=False), *_report_outputs(report, f"bench-{st.job_id[:12]}"))
 
 
@@ -272,11 +273,15 @@ def build_demo() -> gr.Blocks:
         gr.Markdown(INTRO)
         with gr.Tabs() as tabs:
             with gr.Tab("Inference", id="infer"):
+                query_in = gr.Textbox(label="Query", placeholder="what should the model look for? e.g. the red mug",
+                                      max_length=settings.max_query_chars, elem_id="query", render=False)  # fmt: skip
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=5):
                         image_in = photo_input(label="Photo", sources=["upload", "clipboard"], height=360, elem_id="photo")
+                        gr.Examples([[str(EXAMPLES_DIR / f), q] for f, q in EXAMPLES], [image_in, query_in],
+                                    label="Examples: public-domain photos from scikit-image", examples_per_page=5)  # fmt: skip
                     with gr.Column(scale=4):
-                        query_in = gr.Textbox(label="Query", placeholder="what should the model look for? e.g. the red mug", max_length=settings.max_query_chars, elem_id="query")
+                        query_in.render()
                         run_btn = gr.Button("Run", variant="primary", elem_id="run")
                         with gr.Accordion("Controls", open=True):
                             with gr.Row():
@@ -286,13 +291,13 @@ def build_demo() -> gr.Blocks:
                             with gr.Row():
                                 k_in = gr.Slider(1, GRID_CELLS, value=200, step=1, label="K (cells kept)")
                                 budget_in = gr.Slider(1024, 102400, value=25600, step=256, label="token budget", info="≥ 64 × K")
-                            backend_in = gr.Dropdown([(BACKEND_LABELS[b], b) for b in BACKENDS], value="eager", label="backend")
-                gr.Examples([[str(EXAMPLES_DIR / f), q] for f, q in EXAMPLES], [image_in, query_in], label="Examples (public-domain photos from scikit-image)")
+                            backend_in = gr.Dropdown([(BACKEND_LABELS[b], b) for b in BACKENDS], value=service.served_backend(), label="backend",
+                                                     info="the engine that runs the model; the Benchmark tab compares them")
                 with gr.Tabs(elem_id="views"):
                     with gr.Tab("Overview", id="overview"):
                         with gr.Row():
                             ov_photo = gr.Image(label="photo", interactive=False, buttons=["fullscreen"])
-                            ov_heat = gr.Image(label="relevance", interactive=False, elem_id="relevance-map", buttons=["download", "fullscreen"])
+                            ov_heat = gr.Image(label="relevance", interactive=False, format="png", elem_id="relevance-map", buttons=["download", "fullscreen"])
                             ov_sel = gr.Image(label="selected cells", interactive=False, buttons=["fullscreen"])
                         gr.HTML(views.colourbar_html("0 (irrelevant)", "1 (most relevant)", "relevance"))
                         ov_md = gr.Markdown("Upload a photo, type a query and press **Run** — or click an example.", elem_id="summary")
@@ -303,7 +308,7 @@ def build_demo() -> gr.Blocks:
                     with gr.Tab("Three ways", id="three"):
                         _caption("The three scorers (ways of knowing) and their balanced mix.")
                         with gr.Row():
-                            tw = [gr.Image(label=n, interactive=False) for n in ("information", "perspectival", "participatory (query)", "balanced relevance")]
+                            tw = [gr.Image(label=n, interactive=False, format="png") for n in ("information", "perspectival", "participatory (query)", "balanced relevance")]
                         gr.HTML(views.colourbar_html("0", "1", "score"))
                         tw_md = gr.Markdown()
                     with gr.Tab("Overlays", id="overlays"):
@@ -314,13 +319,13 @@ def build_demo() -> gr.Blocks:
                         gr.HTML(views.colourbar_html("low", "high", "map value (token budget: 0 … 400)"))
                     with gr.Tab("Texture channels", id="texture"):
                         _caption("The 13 per-cell features the scorers read, each scaled to its own range (shown in brackets).")
-                        tex = [gr.Gallery(label=g, columns=n, height="auto", object_fit="contain", allow_preview=True)
-                               for g, n in (("colour", 6), ("edges", 4), ("position", 3))]  # fmt: skip
+                        tex = [gr.Gallery(label=g, columns=6, rows=1, height=250, object_fit="contain", allow_preview=True)
+                               for g in CHANNEL_GROUP_LABELS]  # fmt: skip
                     with gr.Tab("LOD budget", id="budget"):
                         _caption("Level of detail: vision tokens per cell (64–400 for kept cells).")
                         with gr.Row():
                             with gr.Column():
-                                bud_img = gr.Image(label="tokens per cell", interactive=False)
+                                bud_img = gr.Image(label="tokens per cell", interactive=False, format="png")
                                 gr.HTML(views.colourbar_html("0", "400 tokens", "budget"))
                             bud_plot = gr.LinePlot(x="rank", y="tokens", title="tokens by relevance rank", x_title="rank of kept cell", y_title="tokens", height=320)
                         bud_md = gr.Markdown()
@@ -376,15 +381,16 @@ def build_demo() -> gr.Blocks:
                         bn_device = gr.Radio([("auto", "auto"), ("cpu", "cpu"), (cuda_label, "cuda")], value="auto", label="device")
                         bn_submit = gr.Button("Run benchmark", variant="primary")
                     with gr.Column():
-                        bn_job = gr.Textbox(label="benchmark job id")
-                        bn_status = gr.Markdown()
-                        bn_files = gr.File(label="report (JSON, CSV)", file_count="multiple", interactive=False)
+                        bn_job = gr.Textbox(label="benchmark job id", placeholder="paste a benchmark job id to see it again")
+                        bn_status = gr.Markdown("No benchmark job yet.", elem_id="bench-status")
                 bn_title = gr.Markdown(elem_id="bench-report-title")
-                bn_df = gr.DataFrame(label="results", interactive=False)
-                with gr.Row():
-                    bn_lat = gr.LinePlot(x="bucket", y="value", color="series", title="p50 latency by bucket", x_title="batch bucket", y_title="ms", height=320)
-                    bn_speed = gr.BarPlot(x="bucket", y="value", color="series", title="speedup vs eager", x_title="batch bucket", y_title="×", height=320)
-                    bn_parity = gr.BarPlot(x="bucket", y="value", color="series", title="parity: max |Δ| vs eager", x_title="batch bucket", y_title="max abs diff", height=320)
+                with gr.Column(visible=False) as bn_results:
+                    bn_df = gr.DataFrame(label="results", interactive=False, elem_id="bench-table")
+                    with gr.Row():
+                        bn_lat = gr.LinePlot(x="bucket", y="value", color="series", title="p50 latency by bucket", x_title="batch bucket", y_title="ms", height=320)
+                        bn_speed = gr.BarPlot(x="bucket", y="value", color="series", title="speedup vs eager", x_title="batch bucket", y_title="×", height=320)
+                        bn_parity = gr.BarPlot(x="bucket", y="value", color="series", title="parity: max |Δ| vs eager", x_title="batch bucket", y_title="max abs diff", height=320)
+                    bn_files = gr.File(label="download the report (JSON, CSV)", file_count="multiple", interactive=False)
                 bn_timer = gr.Timer(2.0, active=False)
 
         with gr.Row(visible=False):  # the /infer API endpoint's own components
@@ -420,7 +426,7 @@ def build_demo() -> gr.Blocks:
         b_show.click(None, b_job, None, js=PUSH_JOB_JS, **private)
         b_cancel.click(batch_cancel, b_job, b_status, api_name="batch_cancel")
 
-        bench_out = [bn_title, bn_df, bn_lat, bn_speed, bn_parity, bn_files]
+        bench_out = [bn_title, bn_results, bn_df, bn_lat, bn_speed, bn_parity, bn_files]
         bn_submit.click(bench_submit, [bn_variant, bn_backends, bn_buckets, bn_iters, bn_device], [bn_job, bn_status, bn_timer],
                         api_name="bench_submit").then(None, bn_job, None, js=PUSH_JOB_JS, **private)  # fmt: skip
         gr.on([bn_timer.tick, bn_job.submit], bench_poll, bn_job, [bn_status, bn_timer, *bench_out],

@@ -6,14 +6,13 @@ import io
 import json
 import shutil
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from arrcoc.errors import ArrcocError, InvalidInputError, JobError
+from arrcoc.errors import ArrcocError, InvalidInputError
 from arrcoc.pipeline import Controls
 from arrcoc.service.executor import BenchRequest, JobState, JobStatus
 
@@ -25,16 +24,10 @@ RESULT_COLUMNS = (
     "max_abs_diff", "topk_agreement", "compile_s", "capture_s",
 )  # fmt: skip -- the report schema of the benchmark harness (arrcoc/bench)
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
-STATE_ICON = {
-    JobState.PENDING: "⏳", JobState.RUNNING: "⚙️", JobState.DONE: "✅",
-    JobState.FAILED: "❌", JobState.CANCELLED: "⛔", JobState.EXPIRED: "⌛",
+STATE_COLOUR = {
+    JobState.PENDING: "#a3a3a3", JobState.RUNNING: "#6366f1", JobState.DONE: "#16a34a",
+    JobState.FAILED: "#dc2626", JobState.CANCELLED: "#f59e0b", JobState.EXPIRED: "#737373",
 }  # fmt: skip
-
-
-def _unavailable() -> str | None:
-    if service.executor_ready():
-        return None
-    return "Jobs need the serving executor (arrcoc.service.inprocess), which is not installed in this build."
 
 
 # ---- batch ------------------------------------------------------------------------------------
@@ -67,8 +60,6 @@ def build_archive(zip_path: str | None, manifest_path: str | None) -> bytes:
 
 
 def submit_batch(zip_path: str | None, manifest_path: str | None, query: str, controls: Controls) -> str:
-    if (why := _unavailable()) is not None:
-        raise JobError(why)
     archive = build_archive(zip_path, manifest_path)
     q = (query or "").strip() or None
     if q is None and not manifest_path and not _zip_has_manifest(archive):
@@ -85,13 +76,12 @@ def job_status(job_id: str) -> JobStatus:
     job_id = (job_id or "").strip()
     if not job_id:
         raise InvalidInputError("Paste a job id first.")
-    if (why := _unavailable()) is not None:
-        raise JobError(why)
     return service.executor().status(job_id)
 
 
 def status_markdown(st: JobStatus) -> str:
-    lines = [f"{STATE_ICON.get(st.state, '')} **{st.state.value}** — job `{st.job_id}` ({st.kind.value})"]
+    dot = f"<span style='color:{STATE_COLOUR.get(st.state, '#888')}'>●</span>"
+    lines = [f"{dot} **{st.state.value}** — {st.kind.value} job `{st.job_id}`"]
     if st.total:
         lines.append(f"{st.done} of {st.total} done" + (f", {st.failed} failed" if st.failed else ""))
     if st.state == JobState.PENDING and st.queue_position is not None:
@@ -123,8 +113,6 @@ def batch_results_file(job_id: str) -> str:
 
 
 def submit_bench(variant: str, backends: list[str], buckets: list[str], iterations: int, device: str) -> str:
-    if (why := _unavailable()) is not None:
-        raise JobError(why)
     if not backends:
         raise InvalidInputError("Choose at least one backend.")
     if not buckets:
@@ -150,18 +138,30 @@ def newest_report(folder: Path = BENCH_DIR) -> tuple[dict[str, Any] | None, str]
 
 
 def report_frame(report: dict[str, Any] | None) -> pd.DataFrame:
-    rows = (report or {}).get("results") or []
-    df = pd.DataFrame([{c: r.get(c) for c in RESULT_COLUMNS} for r in rows if isinstance(r, dict)], columns=list(RESULT_COLUMNS))
+    """The report's results as a table; speedup vs eager derived from p50 where the report lacks it."""
+    rows = [r for r in (report or {}).get("results") or [] if isinstance(r, dict)]
+    df = pd.DataFrame([{c: r.get(c) for c in RESULT_COLUMNS} for r in rows], columns=list(RESULT_COLUMNS))
+    if rows and df["throughput_per_s"].isna().all():
+        df["throughput_per_s"] = [r.get("images_per_s") for r in rows]
     for c in RESULT_COLUMNS[2:]:
         df[c] = pd.to_numeric(df[c], errors="coerce")
-    return df
+    if rows and df["speedup_vs_eager"].isna().all():
+        eager = df[df["backend"] == "eager"].set_index(["variant", "bucket"])["p50_ms"]
+        ref = [eager.get((v, b)) for v, b in zip(df["variant"], df["bucket"], strict=True)]
+        df["speedup_vs_eager"] = pd.to_numeric(pd.Series(ref), errors="coerce") / df["p50_ms"]
+    errors = [r.get("error") for r in rows]
+    if any(errors):
+        df["error"] = errors
+    return df.dropna(axis=1, how="all") if rows else df
 
 
 def plot_frames(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(latency by bucket, speedup vs eager, parity) frames for the native plots."""
+    df = df.dropna(subset=["bucket"]) if "bucket" in df else df.iloc[0:0]
     if df.empty:
         empty = pd.DataFrame({"bucket": [], "value": [], "series": []})
         return empty, empty, empty
+    df = df.reindex(columns=list(RESULT_COLUMNS))
     series = df["backend"].astype(str) + (" · " + df["variant"].astype(str) if df["variant"].nunique() > 1 else "")
     base = pd.DataFrame({"bucket": df["bucket"].astype(int), "series": series})
     latency = base.assign(value=df["p50_ms"]).dropna()
@@ -192,7 +192,3 @@ def friendly(e: Exception) -> str:
     if isinstance(e, ArrcocError):
         return str(e)
     return f"Something went wrong on the server ({type(e).__name__}). Try again; details are in the server log."
-
-
-def now() -> float:
-    return time.time()

@@ -12,7 +12,8 @@ import threading
 from arrcoc.errors import EngineError
 from arrcoc.pipeline import Controls
 from arrcoc.result import RelevanceResult
-from arrcoc.service.executor import Executor
+from arrcoc.service.executor import Executor, create_executor
+from arrcoc.settings import get_settings
 
 _lock = threading.Lock()
 _executor: Executor | None = None
@@ -23,56 +24,33 @@ def executor() -> Executor:
     global _executor
     with _lock:
         if _executor is None:
-            from arrcoc.service.executor import create_executor
-
             _executor = create_executor()
         return _executor
 
 
 def set_executor(ex: Executor | None) -> None:
-    """Replace the executor (tests; or a host app that owns one)."""
+    """Replace the executor (tests; or a host app that owns one). The old one is closed."""
     global _executor
     with _lock:
-        _executor = ex
+        old, _executor = _executor, ex
+    if old is not None and old is not ex:
+        old.close()
 
 
-def executor_ready() -> bool:
-    """False while no Executor implementation can be imported (jobs tabs then say so)."""
-    try:
-        from arrcoc.service import inprocess  # noqa: F401
-    except ImportError:
-        return _executor is not None
-    return True
+def served_backend() -> str:
+    """The backend interactive requests run on (the server's ARRCOC_BACKEND)."""
+    return get_settings().backend
 
 
-def infer(image: bytes, query: str, controls: Controls, backend: str = "eager") -> RelevanceResult:
-    """One image + query through the executor; falls back to a local pipeline until one exists."""
-    if executor_ready():
-        ex = executor()
-        if "backend" in inspect.signature(ex.infer).parameters:
-            return ex.infer(image, query, controls, backend=backend)  # type: ignore[call-arg]
-        if backend != "eager":
-            raise EngineError(
-                f"This server runs its default backend only; the {backend!r} backend is chosen by the"
-                " worker's settings (ARRCOC_BACKEND). Choose 'eager' here."
-            )
-        return ex.infer(image, query, controls)
-    [result] = _pipeline(backend).infer([image], query, controls)
-    return result
-
-
-_pipelines: dict[str, object] = {}
-
-
-def _pipeline(backend: str):
-    """Interim path (before arrcoc.service.inprocess lands): a local eager pipeline per backend."""
-    from arrcoc.pipeline import RelevancePipeline
-    from arrcoc.settings import get_settings
-
-    with _lock:
-        if backend not in _pipelines:
-            s = get_settings()
-            pipe = RelevancePipeline(s.variant, s.weights or "default", backend, s.device, buckets=(1,), cache_dir=s.cache_dir)
-            pipe.warmup()
-            _pipelines[backend] = pipe
-        return _pipelines[backend]
+def infer(image: bytes, query: str, controls: Controls, backend: str | None = None) -> RelevanceResult:
+    """One image + query through the executor."""
+    ex = executor()
+    if backend and "backend" in inspect.signature(ex.infer).parameters:
+        return ex.infer(image, query, controls, backend=backend)  # type: ignore[call-arg]
+    if backend and backend != served_backend():
+        raise EngineError(
+            f"This server answers interactive requests with the {served_backend()!r} backend"
+            f" (set ARRCOC_BACKEND={backend} to serve {backend!r}). Compare all backends in the"
+            " Benchmark tab."
+        )
+    return ex.infer(image, query, controls)

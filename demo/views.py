@@ -86,9 +86,9 @@ def summary_markdown(r: RelevanceResult) -> str:
     timing = f"{t.get('model_ms', 0):.0f} ms model + {t.get('preprocess_ms', 0):.0f} ms preprocessing" if t else "n/a"
     note = ""
     if r.weights_version == "untrained":
-        note = "\n\n> ⚠️ These weights are **untrained** (random initialisation): maps show the pipeline, not learned relevance."
+        note = "\n\n> **Note:** these weights are **untrained** (random initialisation): maps show the pipeline, not learned relevance."
     if r.benchmark_only:
-        note += "\n\n> ⚠️ **Benchmark-only variant**: randomly initialised, not meant for relevance."
+        note += "\n\n> **Note: benchmark-only variant**: randomly initialised, not meant for relevance."
     return (
         f"**“{r.query}”** — {r.k} of {r.grid * r.grid} cells selected, "
         f"{int(r.budgets.sum()):,} of {r.token_budget:,} tokens. Most relevant cells (row, col): {top}.\n\n"
@@ -226,11 +226,11 @@ def impact_view(run: Run) -> tuple[Image.Image | None, Image.Image | None, Image
         alpha=0.6, dim=0.3,
     )  # fmt: skip
     md = (
-        f"**Overlap {imp.overlap}/{r.k} cells ({imp.overlap_share:.0%}, Jaccard {imp.jaccard:.2f})** between the "
+        f"**Overlap {imp.overlap}/{r.k} cells ({imp.overlap_share:.1%}, Jaccard {imp.jaccard:.2f})** between the "
         f"selection with the query and without the participatory scorer (its scale set to 0). "
         f"The relevance centroid moves **{imp.centroid_shift:.1f} cells**; mean |Δ relevance| per cell "
         f"{imp.mean_abs_change:.3f}. <span style='color:#2ecc71'>■</span> gained by the query "
-        f"({len(imp.gained)}), <span style='color:#e74c3c'>■</span> lost ({len(imp.lost)}), ■ kept."
+        f"({len(imp.gained)}), <span style='color:#e74c3c'>■</span> lost ({len(imp.lost)}), <span style='color:#c8c8c8'>■</span> kept by both."
     )
     return heatmap_image(r.relevance, run.size), heatmap_image(w.relevance, run.size), change, md
 

@@ -1,0 +1,113 @@
+"""The demo's API, driven by gradio_client against the app launched in this process."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from demo.testing import serve  # noqa: E402
+
+POLL_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory) -> Client:
+    with serve(tmp_path_factory.mktemp("demo-data")) as url:
+        yield Client(url, verbose=False)
+
+
+def wait_for(client: Client, endpoint: str, job_id: str, timeout: float = 120.0) -> tuple:
+    """Poll a status endpoint until its markdown says the job finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = client.predict(job_id, api_name=endpoint)
+        if any(f"**{s}**" in out[0] for s in ("done", "failed", "cancelled", "expired")):
+            return out
+        time.sleep(POLL_S)
+    pytest.fail(f"{endpoint} {job_id} did not finish in {timeout} s: {out[0]}")
+
+
+def test_named_endpoints(client):
+    names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
+    assert {"/infer", "/run", "/batch_submit", "/batch_status", "/batch_cancel", "/bench_submit", "/bench_status"} <= names
+
+
+def test_infer_matches_cli_json(client, examples_dir, tmp_path):
+    from arrcoc.cli import main
+
+    photo = examples_dir / "coffee.jpg"
+    doc, overlay_path = client.predict(handle_file(str(photo)), "the coffee cup", api_name="/infer")
+    cli_out = tmp_path / "cli.json"
+    assert main(["infer", str(photo), "--query", "the coffee cup", "--json", str(cli_out), "--device", "cpu"]) == 0
+    cli = json.loads(cli_out.read_text())
+    assert list(doc) == list(cli)  # same keys, same order
+    assert doc["query"] == "the coffee cup" and doc["grid"] == cli["grid"]
+    assert np.array(doc["relevance"]).shape == np.array(cli["relevance"]).shape == (doc["grid"], doc["grid"])
+    if cli["weights_version"] != "untrained":  # untrained models are randomly initialised per process
+        np.testing.assert_allclose(np.array(doc["relevance"]), np.array(cli["relevance"]), atol=1e-4)
+    assert len(doc["selected"]) == len(doc["budgets"]) == cli["k"]
+    from PIL import Image
+
+    with Image.open(overlay_path) as im:
+        assert im.size == tuple(cli["image_size"])
+
+
+@pytest.mark.parametrize(
+    ("payload", "query", "message"),
+    [
+        (b"definitely not an image", "the cup", "not an image format we can read"),
+        (None, "   ", "query is empty"),
+    ],
+)
+def test_infer_bad_input_says_why(client, examples_dir, tmp_path, payload, query, message):
+    path = examples_dir / "coffee.jpg"
+    if payload is not None:
+        path = tmp_path / "broken.jpg"
+        path.write_bytes(payload)
+    with pytest.raises(AppError, match=message):
+        client.predict(handle_file(str(path)), query, api_name="/infer")
+
+
+def test_batch_job_end_to_end(client, examples_dir, tmp_path):
+    photos = sorted(examples_dir.glob("*.jpg"))
+    archive = tmp_path / "photos.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for p in photos:
+            zf.write(p, p.name)
+    job_id, *_ = client.predict(handle_file(str(archive)), None, "the face", api_name="/batch_submit")
+    assert job_id
+    status, _bar, results, _timer = wait_for(client, "/batch_status", job_id)
+    assert "**done**" in status and f"{len(photos)} of {len(photos)} done" in status
+    with zipfile.ZipFile(io.BytesIO(Path(results).read_bytes())) as zf:
+        lines = zf.read("results.jsonl").decode().splitlines()
+    assert len(lines) == len(photos)
+    assert {json.loads(line)["query"] for line in lines} == {"the face"}
+
+
+def test_batch_refuses_a_non_zip(client, tmp_path):
+    bogus = tmp_path / "photos.zip"
+    bogus.write_bytes(b"PK? not really")
+    with pytest.raises(AppError, match="not a readable .zip"):
+        client.predict(handle_file(str(bogus)), None, "the face", api_name="/batch_submit")
+
+
+def test_tiny_cpu_benchmark(client):
+    job_id, *_ = client.predict("arrcoc-texture", ["eager"], ["1"], 3, "cpu", api_name="/bench_submit")
+    out = wait_for(client, "/bench_status", job_id, timeout=180)
+    assert "**done**" in out[0], out[0]
+    table = out[3]  # the results DataFrame: {"headers": [...], "data": [[...]]}
+    rows = [dict(zip(table["headers"], r, strict=True)) for r in table["data"]]
+    assert [(r["backend"], int(r["bucket"])) for r in rows] == [("eager", 1)]
+    assert float(rows[0]["p50_ms"]) > 0
+    files = out[-1]
+    assert sorted(Path(f).suffix for f in files) == [".csv", ".json"]
