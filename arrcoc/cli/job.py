@@ -1,8 +1,48 @@
-"""arrcoc job (not built yet: see the open issues)."""
+"""arrcoc job status|cancel|fetch ID: look after a batch or benchmark job."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
+from pathlib import Path
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("job", help="(not available yet)")
-    p.set_defaults(func=lambda args: print("arrcoc job is not available yet") or 1)
+    p = sub.add_parser("job", help="status, cancel or fetch a batch / benchmark job")
+    p.add_argument("action", choices=("status", "cancel", "fetch"))
+    p.add_argument("job_id")
+    p.add_argument("--out", "-o", type=Path, help="fetch: where to write (default ./<id>.zip or .json)")
+    p.add_argument("--json", action="store_true", help="status: print JSON")
+    p.add_argument("--broker", help="Redis URL (default ARRCOC_BROKER_URL or the local Redis)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..service.executor import JobKind
+    from ._client import describe, executor
+
+    ex = executor(args.broker)
+    try:
+        if args.action == "cancel":
+            print(describe(ex.cancel(args.job_id)))
+            return 0
+        st = ex.status(args.job_id)
+        if args.action == "status":
+            if args.json:
+                doc = {"job_id": st.job_id, "kind": st.kind.value, "state": st.state.value, "total": st.total,
+                       "done": st.done, "failed": st.failed, "message": st.message}  # fmt: skip
+                print(json.dumps(doc))
+            else:
+                print(describe(st))
+            return 0 if st.state.value != "failed" else 1
+        if st.kind == JobKind.BENCH:
+            out = args.out or Path(f"{args.job_id}.json")
+            out.write_text(json.dumps(ex.bench_report(args.job_id), indent=2))
+        else:
+            out = args.out or Path(f"{args.job_id}.zip")
+            shutil.copyfile(ex.batch_results(args.job_id), out)
+        print(out, file=sys.stderr)
+        return 0
+    finally:
+        ex.close()

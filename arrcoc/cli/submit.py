@@ -1,8 +1,145 @@
-"""arrcoc submit (not built yet: see the open issues)."""
+"""arrcoc submit infer|batch|bench|loadtest: send work to the Celery workers through Redis."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+LOADTEST_QUERIES = ("the red mug", "a cat's face", "the sky", "text on a sign", "a person", "the rocket",
+                    "something shiny", "the table edge")  # fmt: skip
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("submit", help="(not available yet)")
-    p.set_defaults(func=lambda args: print("arrcoc submit is not available yet") or 1)
+    p = sub.add_parser("submit", help="send work to the workers (ARRCOC_BROKER_URL, default local Redis)")
+    p.add_argument("--broker", help="Redis URL (default ARRCOC_BROKER_URL or redis://127.0.0.1:6379/0)")
+    kinds = p.add_subparsers(dest="kind", required=True)
+
+    q = kinds.add_parser("infer", help="one image + one query; prints or writes the `arrcoc infer` JSON")
+    q.add_argument("image", type=Path)
+    q.add_argument("--query", "-q", required=True)
+    q.add_argument("--k", type=int)
+    q.add_argument("--token-budget", type=int)
+    q.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
+    q.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here")
+    q.add_argument("--timeout", type=float, default=120.0)
+    q.set_defaults(func=run_infer)
+
+    b = kinds.add_parser("batch", help="a zip of images (one query, or manifest.csv/.jsonl with file,query)")
+    b.add_argument("archive", type=Path)
+    b.add_argument("--query", "-q", help="the query for every image (or per-file queries in a manifest)")
+    b.add_argument("--k", type=int)
+    b.add_argument("--token-budget", type=int)
+    b.add_argument("--out", "-o", type=Path, help="results zip (default ./<job id>.zip)")
+    b.add_argument("--no-follow", action="store_true", help="print the job id and return")
+    b.set_defaults(func=run_batch)
+
+    n = kinds.add_parser("bench", help="run the benchmark harness on a worker, device held exclusively")
+    n.add_argument("--variants", default="arrcoc-texture")
+    n.add_argument("--backends", default="eager,compiled,onnx")
+    n.add_argument("--buckets", default="1,8,64")
+    n.add_argument("--iterations", type=int, default=100)
+    n.add_argument("--warmup", type=int, default=10)
+    n.add_argument("--device", default="auto")
+    n.add_argument("--out", "-o", type=Path, help="report JSON (default ./<job id>.json)")
+    n.add_argument("--no-follow", action="store_true")
+    n.set_defaults(func=run_bench)
+
+    t = kinds.add_parser("loadtest", help="N concurrent clients of `infer`: throughput and latency")
+    t.add_argument("--clients", type=int, default=32)
+    t.add_argument("--requests", type=int, default=256, help="in total")
+    t.add_argument("--image", type=Path, default=EXAMPLES / "coffee.jpg")
+    t.add_argument("--json", dest="json_out", type=Path)
+    t.add_argument("--timeout", type=float, default=300.0)
+    t.set_defaults(func=run_loadtest)
+
+
+def _controls(args):
+    from ..pipeline import Controls
+
+    return Controls(k=args.k, token_budget=args.token_budget)
+
+
+def run_infer(args) -> int:
+    from ..images import load_image
+    from ..render import overlay
+    from ._client import executor
+
+    ex = executor(args.broker)
+    try:
+        result = ex.infer(args.image.read_bytes(), args.query, _controls(args), timeout=args.timeout)
+    finally:
+        ex.close()
+    doc = result.to_json()
+    if args.json_out is not None and str(args.json_out) == "-":
+        sys.stdout.write(json.dumps(doc) + "\n")
+    elif args.json_out is not None:
+        args.json_out.write_text(json.dumps(doc))
+    if args.png_out is not None:
+        overlay(load_image(args.image), result.relevance).save(args.png_out)
+    if args.json_out is None:
+        print(f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]"
+              f" bucket {result.bucket}; {result.k} cells, {doc['tokens_used']} tokens")  # fmt: skip
+    return 0
+
+
+def run_batch(args) -> int:
+    from ._client import executor, follow
+
+    ex = executor(args.broker)
+    try:
+        job_id = ex.submit_batch(args.archive.read_bytes(), args.query, _controls(args))
+        print(job_id, flush=True)
+        if args.no_follow:
+            return 0
+        st = follow(ex, job_id)
+        if st.state.value not in ("done", "cancelled"):
+            return 1
+        out = args.out or Path(f"{job_id}.zip")
+        shutil.copyfile(ex.batch_results(job_id), out)
+        print(f"results: {out}", file=sys.stderr)
+        return 0
+    finally:
+        ex.close()
+
+
+def run_bench(args) -> int:
+    from ..service.executor import BenchRequest
+    from ._client import executor, follow
+
+    split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
+    req = BenchRequest(split(args.variants), split(args.backends), tuple(int(b) for b in split(args.buckets)),
+                       args.iterations, args.warmup, args.device)  # fmt: skip
+    ex = executor(args.broker)
+    try:
+        job_id = ex.submit_bench(req)
+        print(job_id, flush=True)
+        if args.no_follow:
+            return 0
+        st = follow(ex, job_id)
+        if st.state.value != "done":
+            return 1
+        out = args.out or Path(f"{job_id}.json")
+        out.write_text(json.dumps(ex.bench_report(job_id), indent=2))
+        print(f"report: {out}", file=sys.stderr)
+        return 0
+    finally:
+        ex.close()
+
+
+def run_loadtest(args) -> int:
+    from ..service.loadtest import run_load
+    from ._client import executor
+
+    ex = executor(args.broker)
+    try:
+        report = run_load(ex, args.image.read_bytes(), LOADTEST_QUERIES, args.clients, args.requests, args.timeout)
+    finally:
+        ex.close()
+    text = json.dumps(report, indent=2)
+    if args.json_out:
+        args.json_out.write_text(text)
+    print(text)
+    return 0 if not report["errors"] else 1

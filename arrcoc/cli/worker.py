@@ -1,8 +1,48 @@
-"""arrcoc worker (not built yet: see the open issues)."""
+"""arrcoc worker: one Celery worker for one device (wraps `celery -A worker.app worker`).
+
+Defaults: the threads pool (dynamic batching gathers concurrent requests in one process), enough
+threads for one full batch, queues gpu and bench. Run one per GPU (`--device cuda:N`).
+"""
 
 from __future__ import annotations
 
+import os
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("worker", help="(not available yet)")
-    p.set_defaults(func=lambda args: print("arrcoc worker is not available yet") or 1)
+    p = sub.add_parser("worker", help="start a Celery worker that serves the gpu and bench queues")
+    p.add_argument("--device", help="cpu | cuda | cuda:N (default: settings, ARRCOC_DEVICE)")
+    p.add_argument("--backend", help="eager | compiled | onnx for interactive requests (default: settings)")
+    p.add_argument("--queues", "-Q", help="comma-separated (default: the gpu and bench queues)")
+    p.add_argument("--pool", "-P", default="threads", choices=("threads", "solo", "prefork"),
+                   help="threads (default: needed for dynamic batching), solo, or prefork (one child)")  # fmt: skip
+    p.add_argument("--concurrency", "-c", type=int, help="threads (default: batch size + 4)")
+    p.add_argument("--loglevel", "-l", default="info")
+    p.add_argument("--hostname", "-n", default="arrcoc@%h")
+    p.add_argument("--broker", help="Redis URL (default: ARRCOC_BROKER_URL or redis://127.0.0.1:6379/0)")
+    p.set_defaults(func=run)
+
+
+def worker_argv(args, settings) -> list[str]:
+    from ..service.celery_config import worker_threads
+
+    queues = args.queues or f"{settings.queue_gpu},{settings.queue_bench}"
+    concurrency = args.concurrency or (1 if args.pool == "prefork" else worker_threads(settings))
+    return ["worker", "-P", args.pool, "-c", str(concurrency), "-Q", queues, "-l", args.loglevel,
+            "-n", args.hostname, "-E", "--without-mingle", "--without-gossip"]  # fmt: skip
+
+
+def run(args) -> int:
+    # settings are read from the environment once: set ours before anything imports them
+    for flag, env in (("device", "ARRCOC_DEVICE"), ("backend", "ARRCOC_BACKEND"), ("broker", "ARRCOC_BROKER_URL")):
+        if getattr(args, flag):
+            os.environ[env] = getattr(args, flag)
+    os.environ.setdefault("ARRCOC_BROKER_URL", "redis://127.0.0.1:6379/0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ..settings import get_settings
+
+    get_settings.cache_clear()
+    from worker.app import app
+
+    app.worker_main(worker_argv(args, get_settings()))
+    return 0

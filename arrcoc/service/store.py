@@ -162,7 +162,7 @@ class MemoryJobStore(JobStore):
             return job["attempts"][index]
 
 
-# compare-and-set of the state field: KEYS[1] job hash; ARGV: new state, time, message|"", expected...
+# compare-and-set of the state field: KEYS[1] job hash; ARGV: new state, time, "=message" or "" (keep), expected...
 _SET_STATE = """
 if redis.call('exists', KEYS[1]) == 0 then return 0 end
 if #ARGV > 3 then
@@ -172,7 +172,7 @@ if #ARGV > 3 then
   if not ok then return 0 end
 end
 redis.call('hset', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[2])
-if ARGV[3] ~= '' then redis.call('hset', KEYS[1], 'message', ARGV[3]) end
+if ARGV[3] ~= '' then redis.call('hset', KEYS[1], 'message', string.sub(ARGV[3], 2)) end
 return 1
 """
 
@@ -247,7 +247,8 @@ class RedisJobStore(JobStore):
             self._call(self.r.hset, key, mapping=_encode(fields) | {"updated_at": str(time.time())})
 
     def set_state(self, job_id, state, message=None, expect=None):
-        args = [state.value, str(time.time()), message or ""] + [e.value for e in (expect or ())]
+        keep = "" if message is None else "=" + message
+        args = [state.value, str(time.time()), keep] + [e.value for e in (expect or ())]
         return bool(self._call(self._set_state, keys=[self.key(job_id)], args=args))
 
     def mark_item(self, job_id, index, error=None):

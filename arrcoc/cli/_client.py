@@ -1,0 +1,37 @@
+"""Shared by `arrcoc submit` and `arrcoc job`: the Celery executor for ARRCOC_BROKER_URL."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+
+
+def executor(broker: str | None = None):
+    from ..service.celery_executor import CeleryExecutor
+    from ..settings import get_settings
+
+    s = get_settings()
+    return CeleryExecutor(s.model_copy(update={"broker_url": broker or s.broker_url or DEFAULT_BROKER}))
+
+
+def describe(st) -> str:
+    line = f"{st.job_id}: {st.state.value}"
+    if st.kind.value == "batch":
+        line += f"  {st.done} done, {st.failed} failed of {st.total}"
+    return line + (f"  ({st.message})" if st.message else "")
+
+
+def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False):
+    """Print progress until the job finishes; returns its final status."""
+    last = ""
+    while True:
+        st = ex.status(job_id)
+        line = describe(st)
+        if line != last and not quiet:
+            print(line, file=sys.stderr, flush=True)
+            last = line
+        if st.state.finished:
+            return st
+        time.sleep(poll)

@@ -1,0 +1,86 @@
+"""Celery configuration built from the typed settings: shared by the worker and the client side.
+
+JSON only (no pickle). The worker is a thread pool in one process per device, so dynamic batching
+can gather concurrent requests; acks are late, prefetch is 1 per thread, and a message whose
+worker died is redelivered (after `visibility_timeout_s` on Redis) up to a cap kept in the job store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..settings import Settings
+
+TASK_INFER = "arrcoc.infer"
+TASK_CHUNK = "arrcoc.batch_chunk"
+TASK_BENCH = "arrcoc.bench"
+TASKS = (TASK_INFER, TASK_CHUNK, TASK_BENCH)
+
+# Redis priorities: 0 is served first. Interactive requests overtake queued batch chunks.
+PRIORITY_INFER = 0
+PRIORITY_CHUNK = 6
+
+
+def broker_url(settings: Settings) -> str:
+    return settings.broker_url or "redis://127.0.0.1:6379/0"
+
+
+def worker_threads(settings: Settings) -> int:
+    return settings.worker_threads or max(settings.batch_max_size, 1) + 4
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    timeout = settings.redis_timeout_s
+    return {
+        "broker_url": broker_url(settings),
+        "result_backend": settings.results_backend or broker_url(settings),
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_default_queue": settings.queue_gpu,
+        "task_routes": {TASK_INFER: {"queue": settings.queue_gpu}, TASK_CHUNK: {"queue": settings.queue_gpu},
+                        TASK_BENCH: {"queue": settings.queue_bench}},  # fmt: skip
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_pool": "threads",
+        "worker_concurrency": worker_threads(settings),
+        # prefork pools enforce these; the threads pool cannot, so tasks also keep deadlines themselves
+        "task_time_limit": settings.task_time_limit_s + 30,
+        "task_soft_time_limit": settings.task_time_limit_s,
+        "result_expires": settings.result_expires_s,
+        "result_extended": False,
+        "task_track_started": True,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_timeout": timeout,
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
+            "unacked_restore_throttle": 1,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "priority_steps": list(range(10)),
+            "queue_order_strategy": "priority",
+        },
+        "task_publish_retry_policy": {"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5,
+                                      "interval_max": 1.0},  # fmt: skip
+        "redis_socket_timeout": timeout,
+        "redis_socket_connect_timeout": timeout,
+        "redis_retry_on_timeout": False,
+        "result_backend_transport_options": {"retry_policy": {"timeout": timeout}},
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+    }
+
+
+def client_app(settings: Settings):
+    """A Celery app that only sends tasks and reads results (the executor's side)."""
+    from celery import Celery
+
+    app = Celery("arrcoc-client", set_as_current=False)
+    app.config_from_object(celery_config(settings))
+    return app

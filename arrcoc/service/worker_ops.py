@@ -1,0 +1,127 @@
+"""What a Celery worker process does for each task, kept out of worker/ so the tasks stay thin.
+
+`WorkerState` holds this process's Runtime (engine + batcher), Redis clients and job store; it is
+built lazily after any fork. The functions return JSON-safe documents: {"result": ...} or
+{"error": {"type", "message"}} for errors the user must hear about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Any
+
+from ..errors import ArrcocError
+from ..settings import Settings, get_settings
+from . import jobs
+from .codec import error_to_wire, result_to_wire
+from .runtime import Runtime, controls_from_dict
+from .store import RedisJobStore, redis_client
+
+
+def image_key(settings: Settings, digest: str) -> str:
+    return f"{settings.redis_prefix}:img:{digest}"
+
+
+class WorkerState:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self._settings: Settings | None = None
+        self._runtime: Runtime | None = None
+        self._store: RedisJobStore | None = None
+        self._raw = None
+        self.chunk_gate = threading.Semaphore(1)  # one batch chunk at a time; interactive work interleaves
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = get_settings()
+        return self._settings
+
+    def runtime(self) -> Runtime:
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = Runtime(self.settings)
+        return self._runtime
+
+    def store(self) -> RedisJobStore:
+        with self._lock:
+            if self._store is None:
+                from .celery_config import broker_url
+
+                url = broker_url(self.settings)
+                self._store = RedisJobStore(redis_client(url, self.settings.redis_timeout_s), self.settings.redis_prefix)
+                import redis
+
+                self._raw = redis.Redis.from_url(url, socket_timeout=self.settings.redis_timeout_s,
+                                                 socket_connect_timeout=self.settings.redis_timeout_s)  # fmt: skip
+        return self._store
+
+    @property
+    def raw(self):
+        self.store()
+        return self._raw
+
+    def close(self) -> None:
+        if self._runtime is not None:
+            self._runtime.close()
+
+    # -- tasks ---------------------------------------------------------------------------------
+    def attempts(self, task_id: str) -> int:
+        """Deliveries of this task so far (a worker that died mid-task makes it come back)."""
+        key = f"{self.settings.redis_prefix}:attempts:{task_id}"
+        pipe = self.store().r.pipeline()
+        pipe.incr(key)
+        pipe.expire(key, self.settings.visibility_timeout_s * (self.settings.max_redeliveries + 2))
+        return int(pipe.execute()[0])
+
+    def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None) -> dict[str, Any]:
+        s = self.settings
+        try:
+            n = self.attempts(task_id)
+            if n > s.max_redeliveries:
+                raise ArrcocError(f"This request stopped the worker {n - 1} times (crash or out of memory);"
+                                  " it was dropped. Try a smaller image.")  # fmt: skip
+            timeout = (deadline - time.time()) if deadline else float(s.task_time_limit_s)
+            if timeout <= 0:
+                raise ArrcocError("The request waited past its deadline in the queue; try again.")
+            data = self.raw.get(key)
+            if data is None:
+                raise ArrcocError("The image expired before a worker picked it up (queue too long); submit again.")
+            from .runtime import validate_image
+
+            pil = validate_image(data, s)
+            result = self.runtime().infer(pil, query, controls_from_dict(controls), timeout)
+            return {"result": result_to_wire(result)}
+        except ArrcocError as e:
+            return {"error": error_to_wire(e)}
+
+    def batch_chunk(self, job_id: str, start: int, stop: int) -> dict[str, Any]:
+        s = self.settings
+        deadline = time.monotonic() + s.task_time_limit_s
+        with self.chunk_gate:
+            return jobs.run_chunk(job_id, start, stop, self.runtime(), self.store(), s, deadline)
+
+    def bench(self, job_id: str) -> dict[str, Any]:
+        s = self.settings
+        store = self.store()
+        name = f"{s.redis_prefix}:lock:device:{socket.gethostname()}:{s.device}"
+
+        @contextlib.contextmanager
+        def device_lock():
+            lock = store.r.lock(name, timeout=s.task_time_limit_s, blocking_timeout=s.task_time_limit_s)
+            if not lock.acquire():
+                raise ArrcocError(f"The device stayed busy for {s.task_time_limit_s} s; the benchmark gave up.")
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    lock.release()
+
+        with self.chunk_gate:
+            return jobs.run_bench_job(job_id, self.runtime(), store, s, device_lock)

@@ -1,0 +1,46 @@
+"""The Celery app and its signal handlers. One engine per worker process, built where it is used.
+
+Pools: `threads` (the default; dynamic batching needs concurrent tasks in one process) and `solo`
+build the engine in the worker process itself once it is ready; `prefork` builds it in each child
+after the fork (worker_process_init), so CUDA is never initialised in a process that forks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from celery import Celery, signals
+
+from . import config
+
+app = Celery("arrcoc")
+app.config_from_object(config.build())
+app.conf.include = ["worker.tasks"]
+
+log = logging.getLogger(__name__)
+
+
+@signals.worker_process_init.connect
+def _warm_child(**_) -> None:  # prefork child: after the fork, before the first task
+    from .tasks import state
+
+    state.reset()
+    state.runtime().pipeline  # noqa: B018 -- build and warm now
+
+
+@signals.worker_ready.connect
+def _warm_main(sender=None, **_) -> None:  # threads/solo: tasks run in this process
+    pool = getattr(getattr(sender, "pool_cls", None), "__module__", "") if sender else ""
+    if "prefork" in pool:
+        return
+    from .tasks import state
+
+    threading.Thread(target=lambda: state.runtime().pipeline, name="arrcoc-warmup", daemon=True).start()
+
+
+@signals.worker_shutdown.connect
+def _close(**_) -> None:
+    from .tasks import state
+
+    state.close()

@@ -1,0 +1,31 @@
+"""The tasks: JSON-safe arguments (never image bytes: a Redis key or a job id), thin wrappers
+over arrcoc.service.worker_ops. New parameters get defaults so queued messages keep working."""
+
+from __future__ import annotations
+
+from arrcoc.service.celery_config import TASK_BENCH, TASK_CHUNK, TASK_INFER
+from arrcoc.service.executor import ServiceUnavailableError
+from arrcoc.service.worker_ops import WorkerState
+
+from .app import app
+
+state = WorkerState()  # this process's engine, batcher, Redis clients
+
+# transient: Redis blinked. Retried with exponential backoff and jitter.
+_TRANSIENT = dict(autoretry_for=(ServiceUnavailableError, ConnectionError), retry_backoff=True,
+                  retry_backoff_max=30, retry_jitter=True, max_retries=5)  # fmt: skip
+
+
+@app.task(name=TASK_INFER, bind=True)
+def infer(self, image_key: str, query: str, controls: dict | None = None, deadline: float | None = None) -> dict:
+    return state.infer(self.request.id, image_key, query, controls, deadline)
+
+
+@app.task(name=TASK_CHUNK, bind=True, **_TRANSIENT)
+def batch_chunk(self, job_id: str, start: int, stop: int) -> dict:
+    return state.batch_chunk(job_id, start, stop)
+
+
+@app.task(name=TASK_BENCH, bind=True, **_TRANSIENT)
+def bench(self, job_id: str) -> dict:
+    return state.bench(job_id)
