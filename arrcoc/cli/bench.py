@@ -1,8 +1,99 @@
-"""arrcoc bench (not built yet: see the open issues)."""
+"""arrcoc bench [--variants ...] [--backends ...] [--buckets ...] [--out DIR]: the benchmark.
+
+Writes DIR/<name>.json (the report), .md (table), .html (interactive, inline SVG) and .png.
+`arrcoc bench --render report.json [more.json ...]` merges reports and renders them again.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="(not available yet)")
-    p.set_defaults(func=lambda args: print("arrcoc bench is not available yet") or 1)
+    p = sub.add_parser("bench", help="benchmark eager vs compiled (+CUDA graphs) vs ONNX Runtime")
+    p.add_argument("--variants", nargs="+", default=["arrcoc-texture", "arrcoc-vit-b16"])
+    p.add_argument("--backends", nargs="+", default=["eager", "compiled", "onnx"])
+    p.add_argument("--buckets", nargs="+", type=int, default=None, help="default: settings (1 2 4 ... 64)")
+    p.add_argument("--iters", type=int, default=100, help="timed iterations per backend and bucket")
+    p.add_argument("--warmup-iters", type=int, default=10)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--weights", default="default", help="'none' for untrained weights")
+    p.add_argument("--cache-dir", type=Path, default=None, help="default: a fresh temporary dir (cold compile)")
+    p.add_argument("--startup", action="store_true", help="also time cold and warm start in subprocesses")
+    p.add_argument("--startup-only", action="store_true", help="only the cold/warm start measurements")
+    p.add_argument("--out", type=Path, default=Path("benchmarks"), help="output folder")
+    p.add_argument("--name", default=None, help="file stem (default: bench-<date>-<device>)")
+    p.add_argument("--render", nargs="+", type=Path, default=None, help="merge and re-render these JSON reports")
+    p.set_defaults(func=run)
+
+
+def _stem(report: dict, args) -> Path:
+    if args.name:
+        return args.out / args.name
+    env = report["env"]
+    dev = (env.get("gpu") or "cpu").replace("NVIDIA ", "").split()[0].lower()
+    return args.out / f"bench-{env['date'][:10]}-{dev}"
+
+
+def merge(reports: list[dict]) -> dict:
+    """Results and startup rows of several runs in one report (env and config of the first)."""
+    out = dict(reports[0])
+    for key in ("results", "startup", "warmup", "errors"):
+        out[key] = [row for r in reports for row in r.get(key, [])]
+    out["recompiles_after_warmup"] = sum(r.get("recompiles_after_warmup", 0) for r in reports)
+    out["merged_from"] = [r["env"].get("date") for r in reports]
+    return out
+
+
+def run(args) -> int:
+    from ..bench.report import markdown_table, write_all
+
+    if args.render:
+        report = merge([json.loads(p.read_text()) for p in args.render])
+    else:
+        report = _measure(args)
+    paths = write_all(report, _stem(report, args))
+    print(markdown_table(report))
+    for row in report.get("errors", []):
+        print(f"error: {row}")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0 if not report.get("errors") else 1
+
+
+def _measure(args) -> dict:
+    from tqdm import tqdm
+
+    from ..bench import BenchConfig, run_benchmark
+    from ..bench.env import collect_env
+    from ..bench.startup import measure_startup
+    from ..engine import resolve_device
+    from ..settings import get_settings
+
+    buckets = tuple(args.buckets or get_settings().buckets)
+    weights = None if args.weights == "none" else args.weights
+    if args.startup_only:
+        device = resolve_device(args.device)
+        report = {"schema": "arrcoc-bench/1", "env": collect_env(device), "results": [], "startup": [],
+                  "errors": [], "recompiles_after_warmup": 0}  # fmt: skip
+        jobs = [(v, b) for v in args.variants for b in args.backends if b != "eager"]
+        for v, b in tqdm(jobs, desc="startup", unit="backend"):
+            try:
+                report["startup"].append(measure_startup(v, b, buckets, str(device), weights))
+            except Exception as e:
+                report["errors"].append({"variant": v, "backend": b, "stage": "startup", "error": str(e)[-2000:]})
+        return report
+    config = BenchConfig(
+        variants=tuple(args.variants), backends=tuple(args.backends), buckets=buckets, iters=args.iters,
+        warmup_iters=args.warmup_iters, device=args.device, dtype=args.dtype, weights=weights,
+        cache_dir=args.cache_dir, startup=args.startup,
+    )  # fmt: skip
+    with tqdm(total=1.0, unit="", bar_format="{l_bar}{bar}| {elapsed} {postfix}") as bar:
+
+        def progress(frac: float, msg: str) -> None:
+            bar.n = round(frac, 4)
+            bar.set_postfix_str(msg)
+            bar.refresh()
+
+        return run_benchmark(config, progress)

@@ -5,20 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..model import ModelOutput
-from .base import Backend
+from .base import Backend, ForwardFn
 
 
 class EagerBackend(Backend):
     name = "eager"
 
     def warmup(self) -> None:
+        self._fn = ForwardFn(self.model, self.device.type, self.dtype)
         self.warmed = True
 
     @torch.inference_mode()
-    def run(self, images: Tensor, query: Tensor, controls: Tensor | None = None) -> ModelOutput:
-        images = images.to(self.device, non_blocking=True)
-        query = query.to(self.device, torch.float32, non_blocking=True)
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            out = self.model(images, query, self._controls(controls, images.shape[0]))
-        return ModelOutput(*(t.float() if t.is_floating_point() else t for t in out))
+    def _run_bucket(self, bucket: int, images: Tensor, query: Tensor, controls: Tensor) -> tuple[Tensor, ...]:
+        return self._fn(images, query, controls)  # no padding: eager takes any batch size

@@ -1,0 +1,68 @@
+"""Parity of a backend's outputs against eager: max |diff| per map and the selected sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..model import ModelOutput
+
+# the output maps held to the tolerance; the 13-channel texture is reported on its own: its
+# local-contrast channel (sqrt of E[L^2] - E[L]^2, cancellation-prone) is already ~2.5e-3 off a
+# float64 reference in eager float32 itself, so backends differ there by up to ~1e-3
+OUTPUT_MAPS = ("relevance", "information", "perspectival", "participatory", "balance", "tensions")
+FLOAT_MAPS = OUTPUT_MAPS + ("texture",)
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TOL = {torch.float32: 1e-3, torch.bfloat16: 6e-2}  # max |diff| on every map, vs fp32 eager
+TIE = 1e-4  # cells whose eager relevance is this close to the K-th may swap across the cut
+
+
+def photo_batch(size: int, batch: int, device: torch.device) -> Tensor:
+    """The bundled example photos, resized to size x size, cycled to `batch` rows (uint8)."""
+    from ..images import load_image, to_tensor
+
+    photos = [to_tensor(load_image(p), size) for p in sorted(EXAMPLES.glob("*.jpg"))]
+    return torch.stack([photos[i % len(photos)] for i in range(batch)]).to(device)
+
+
+def random_queries(batch: int, dim: int, device: torch.device, seed: int = 0) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.nn.functional.normalize(torch.randn(batch, dim, generator=g), dim=-1).to(device)
+
+
+def selected_sets_agree(ref: ModelOutput, out: ModelOutput, k: Tensor) -> tuple[float, float]:
+    """(strict, tie-aware) fraction of images whose top-K sets are identical. Tie-aware: the
+    cells that differ all have eager relevance within TIE of the K-th cell's."""
+    strict = ties = 0
+    b = ref.order.shape[0]
+    for i in range(b):
+        kk = int(k[i])
+        a, o = set(ref.order[i, :kk].tolist()), set(out.order[i, :kk].tolist())
+        if a == o:
+            strict += 1
+            ties += 1
+            continue
+        rel = ref.relevance[i].flatten().double()
+        kth = rel[ref.order[i, kk - 1]]
+        if all(abs(float(rel[c] - kth)) <= TIE for c in a ^ o):
+            ties += 1
+    return strict / b, ties / b
+
+
+def compare(ref: ModelOutput, out: ModelOutput, controls: Tensor) -> dict[str, float]:
+    """Max |diff| of every float map, of the token budgets, and top-K agreement."""
+    ref = ModelOutput(*(t.detach().cpu() for t in ref))
+    out = ModelOutput(*(t.detach().cpu() for t in out))
+    diffs = {f: float((getattr(ref, f).double() - getattr(out, f).double()).abs().max()) for f in FLOAT_MAPS}
+    strict, ties = selected_sets_agree(ref, out, controls[:, 3].cpu())
+    return {
+        "max_abs_diff": max(diffs[f] for f in OUTPUT_MAPS),
+        "texture_max_diff": diffs["texture"],
+        "diff_by_map": diffs,
+        "budget_max_diff": float((ref.budget_map - out.budget_map).abs().max()),
+        "topk_agreement": strict,
+        "topk_agreement_ties": ties,
+        "finite": bool(all(torch.isfinite(t.float()).all() for t in out)),
+    }

@@ -1,0 +1,43 @@
+"""Where compiled artefacts live, so that a restarted process starts warm.
+
+    <cache_dir>/inductor   Inductor's FX-graph, AOTAutograd and kernel caches
+    <cache_dir>/triton     Triton's compiled kernels
+    <cache_dir>/onnx       exported ONNX files, keyed by variant, weights and versions
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def configure_compile_caches(cache_dir: Path | None) -> None:
+    """Point Inductor and Triton at cache_dir (before the first compile of the process)."""
+    if cache_dir is None:
+        return
+    ind, tri = Path(cache_dir) / "inductor", Path(cache_dir) / "triton"
+    ind.mkdir(parents=True, exist_ok=True)
+    tri.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(ind)
+    os.environ["TRITON_CACHE_DIR"] = str(tri)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True
+    if hasattr(inductor_config, "autotune_local_cache"):
+        inductor_config.autotune_local_cache = True
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """Hash of parameter names, shapes and values: a new export whenever the weights change."""
+    h = hashlib.sha256()
+    h.update(type(model).__name__.encode())
+    h.update(repr(getattr(model, "config", "")).encode())
+    for k, v in sorted(model.state_dict().items()):
+        h.update(f"{k}:{tuple(v.shape)}:{v.dtype}".encode())
+        h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    h.update(torch.__version__.encode())
+    return h.hexdigest()[:16]

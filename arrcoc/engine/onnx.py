@@ -1,0 +1,178 @@
+"""ONNX Runtime: torch.onnx.export(dynamo=True) of the same forward, run by ONNX Runtime.
+
+One export with a dynamic batch dimension, cached on disk. On CUDA every bucket gets its own
+session with the batch dimension fixed (free-dimension override, so shape arithmetic folds to
+constants), the CUDA execution provider, IO binding to static device buffers and a CUDA graph
+(`enable_cuda_graph`). CPU fallback of any node is refused (`session.disable_cpu_ep_fallback`),
+and a GPU machine without the CUDA provider is an error, not a silent CPU run. On CPU one
+session with the CPU provider serves every bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import EngineError
+from ..model import ModelOutput
+from .base import Backend, ForwardFn, example_inputs, pad_rows
+from .caches import model_fingerprint
+
+log = logging.getLogger(__name__)
+
+INPUTS = ("images", "query", "controls")
+OUTPUTS = ModelOutput._fields
+OPSET = 18
+_NP = {torch.uint8: np.uint8, torch.float32: np.float32, torch.int64: np.int64}
+
+
+def export_onnx(model: torch.nn.Module, path: Path, device: torch.device) -> float:
+    """Export ForwardFn(model) with a dynamic batch dim to `path` (atomically); seconds taken."""
+    t0 = time.perf_counter()
+    fn = ForwardFn(model, device.type, torch.float32).eval()
+    args = example_inputs(model, 2, device)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with torch.inference_mode(False), torch.no_grad():
+        program = torch.onnx.export(
+            fn, args, dynamo=True, opset_version=OPSET, input_names=list(INPUTS), output_names=list(OUTPUTS),
+            dynamic_shapes=({0: batch}, {0: batch}, {0: batch}), optimize=True, verbose=False,
+        )  # fmt: skip
+    program.save(str(tmp))
+    os.replace(tmp, path)
+    return time.perf_counter() - t0
+
+
+class OnnxBackend(Backend):
+    name = "onnx"
+
+    def __init__(self, *args, cuda_graphs: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.dtype != torch.float32:
+            raise EngineError("The onnx backend runs float32 only; use the compiled backend for bfloat16.")
+        self.use_graphs = cuda_graphs
+        self.sessions: dict[int, object] = {}
+        self.bindings: dict[int, tuple] = {}
+        self.onnx_path: Path | None = None
+
+    # -- warmup ---------------------------------------------------------------------------------
+    def warmup(self) -> None:
+        if self.warmed:
+            return
+        import onnxruntime as ort
+
+        self._ort = ort
+        providers = ort.get_available_providers()
+        if self.device.type == "cuda" and "CUDAExecutionProvider" not in providers:
+            raise EngineError(
+                f"This machine has a GPU but ONNX Runtime offers only {providers}: install"
+                " onnxruntime-gpu (pip install 'arrcoc[gpu]') or run the onnx backend with --device cpu."
+            )
+        t0 = time.perf_counter()
+        self.onnx_path = self._exported()
+        self.stats["export_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if self.device.type == "cuda":
+            self._stream = torch.cuda.Stream(self.device)
+            mem0 = torch.cuda.mem_get_info(self.device)[0]
+            for bucket in sorted(self.buckets, reverse=True):
+                self._cuda_session(bucket)
+            torch.cuda.synchronize(self.device)
+            self.stats["capture_mem_mb"] = (mem0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
+        else:
+            self.sessions[0] = ort.InferenceSession(
+                str(self.onnx_path), self._options(), providers=["CPUExecutionProvider"]
+            )
+        self.stats["session_s"] = time.perf_counter() - t1
+        self.stats["compile_s"] = self.stats["export_s"] + self.stats["session_s"]
+        self.warmed = True
+        log.info("onnx ready in %.1f s (export %.1f s)", self.stats["compile_s"], self.stats["export_s"])
+
+    def _exported(self) -> Path:
+        key = model_fingerprint(self.model)
+        name = f"{getattr(self.model, 'variant_name', type(self.model).__name__)}-{key}-op{OPSET}.onnx"
+        root = (self.cache_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "arrcoc-cache") / "onnx"
+        path = root / name
+        if not path.is_file():
+            log.info("exporting %s", path)
+            export_onnx(self.model, path, self.device)
+        return path
+
+    def _options(self, bucket: int | None = None):
+        so = self._ort.SessionOptions()
+        so.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        if bucket is not None:
+            so.add_free_dimension_override_by_name("batch", bucket)
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        return so
+
+    def _cuda_session(self, bucket: int) -> None:
+        ort = self._ort
+        opts = {
+            "device_id": str(self.device.index or 0),
+            "user_compute_stream": str(self._stream.cuda_stream),
+            "use_tf32": "0",  # float32 means float32, as in eager and Inductor
+        }
+        if self.use_graphs:
+            opts["enable_cuda_graph"] = "1"
+        t0 = time.perf_counter()
+        try:
+            sess = ort.InferenceSession(
+                str(self.onnx_path), self._options(bucket), providers=[("CUDAExecutionProvider", opts)]
+            )
+        except Exception as e:
+            raise EngineError(
+                f"ONNX Runtime could not place every node of bucket {bucket} on the CUDA provider"
+                f" (CPU fallback is refused so it cannot silently run slow): {e}"
+            ) from e
+        if sess.get_providers()[0] != "CUDAExecutionProvider":
+            raise EngineError(f"ONNX Runtime session runs on {sess.get_providers()}, not CUDA.")
+        ins = example_inputs(self.model, bucket, self.device, seed=2000)
+        with torch.inference_mode():
+            outs = ForwardFn(self.model, self.device.type, torch.float32)(*ins)  # output shapes/dtypes
+        outs = tuple(torch.empty_like(o) for o in outs)
+        binding = sess.io_binding()
+        for name, t in zip(INPUTS, ins, strict=True):
+            binding.bind_input(name, "cuda", self.device.index or 0, _NP[t.dtype], list(t.shape), t.data_ptr())
+        for name, t in zip(OUTPUTS, outs, strict=True):
+            binding.bind_output(name, "cuda", self.device.index or 0, _NP[t.dtype], list(t.shape), t.data_ptr())
+        self.sessions[bucket] = sess
+        self.bindings[bucket] = (binding, ins, outs)
+        torch.cuda.synchronize(self.device)
+        for _ in range(3):  # ORT runs once normally, then captures the graph, then replays
+            sess.run_with_iobinding(binding)
+        torch.cuda.synchronize(self.device)
+        self.stats["capture_s"] += time.perf_counter() - t0
+
+    # -- serving --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _run_bucket(self, bucket: int, images: Tensor, query: Tensor, controls: Tensor) -> tuple[Tensor, ...]:
+        n = images.shape[0]
+        if self.device.type != "cuda":
+            feeds = {k: pad_rows(v, bucket).cpu().numpy() for k, v in zip(INPUTS, (images, query, controls), strict=True)}
+            outs = self.sessions[0].run(list(OUTPUTS), feeds)
+            return tuple(torch.from_numpy(o[:n].copy()) for o in outs)
+        if bucket not in self.bindings:
+            raise EngineError(f"No ONNX Runtime session was prepared for bucket {bucket}.")
+        binding, ins, outs = self.bindings[bucket]
+        cur = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(cur)
+        with torch.cuda.stream(self._stream):
+            for dst, src in zip(ins, (images, query, controls), strict=True):
+                dst[:n].copy_(src, non_blocking=True)
+            self.sessions[bucket].run_with_iobinding(binding)
+            result = tuple(o[:n].clone() for o in outs)
+        cur.wait_stream(self._stream)
+        return result
+
+    def close(self) -> None:
+        self.bindings.clear()
+        self.sessions.clear()
