@@ -24,7 +24,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 fi
 [ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-PY=python3
+PY="${PY:-python3}"
 stage="${1:-check}"; shift || true
 VARIANTS=("${@:-arrcoc-texture arrcoc-vit-b16}")
 case "$stage" in
