@@ -6,10 +6,11 @@ bucket on synthetic inputs so that bench jobs work end to end. Both return one J
 
 from __future__ import annotations
 
-import inspect
 import platform
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -23,24 +24,27 @@ SCHEMA = "arrcoc.bench.service-fallback/1"
 
 def _harness():
     try:
-        from ..bench import run_benchmark  # type: ignore[attr-defined]
+        from ..bench import BenchConfig, run_benchmark
     except ImportError:
         return None
-    return run_benchmark
+    return BenchConfig, run_benchmark
 
 
-def run_benchmark(request: BenchRequest, runtime: Runtime, settings: Settings) -> dict[str, Any]:
+def run_benchmark(
+    request: BenchRequest, runtime: Runtime, settings: Settings, progress: Callable[[float, str], None] | None = None
+) -> dict[str, Any]:
+    """The harness's report for `request` (or the fallback's, if arrcoc.bench is absent)."""
     harness = _harness()
     if harness is None:
         return _fallback(request, runtime, settings)
-    kwargs = {"variants": list(request.variants), "backends": list(request.backends),
-              "buckets": list(request.buckets), "iterations": request.iterations, "warmup": request.warmup,
-              "device": request.device, "cache_dir": settings.cache_dir, **request.options}  # fmt: skip
-    params = inspect.signature(harness).parameters
-    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    report = harness(**kwargs)
-    return report if isinstance(report, dict) else dict(report)
+    config_cls, run = harness
+    known = {f.name for f in fields(config_cls)}
+    kwargs = {"variants": tuple(request.variants), "backends": tuple(request.backends),
+              "buckets": tuple(int(b) for b in request.buckets), "iters": request.iterations,
+              "warmup_iters": request.warmup, "device": request.device, "dtype": settings.dtype,
+              "weights": settings.weights or "default"}  # fmt: skip
+    kwargs.update({k: v for k, v in request.options.items() if k in known})
+    return run(config_cls(**{k: v for k, v in kwargs.items() if k in known}), progress=progress)
 
 
 def _fallback(request: BenchRequest, runtime: Runtime, settings: Settings) -> dict[str, Any]:

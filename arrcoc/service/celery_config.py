@@ -72,7 +72,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "redis_socket_connect_timeout": timeout,
         "redis_retry_on_timeout": False,
         "result_backend_transport_options": {"retry_policy": {"timeout": timeout}},
-        "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
     }
 

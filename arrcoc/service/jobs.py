@@ -289,7 +289,7 @@ def run_bench_job(
     try:
         with (device_lock or nullcontext)(), runtime.exclusive() as note:
             store.set_fields(job_id, message="Running with the device held exclusively.")
-            report = run_benchmark(request, runtime, settings)
+            report = run_benchmark(request, runtime, settings, progress=_progress(store, job_id))
         note["interactive_note"] = ("Interactive requests and batch chunks on this worker waited while the"
                                     " benchmark held the device.")  # fmt: skip
         report["device_exclusive"] = note
@@ -305,6 +305,17 @@ def run_bench_job(
         store.mark_item(job_id, 0, msg)
         store.set_state(job_id, JobState.FAILED, f"The benchmark failed: {msg}")
         return {"job_id": job_id, "error": str(e)}
+
+
+def _progress(store: JobStore, job_id: str) -> Callable[[float, str], None]:
+    last = [0.0]
+
+    def report(fraction: float, message: str) -> None:
+        if time.monotonic() - last[0] > 0.5 or fraction >= 1:  # not a Redis write per step
+            last[0] = time.monotonic()
+            store.set_fields(job_id, message=f"Device held exclusively. {fraction:.0%}: {message}")
+
+    return report
 
 
 def bench_report(job_id: str, store: JobStore, settings: Settings) -> dict[str, Any]:

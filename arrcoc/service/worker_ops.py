@@ -8,6 +8,7 @@ built lazily after any fork. The functions return JSON-safe documents: {"result"
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -17,12 +18,27 @@ from ..errors import ArrcocError
 from ..settings import Settings, get_settings
 from . import jobs
 from .codec import error_to_wire, result_to_wire
+from .executor import ServiceUnavailableError
 from .runtime import Runtime, controls_from_dict
 from .store import RedisJobStore, redis_client
+
+log = logging.getLogger(__name__)
 
 
 def image_key(settings: Settings, digest: str) -> str:
     return f"{settings.redis_prefix}:img:{digest}"
+
+
+def _riding_out_redis(fn, waits: tuple[float, ...] = (0.5, 1, 2, 4, 8, 15)):
+    """Run fn, retrying in place while Redis restarts: a Celery retry would need the broker itself."""
+    for wait in (*waits, None):
+        try:
+            return fn()
+        except ServiceUnavailableError:
+            if wait is None:
+                raise
+            log.warning("Redis unavailable; retrying in %.1f s", wait)
+            time.sleep(wait)
 
 
 class WorkerState:
@@ -105,7 +121,8 @@ class WorkerState:
         s = self.settings
         deadline = time.monotonic() + s.task_time_limit_s
         with self.chunk_gate:
-            return jobs.run_chunk(job_id, start, stop, self.runtime(), self.store(), s, deadline)
+            return _riding_out_redis(lambda: jobs.run_chunk(job_id, start, stop, self.runtime(), self.store(), s,
+                                                            deadline))  # fmt: skip
 
     def bench(self, job_id: str) -> dict[str, Any]:
         s = self.settings
@@ -124,4 +141,4 @@ class WorkerState:
                     lock.release()
 
         with self.chunk_gate:
-            return jobs.run_bench_job(job_id, self.runtime(), store, s, device_lock)
+            return _riding_out_redis(lambda: jobs.run_bench_job(job_id, self.runtime(), store, s, device_lock))

@@ -1,0 +1,149 @@
+"""Helpers for tests and benchmarks that run the real thing: a redis-server and worker processes.
+
+Everything started here is a subprocess in its own process group, stopped (and killed if need be)
+by `stop()` / the context managers, so a failing test leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def png_bytes(seed: int, size: int = 48) -> bytes:
+    rng = np.random.default_rng(seed)
+    arr = (rng.random((size, size, 3)) * 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def make_zip(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+class Proc:
+    """A subprocess in its own session, output to a log file."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, cwd: Path = REPO):
+        self.log = log
+        self._fh = open(log, "ab")
+        self.p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # fmt: skip
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.p.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.kill(signal.SIGTERM)
+        try:
+            self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(signal.SIGKILL)
+            self.p.wait(5)
+        self._fh.close()
+
+
+class RedisServer(Proc):
+    """redis-server on a free port with the persistence settings compose uses (AOF, noeviction)."""
+
+    def __init__(self, workdir: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.dir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(workdir),
+                "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
+                "--save", "", "--protected-mode", "no"]  # fmt: skip
+        super().__init__(argv, dict(os.environ), workdir / "redis.log")
+        self.wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        import redis
+
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            try:
+                if redis.Redis(port=self.port, socket_timeout=1).ping():
+                    return
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        raise RuntimeError(f"redis-server on {self.port} did not start: {self.text()[-500:]}")
+
+
+def worker_env(broker: str, data_dir: Path, **settings: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"ARRCOC_BROKER_URL": broker, "ARRCOC_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)})  # fmt: skip
+    env.update({f"ARRCOC_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+class Worker(Proc):
+    """`arrcoc worker` as a subprocess; `ready()` waits until its engine is warm."""
+
+    def __init__(self, env: dict[str, str], log: Path, concurrency: int | None = None, pool: str = "threads"):
+        self.name = f"t{uuid.uuid4().hex[:8]}@%h"
+        argv = [sys.executable, "-m", "arrcoc", "worker", "-l", "info", "-n", self.name, "-P", pool]
+        if concurrency:
+            argv += ["-c", str(concurrency)]
+        super().__init__(argv, env, log)
+
+    def ready(self, timeout: float = 120.0) -> Worker:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            text = self.text()
+            if "engine " in text and " ready in " in text:
+                return self
+            if not self.alive():
+                raise RuntimeError(f"the worker exited: {text[-2000:]}")
+            time.sleep(0.2)
+        raise RuntimeError(f"the worker was not ready in {timeout} s: {self.text()[-2000:]}")
+
+
+def seeded_weights(path: Path, variant: str = "arrcoc-texture", seed: int = 0) -> Path:
+    """A deterministic weights file, so separate processes build the same model."""
+    import torch
+
+    from ..registry import create_model
+    from ..weights import save_weights
+
+    torch.manual_seed(seed)
+    save_weights(create_model(variant, None, "cpu"), path, variant, f"test-seed{seed}")
+    return path

@@ -1,0 +1,205 @@
+"""The service's pieces without workers: zip checks, the dynamic batcher, the job store contract
+(memory and real Redis), and the in-process executor's batch and benchmark jobs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+import zipfile
+
+import pytest
+
+from arrcoc.errors import ImageError, InvalidInputError, JobError
+from arrcoc.service.archive import load_items, unpack
+from arrcoc.service.batching import DeadlineExceeded, DynamicBatcher
+from arrcoc.service.executor import BenchRequest, JobKind, JobState
+from arrcoc.service.store import MemoryJobStore, RedisJobStore, redis_client
+from arrcoc.service.testing import make_zip, png_bytes, seeded_weights
+from arrcoc.settings import default_settings
+
+REDIS_TEST_URL = "redis://127.0.0.1:6379/13"
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return default_settings(data_dir=tmp_path / "data", buckets=(1, 2, 4), max_batch_items=100,
+                            weights=str(seeded_weights(tmp_path / "w.safetensors")))  # fmt: skip
+
+
+# -- zip input -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "archive, query, message",
+    [
+        (b"", "q", "empty"),
+        (b"PK\x03\x04 definitely not a zip", "q", "not a readable zip"),
+        (make_zip({}), "q", "no images"),
+        (make_zip({"notes.txt": b"hello"}), "q", "no images"),
+        (make_zip({"../evil.png": png_bytes(0)}), "q", "unsafe path"),
+        (make_zip({"/etc/evil.png": png_bytes(0)}), "q", "unsafe path"),
+        (make_zip({"a.png": png_bytes(0)}), None, "Give a query"),
+        (make_zip({"a.png": png_bytes(0), "manifest.csv": b"file,query\na.png,x\nb.png,y\n"}), None, "lacks: b.png"),
+        (make_zip({"a.png": png_bytes(0), "manifest.csv": b"name,q\na.png,x\n"}), None, "file,query"),
+        (make_zip({"a.png": png_bytes(0), "manifest.jsonl": b'{"file": "a.png"}\n'}), None, "no query"),
+        (make_zip({"a.png": png_bytes(0), "manifest.jsonl": b"{oops\n"}), None, "not JSON"),
+        (make_zip({"bomb.png": b"\0" * (64 * 1024 * 1024)}), "q", "zip bomb"),
+    ],
+)
+def test_bad_archives_are_refused_clearly(settings, tmp_path, archive, query, message):
+    with pytest.raises(InvalidInputError, match=message):
+        unpack(archive, query, tmp_path / "job", settings)
+
+
+def test_zip_with_one_query_and_with_manifests(settings, tmp_path):
+    items = unpack(make_zip({"b.png": png_bytes(1), "a.jpg": png_bytes(0), "x/readme.txt": b"",
+                             "__MACOSX/._a.jpg": b""}), "the mug", tmp_path / "j1", settings)  # fmt: skip
+    assert [(i.file, i.query) for i in items] == [("a.jpg", "the mug"), ("b.png", "the mug")]
+    assert [i.file for i in load_items(tmp_path / "j1")] == ["a.jpg", "b.png"]
+    csv = b"file,query\nb.png,a cat\na.jpg,\n"
+    items = unpack(make_zip({"a.jpg": png_bytes(0), "b.png": png_bytes(1), "manifest.csv": csv}), "default",
+                   tmp_path / "j2", settings)  # fmt: skip
+    assert [(i.file, i.query) for i in items] == [("b.png", "a cat"), ("a.jpg", "default")]
+    jsonl = b'{"file": "d/a.jpg", "query": "sky"}\n\n{"file": "d/a.jpg", "query": "sea"}\n'
+    items = unpack(make_zip({"d/a.jpg": png_bytes(0), "manifest.jsonl": jsonl}), None, tmp_path / "j3", settings)
+    assert [i.query for i in items] == ["sky", "sea"]
+    with pytest.raises(InvalidInputError, match="limit is 100"):
+        unpack(make_zip({f"{i}.png": b"x" for i in range(101)}), "q", tmp_path / "j4", settings)
+
+
+# -- the dynamic batcher ---------------------------------------------------------------------
+def test_batcher_coalesces_concurrent_requests_and_keeps_order():
+    seen: list[int] = []
+
+    def run(items):
+        seen.append(len(items))
+        time.sleep(0.02)
+        return [ValueError(f"bad {x}") if x == 13 else x * 10 for x in items]
+
+    b = DynamicBatcher(run, max_batch=8, max_delay_s=0.05)
+    futures = [b.submit(i) for i in range(40)]
+    assert [f.result(5) for i, f in enumerate(futures) if i != 13] == [i * 10 for i in range(40) if i != 13]
+    with pytest.raises(ValueError, match="bad 13"):
+        futures[13].result()
+    assert max(seen) == 8 and sum(seen) == 40 and len(seen) <= 6
+    # a lone request waits at most the delay
+    t0 = time.perf_counter()
+    assert b.submit(1).result(5) == 10
+    assert time.perf_counter() - t0 < 0.5
+    # past its deadline: never run, told why
+    with pytest.raises(DeadlineExceeded):
+        b.submit(2, deadline=time.monotonic() - 1).result(5)
+    b.close()
+
+
+def test_batcher_off_runs_one_at_a_time():
+    sizes = []
+    b = DynamicBatcher(lambda items: sizes.append(len(items)) or items, max_batch=1, max_delay_s=0.01)
+    threads = [threading.Thread(target=lambda i=i: b.submit(i).result(5)) for i in range(10)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sizes == [1] * 10
+    b.close()
+
+
+# -- the job store: one contract, two implementations -----------------------------------------
+@pytest.fixture(params=["memory", "redis"])
+def store(request):
+    if request.param == "memory":
+        yield MemoryJobStore()
+        return
+    client = redis_client(REDIS_TEST_URL, 2.0)
+    prefix = f"arrcoc-test-{uuid.uuid4().hex[:8]}"
+    yield RedisJobStore(client, prefix)
+    keys = list(client.scan_iter(f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def test_store_contract(store):
+    store.create("batch-0000000000000001", JobKind.BATCH, 3, 60, {"controls": {"k": 5}})
+    st = store.status("batch-0000000000000001")
+    assert (st.state, st.total, st.done, st.failed) == (JobState.PENDING, 3, 0, 0)
+    assert json.loads(store.record("batch-0000000000000001")["controls"]) == {"k": 5}
+    assert store.set_state("batch-0000000000000001", JobState.RUNNING, expect=(JobState.PENDING,))
+    assert not store.set_state("batch-0000000000000001", JobState.RUNNING, expect=(JobState.PENDING,))
+    assert store.mark_item("batch-0000000000000001", 0)
+    assert not store.mark_item("batch-0000000000000001", 0)  # a redelivery counts nothing twice
+    assert not store.mark_item("batch-0000000000000001", 0, "late error")
+    assert store.mark_item("batch-0000000000000001", 1, "broken image")
+    assert store.item_finished("batch-0000000000000001", 1) and not store.item_finished("batch-0000000000000001", 2)
+    assert store.counts("batch-0000000000000001") == (1, 1)
+    assert store.failed_items("batch-0000000000000001") == {1: "broken image"}
+    assert [store.attempt("batch-0000000000000001", 2) for _ in range(3)] == [1, 2, 3]
+    assert store.set_state("batch-0000000000000001", JobState.DONE, "note")
+    assert store.status("batch-0000000000000001").message == "note"
+    with pytest.raises(JobError, match="No job"):
+        store.status("batch-00000000000000ff")
+
+
+def test_store_reports_expired_not_pending(store):
+    store.create("batch-0000000000000002", JobKind.BATCH, 1, 1, {})
+    assert store.status("batch-0000000000000002").state == JobState.PENDING
+    time.sleep(2.1)
+    st = store.status("batch-0000000000000002")
+    assert st.state == JobState.EXPIRED and "expired" in st.message
+
+
+# -- the in-process executor ----------------------------------------------------------------------
+@pytest.fixture
+def inprocess(settings):
+    from arrcoc.service.inprocess import InProcessExecutor
+
+    ex = InProcessExecutor(settings)
+    yield ex
+    ex.close()
+
+
+def wait_finished(ex, job_id, timeout=120.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        st = ex.status(job_id)
+        if st.state.finished:
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} did not finish: {st}")
+
+
+def test_inprocess_infer_and_batch_job(inprocess):
+    with pytest.raises(ImageError):
+        inprocess.infer(b"not an image", "q")
+    with pytest.raises(InvalidInputError, match="query"):
+        inprocess.infer(png_bytes(0), "   ")
+    r = inprocess.infer(png_bytes(0), "the red mug")
+    assert r.query == "the red mug" and r.bucket == 1
+    files = {f"img{i}.png": png_bytes(i) for i in range(5)} | {"broken.png": b"\x89PNG not really"}
+    job = inprocess.submit_batch(make_zip(files), "the red mug")
+    st = wait_finished(inprocess, job)
+    assert (st.state, st.total, st.done, st.failed) == (JobState.DONE, 6, 5, 1)
+    with zipfile.ZipFile(inprocess.batch_results(job)) as zf:
+        rows = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+        assert [r["index"] for r in rows] == list(range(6))
+        assert sum(not r["ok"] for r in rows) == 1 and len(zf.read("summary.csv").splitlines()) == 7
+        assert len([n for n in zf.namelist() if n.startswith("overlays/")]) == 5
+    # the in-process path matches a direct engine call
+    r2 = inprocess.runtime.pipeline.infer([png_bytes(0)], "the red mug")[0]
+    assert r.to_json()["selected"] == r2.to_json()["selected"]
+
+
+def test_inprocess_cancel_and_bench(inprocess):
+    gate = threading.Event()
+    inprocess._jobs.submit(gate.wait)  # hold the job thread so the cancel lands before any chunk
+    job = inprocess.submit_batch(make_zip({f"{i}.png": png_bytes(i) for i in range(6)}), "q")
+    assert inprocess.cancel(job).state == JobState.CANCELLED
+    gate.set()
+    time.sleep(0.5)
+    st = inprocess.status(job)
+    assert st.state == JobState.CANCELLED and st.done == 0
+    with pytest.raises(JobError):
+        inprocess.bench_report(job)
+    bench = inprocess.submit_bench(BenchRequest(backends=("eager",), buckets=(1,), iterations=2, warmup=1, device="cpu"))
+    assert wait_finished(inprocess, bench).state == JobState.DONE
+    report = inprocess.bench_report(bench)
+    assert report["device_exclusive"]["held_ms"] > 0
+    assert any(row.get("backend") == "eager" for row in report.get("results", [report]))
