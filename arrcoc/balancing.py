@@ -54,6 +54,7 @@ class TensionBalancer(nn.Module):
         weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-8)
         combined = (weights.view(-1, 3, 1, 1) * maps).sum(dim=1)
         exponent = torch.exp2(2.0 * compress - 1.0)  # in (0.5, 2)
-        relevance = minmax(combined).clamp(0.0, 1.0).pow(exponent)
+        # clamp away from 0: d(x^p)/dx is infinite there for p < 1, and training needs the gradient
+        relevance = minmax(combined).clamp(1e-6, 1.0).pow(exponent)
         tensions = torch.stack((compress, explore, focus)).expand(maps.shape[0], 3)
         return Balanced(relevance, weights, tensions)

@@ -62,32 +62,46 @@ class ParticipatoryScorer(nn.Module):
 
     arr-coc-0-1 used a 1x1-conv MLP, which sees one cell and cannot ground sizes or relations.
     Here three 3x3 convs (dilations 1, 2, 4: a 15x15-cell receptive field) are FiLM-modulated
-    by the query, and a global-context branch (mean over the grid) lets a cell compare itself
-    with the rest of the image ("the largest", "left of").
+    by the query. Then every cell is compared with the whole image: its features minus their
+    grid mean and grid max ("the largest", "the only red one"), and its position relative to an
+    anchor the query points at (a softmax over cells: "the star *left of the green square*").
+    All ops are convs, matmuls, softmax and reductions: compile- and ONNX-friendly, no syncs.
     """
 
-    def __init__(self, channels: int = 13, hidden: int = 64, query_dim: int = 384, embed_dim: int = 128):
+    def __init__(self, channels: int = 13, hidden: int = 48, query_dim: int = 384, embed_dim: int = 64):
         super().__init__()
         self.stem = nn.Conv2d(channels, hidden, 3, padding=1)
         self.convs = nn.ModuleList(
             [nn.Conv2d(hidden, hidden, 3, padding=d, dilation=d) for d in (2, 4)]
         )
-        self.film = nn.Linear(query_dim, 2 * hidden * 3)
-        self.mix = nn.Conv2d(2 * hidden, hidden, 1)
+        self.film = nn.Linear(query_dim, 2 * hidden * 4)
+        self.anchor_cells = nn.Conv2d(hidden, embed_dim, 1)
+        self.anchor_query = nn.Linear(query_dim, embed_dim)
+        self.mix = nn.Conv2d(3 * hidden + 4, hidden, 1)
         self.cell_proj = nn.Conv2d(hidden, embed_dim, 1)
         self.query_proj = nn.Linear(query_dim, embed_dim)
         self.hidden = hidden
+        self.embed_dim = embed_dim
 
     def forward(self, texture: Tensor, query: Tensor) -> Tensor:
         """texture (B, 13, G, G), query (B, Dq) -> scores (B, G, G) in [0, 1]."""
-        b = texture.shape[0]
-        film = self.film(query).view(b, 3, 2, self.hidden, 1, 1)
-        h = F.gelu(self.stem(texture)) * (1 + film[:, 0, 0]) + film[:, 0, 1]
+        b, _, g, _ = texture.shape
+        film = self.film(query).view(b, 4, 2, self.hidden, 1, 1)
+        h = F.gelu(self.stem(texture)) * (1 + film[:, 0, 0]) + film[:, 0, 1]  # (B, H, G, G)
         for i, conv in enumerate(self.convs, start=1):
             h = h + F.gelu(conv(h)) * (1 + film[:, i, 0]) + film[:, i, 1]
-        context = h.mean(dim=(-2, -1), keepdim=True).expand_as(h)
-        h = F.gelu(self.mix(torch.cat((h, h - context), dim=1)))
-        cells = F.normalize(self.cell_proj(h), dim=1)  # (B, E, G, G)
+        # anchor: where the query's second object is, as a softmax over cells
+        keys = self.anchor_cells(h).flatten(2)  # (B, E, N)
+        logits = torch.einsum("ben,be->bn", keys, self.anchor_query(query)) / math.sqrt(self.embed_dim)
+        attn = torch.softmax(logits, dim=-1).unsqueeze(1)  # (B, 1, N)
+        pos = texture[:, 8:10]  # (B, 2, G, G): y, x in [0, 1]
+        anchor = (attn * pos.flatten(2)).sum(-1).view(b, 2, 1, 1)
+        rel = pos - anchor  # (B, 2, G, G): where each cell lies relative to the anchor
+        mean = h.mean(dim=(-2, -1), keepdim=True)
+        peak = h.amax(dim=(-2, -1), keepdim=True)
+        z = torch.cat((h, h - mean, h - peak, 4.0 * rel, rel.abs()), dim=1)
+        z = F.gelu(self.mix(z)) * (1 + film[:, 3, 0]) + film[:, 3, 1]
+        cells = F.normalize(self.cell_proj(z), dim=1)  # (B, E, G, G)
         q = F.normalize(self.query_proj(query), dim=-1)  # (B, E)
         cos = torch.einsum("behw,be->bhw", cells, q)
         return (cos + 1.0) * 0.5

@@ -40,8 +40,8 @@ class TextureModelConfig:
     cell: int = 16  # pixels per cell side; G = S / cell = 32
     compat: bool = False  # arr-coc-0-1's texture channels 11-12 and bilinear sampling
     information: str = "entropy"  # "entropy" (luminance histogram) | "softmax" (arr-coc-0-1)
-    hidden: int = 64  # participatory conv width: small, the grid is only 32 x 32
-    embed_dim: int = 128  # joint cell/query space
+    hidden: int = 32  # participatory conv width: small, the grid is only 32 x 32 (and CPU training)
+    embed_dim: int = 64  # joint cell/query space
     query_dim: int = 384  # all-MiniLM-L6-v2
     k: int = 200  # cells selected by default (of 1024)
     token_budget: int = 25600  # default total: 128 tokens per selected cell on average
@@ -67,8 +67,11 @@ class ArrcocTexture(nn.Module):
         row = torch.tensor([1.0, 1.0, 1.0, float(c.k), float(c.token_budget)], device=device)
         return row.expand(batch, -1).contiguous()
 
-    def scorer_maps(self, images: Tensor, query: Tensor) -> tuple[Tensor, Tensor]:
-        """(maps (B, 3, G, G), texture (B, 13, G, G)): the part training needs."""
+    def fixed_maps(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """The query-independent, parameter-free part: (texture (B, 13, G, G), maps (B, 2, G, G)).
+
+        maps = information, perspectival. Training computes this once per dataset.
+        """
         c = self.config
         rgb = images.to(torch.float32) / 255.0
         texture, _ = texture_from_float(rgb, self.constants, c.grid, c.compat)
@@ -76,9 +79,12 @@ class ArrcocTexture(nn.Module):
             information = channel_softmax_entropy(texture)
         else:
             information = luminance_entropy(images, self.cell_of_pixel, c.grid)
-        maps = torch.stack(
-            (information, salience(texture), self.participatory(texture, query)), dim=1
-        )
+        return texture, torch.stack((information, salience(texture)), dim=1)
+
+    def scorer_maps(self, images: Tensor, query: Tensor) -> tuple[Tensor, Tensor]:
+        """(maps (B, 3, G, G), texture (B, 13, G, G)): the part training needs."""
+        texture, fixed = self.fixed_maps(images)
+        maps = torch.cat((fixed, self.participatory(texture, query).unsqueeze(1)), dim=1)
         return maps, texture
 
     def forward(self, images: Tensor, query: Tensor, controls: Tensor) -> ModelOutput:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -75,7 +75,10 @@ def create_model(
         if weights == "default" and not Path(path).is_file():
             path = None  # variant ships no weights yet: stay untrained, and say so
         else:
-            model.weights_version = load_weights(model, Path(path), name)
+            path = Path(path)
+            sidecar = path.with_name(path.name + ".sha256")  # shipped next to bundled weights
+            expected = sidecar.read_text().split()[0] if sidecar.is_file() else None
+            model.weights_version = load_weights(model, path, name, expected)
     return model.to(device).eval()
 
 

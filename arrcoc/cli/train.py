@@ -1,8 +1,57 @@
-"""arrcoc train (not built yet: see the open issues)."""
+"""arrcoc train [--out FILE] [--steps N] [--seed N] [--scenes N] ...: train the default weights."""
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "weights" / "arrcoc-texture.safetensors"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..train.trainer import TrainConfig
+
+    d = TrainConfig()
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="weights file (the report goes beside it)")
+    p.add_argument("--variant", default=d.variant)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--scenes", type=int, default=d.scenes, help="training scenes (~3 captions each)")
+    p.add_argument("--eval-scenes", type=int, default=d.eval_scenes, help="held-out evaluation scenes")
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--threads", type=int, default=d.threads, help="CPU threads")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (cuda: torch.compile + bf16)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="where the precomputed scene tensors are cached (default ~/.cache/arrcoc)")  # fmt: skip
+    p.add_argument("--no-cache", action="store_true", help="recompute the scene tensors")
+    p.add_argument("--query-encoder", default=None, help="all-MiniLM-L6-v2 HF id or local path")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="(not available yet)")
-    p.set_defaults(func=lambda args: print("arrcoc train is not available yet") or 1)
+    add_arguments(sub.add_parser("train", help="train the participatory scorer and balancer on generated scenes"))
+
+
+def run(args) -> int:
+    import torch
+
+    from ..errors import InvalidInputError
+    from ..train.run import report_paths, run_training
+    from ..train.trainer import TrainConfig
+
+    if args.steps < 1 or args.scenes < 1 or args.eval_scenes < 1 or args.batch < 1:
+        raise InvalidInputError("--steps, --scenes, --eval-scenes and --batch must be at least 1.")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = TrainConfig(variant=args.variant, scenes=args.scenes, eval_scenes=args.eval_scenes, steps=args.steps,
+                      batch=args.batch, lr=args.lr, seed=args.seed, threads=args.threads, device=device)  # fmt: skip
+    cache = None if args.no_cache else (args.cache_dir or Path.home() / ".cache" / "arrcoc")
+    report = run_training(cfg, args.out, cache, args.query_encoder, progress=not args.quiet)
+    acc = report["accuracy"]
+    print(f"wrote {args.out} ({report['weights_version']}) and {report_paths(args.out)[1].name}")
+    print(f"pointing game on held-out scenes/phrasings: trained {acc['trained']['overall']:.3f},"
+          f" untrained {acc['untrained']['overall']:.3f}")  # fmt: skip
+    return 0

@@ -1,0 +1,1 @@
+"""Training the default weights: procedural captioned scenes, cached tensors, trainer, pointing game."""

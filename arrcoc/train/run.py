@@ -1,0 +1,122 @@
+"""`arrcoc train` end to end: data, untrained baseline, training, evaluation, weights, report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..query import QueryEncoder
+from ..registry import create_model
+from ..weights import file_sha256, save_weights, tensors_sha256
+from .data import HIT_COVERAGE, Dataset, build_dataset
+from .evaluate import CATEGORIES, evaluate
+from .scenes import SceneConfig
+from .trainer import TrainConfig, seed_everything, train
+
+EVAL_SEED_OFFSET = 1_000_003  # evaluation scenes come from another seed: never seen in training
+
+
+def weights_version(model: torch.nn.Module) -> str:
+    """'YYYY.MM-<first 8 hex of the tensors' hash>': when, and exactly which weights."""
+    state = {k: v for k, v in model.state_dict().items()}
+    return f"{dt.datetime.now(dt.UTC):%Y.%m}-{tensors_sha256(state)[:8]}"
+
+
+def _subset(data: Dataset, n: int) -> Dataset:
+    keep = torch.arange(min(n, len(data)))
+    return Dataset(data.texture, data.fixed, data.scene[keep], data.query[keep], data.hit[keep],
+                   data.captions[: len(keep)], {k: v[: len(keep)] for k, v in data.meta.items()})  # fmt: skip
+
+
+def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, encoder_source: str | None = None,
+                 progress: bool = True) -> dict:  # fmt: skip
+    """Train cfg.variant, write weights to `out` and the report beside it; return the report."""
+    t0 = time.perf_counter()
+    device = torch.device(cfg.device)
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    model = create_model(cfg.variant, weights=None, device=device)
+    encoder = QueryEncoder(encoder_source, cache_size=64)
+    train_data = build_dataset(model, encoder, cfg.scenes, cfg.seed, SceneConfig(), cache_dir=cache_dir,
+                               desc="training scenes")  # fmt: skip
+    eval_data = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET,
+                              SceneConfig(heldout_phrasing=True), cache_dir=cache_dir, desc="held-out scenes")  # fmt: skip
+    t_data = time.perf_counter() - t0
+    untrained = evaluate(model, eval_data.to(device))
+    log = train(model, train_data, cfg, progress=progress)
+    model = model.cpu().float()
+    trained = evaluate(model, eval_data)
+    train_acc = evaluate(model, _subset(train_data, 2000))["overall"]
+    version = weights_version(model)
+    save_weights(model, out, cfg.variant, version, extra={"trained_by": "arrcoc train", "seed": str(cfg.seed)})
+    sha = file_sha256(out)
+    out.with_name(out.name + ".sha256").write_text(f"{sha}  {out.name}\n")
+    report = {
+        "variant": cfg.variant,
+        "weights_version": version,
+        "weights_file": out.name,
+        "sha256": sha,
+        "metric": "pointing game: top-1 cell of the final relevance map inside the named object"
+        f" (a cell counts when >= {HIT_COVERAGE:.0%} of it is the object, or it is among the"
+        " object's best-covered cells when no cell is covered that much)",
+        "eval": "held-out scenes (another seed) with held-out caption frames and synonyms",
+        "accuracy": {"trained": trained, "untrained": untrained},
+        "train_accuracy": train_acc,
+        "data": {"train_scenes": cfg.scenes, "train_captions": len(train_data),
+                 "eval_scenes": cfg.eval_scenes, "eval_captions": len(eval_data)},  # fmt: skip
+        "settings": {"train": asdict(cfg), "scenes": asdict(SceneConfig())},
+        "seed": cfg.seed,
+        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
+                        "precision": "bf16 autocast + torch.compile" if device.type == "cuda" else "fp32"},  # fmt: skip
+        "time_s": {"data": round(t_data, 1), "train": log["seconds"], "total": round(time.perf_counter() - t0, 1)},
+        "losses": log["losses"],
+        "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    report_paths(out)[0].write_text(json.dumps(report, indent=2) + "\n")
+    report_paths(out)[1].write_text(markdown_report(report))
+    return report
+
+
+def report_paths(weights: Path) -> tuple[Path, Path]:
+    stem = weights.name.removesuffix(".safetensors")
+    return weights.with_name(stem + ".report.json"), weights.with_name(stem + ".report.md")
+
+
+def markdown_report(r: dict) -> str:
+    tr, un = r["accuracy"]["trained"], r["accuracy"]["untrained"]
+    s = r["settings"]["train"]
+    lines = [
+        f"# Training report: {r['variant']} {r['weights_version']}",
+        "",
+        f"{r['metric']}.",
+        f"Evaluated on {r['data']['eval_captions']} captions of {r['data']['eval_scenes']} {r['eval']}.",
+        "",
+        "| | trained | untrained |",
+        "| --- | ---: | ---: |",
+        f"| **overall** | **{tr['overall']:.3f}** | {un['overall']:.3f} |",
+        f"| participatory map alone | {tr['participatory_only']:.3f} | {un['participatory_only']:.3f} |",
+        f"| training captions (first 2000) | {r['train_accuracy']:.3f} | |",
+    ]
+    for cat in CATEGORIES:
+        lines += ["", f"## By {cat}", "", "| | n | trained | untrained |", "| --- | ---: | ---: | ---: |"]
+        for value, d in tr["by"][cat].items():
+            lines.append(f"| {value} | {d['n']} | {d['accuracy']:.3f} | {un['by'][cat][value]['accuracy']:.3f} |")
+    lines += [
+        "", "## Settings", "",
+        f"- seed {r['seed']}; {s['scenes']} training scenes ({r['data']['train_captions']} captions),"
+        f" {s['steps']} steps of batch {s['batch']}, AdamW lr {s['lr']}, logit scale {s['logit_scale']}",
+        f"- device {r['environment']['device']} ({r['environment']['precision']}), torch {r['environment']['torch']}",
+        f"- time: data {r['time_s']['data']} s, training {r['time_s']['train']} s, total {r['time_s']['total']} s",
+        f"- weights `{r['weights_file']}`, sha256 `{r['sha256']}`",
+        f"- created {r['created']}",
+        "",
+    ]  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,411 @@
+"""Procedural captioned scenes: shapes, colours, sizes, positions, textures and text-like marks
+on varied backgrounds, each with a caption that names exactly one object and a mask per object.
+
+Everything is drawn with Pillow from one numpy Generator, so a seed gives the same scenes on
+every machine. Captions come from templates with synonyms; the evaluation split uses templates
+and synonyms that training never sees ("held-out phrasings") on scenes drawn from another seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+# name -> RGB. Backgrounds are desaturated, so every one of these stands out from them.
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (214, 32, 32), "green": (34, 160, 52), "blue": (36, 72, 214), "yellow": (240, 214, 30),
+    "orange": (244, 128, 20), "purple": (128, 40, 170), "white": (248, 248, 248), "black": (14, 14, 14),
+}  # fmt: skip
+SHAPES = ("circle", "square", "triangle", "star", "diamond", "hexagon", "cross")
+TEXT = "text"  # the kind of a text-like mark (rows of glyph strokes)
+SIZES = {"small": (26.0, 36.0), "medium": (44.0, 58.0), "large": (70.0, 92.0)}  # radius, px at 512
+ROWS = ("top", "middle", "bottom")
+COLS = ("left", "centre", "right")
+
+# Synonyms: training draws from the first list, evaluation also from the second (held out).
+SHAPE_WORDS = {
+    "circle": (["circle", "disc"], ["round shape", "ring"]),
+    "square": (["square", "box"], ["block"]),
+    "triangle": (["triangle"], ["triangular shape"]),
+    "star": (["star"], ["star shape"]),
+    "diamond": (["diamond", "rhombus"], ["lozenge"]),
+    "hexagon": (["hexagon"], ["six-sided shape"]),
+    "cross": (["cross", "plus sign"], ["plus"]),
+    TEXT: (["text", "writing", "words"], ["label", "lettering"]),
+}
+SIZE_WORDS = {"small": (["small", "little"], ["tiny"]), "large": (["large", "big"], ["huge"]),
+              "medium": (["medium"], ["medium-sized"])}  # fmt: skip
+POSITION_WORDS = {  # (row, col) -> phrase after "in the" / "at the"
+    ("top", "left"): "top left", ("top", "centre"): "top", ("top", "right"): "top right",
+    ("middle", "left"): "left", ("middle", "centre"): "centre", ("middle", "right"): "right",
+    ("bottom", "left"): "bottom left", ("bottom", "centre"): "bottom", ("bottom", "right"): "bottom right",
+}  # fmt: skip
+RELATIONS = {"left of": (["left of", "to the left of"], ["on the left side of"]),
+             "right of": (["right of", "to the right of"], ["on the right side of"]),
+             "above": (["above"], ["over"]), "below": (["below", "under"], ["beneath"])}  # fmt: skip
+
+# Caption frames: {d} is the description ("the small red circle ..."). Held-out frames only at eval.
+TRAIN_FRAMES = ("{d}", "{d}", "find {d}", "where is {d}", "look at {d}", "show me {d}")
+HELDOUT_FRAMES = ("point to {d}", "{d}, please", "can you locate {d}?", "highlight {d}", "I want {d}")
+CAPTION_KINDS = ("colour_shape", "shape", "colour", "size", "position", "superlative", "relation", "text")
+
+
+@dataclass(frozen=True)
+class SceneConfig:
+    size: int = 512  # pixels; the model's S
+    min_shapes: int = 2
+    max_shapes: int = 5
+    text_prob: float = 0.45  # chance of one text-like mark in a scene
+    captions_per_scene: int = 3
+    heldout_phrasing: bool = False  # evaluation: held-out frames and synonyms
+
+
+@dataclass
+class SceneObject:
+    kind: str  # a SHAPES name or TEXT
+    colour: str
+    size: str
+    cx: float
+    cy: float
+    radius: float
+    region: tuple[str, str] = ("middle", "centre")  # (row, col) of the 3x3 region of the centre
+    area: int = 0  # pixels in the mask
+
+
+@dataclass
+class Scene:
+    image: np.ndarray  # (S, S, 3) uint8
+    masks: np.ndarray  # (n_objects, S, S) bool
+    objects: list[SceneObject]
+    captions: list[tuple[str, int, str]] = field(default_factory=list)  # (text, object index, kind)
+
+
+# ----------------------------------------------------------------------------- drawing
+
+
+def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
+    if kind == "square":
+        pts = [(math.cos(a), math.sin(a)) for a in np.linspace(math.pi / 4, 2 * math.pi + math.pi / 4, 4, endpoint=False)]
+        pts = [(x * 1.0, y * 1.0) for x, y in pts]
+    elif kind == "triangle":
+        pts = [(math.cos(a), math.sin(a)) for a in np.linspace(-math.pi / 2, 1.5 * math.pi, 3, endpoint=False)]
+    elif kind == "diamond":
+        pts = [(0.0, -1.0), (0.7, 0.0), (0.0, 1.0), (-0.7, 0.0)]
+    elif kind == "hexagon":
+        pts = [(math.cos(a), math.sin(a)) for a in np.linspace(0, 2 * math.pi, 6, endpoint=False)]
+    elif kind == "star":
+        pts = []
+        for i in range(10):
+            a = -math.pi / 2 + i * math.pi / 5
+            rr = 1.0 if i % 2 == 0 else 0.45
+            pts.append((rr * math.cos(a), rr * math.sin(a)))
+    elif kind == "cross":
+        t = 0.34
+        pts = [(-t, -1), (t, -1), (t, -t), (1, -t), (1, t), (t, t), (t, 1), (-t, 1), (-t, t), (-1, t), (-1, -t), (-t, -t)]
+    else:
+        raise ValueError(kind)
+    ca, sa = math.cos(angle), math.sin(angle)
+    return [(cx + r * (x * ca - y * sa), cy + r * (x * sa + y * ca)) for x, y in pts]
+
+
+def _background(rng: np.random.Generator, s: int) -> np.ndarray:
+    """Desaturated backgrounds: flat, gradient, noise, stripes or checker (float (S, S, 3))."""
+    base = rng.uniform(70, 200) + rng.uniform(-18, 18, size=3)
+    style = rng.integers(5)
+    yy, xx = np.mgrid[0:s, 0:s].astype(np.float32) / s
+    if style == 0:
+        field_ = np.zeros((s, s), np.float32)
+    elif style == 1:
+        a = rng.uniform(0, 2 * math.pi)
+        field_ = (np.cos(a) * xx + np.sin(a) * yy - 0.5) * rng.uniform(40, 90)
+    elif style == 2:
+        coarse = rng.normal(0, 1, size=(s // 32, s // 32)).astype(np.float32)
+        field_ = np.asarray(Image.fromarray(coarse).resize((s, s), Image.Resampling.BICUBIC)) * 18
+        field_ = field_ + rng.normal(0, 6, size=(s, s)).astype(np.float32)
+    elif style == 3:
+        period = rng.uniform(12, 48)
+        a = rng.uniform(0, math.pi)
+        field_ = np.sign(np.sin((np.cos(a) * xx + np.sin(a) * yy) * s * 2 * math.pi / period)) * rng.uniform(8, 22)
+    else:
+        period = int(rng.integers(24, 80))
+        iy, ix = np.mgrid[0:s, 0:s]
+        field_ = (((iy // period) + (ix // period)) % 2 * 2 - 1).astype(np.float32) * rng.uniform(8, 20)
+    return np.clip(base[None, None, :] + field_[..., None], 0, 255)
+
+
+def _fill(rng: np.random.Generator, rgb: tuple[int, int, int], h: int, w: int) -> np.ndarray:
+    """An object's fill over its box: solid, striped or speckled shades of its colour (h, w, 3)."""
+    colour = np.clip(np.array(rgb, np.float32) + rng.uniform(-14, 14, size=3), 0, 255)
+    style = rng.integers(4)
+    fill = np.broadcast_to(colour, (h, w, 3)).copy()
+    if style == 1:  # stripes: a darker band of the same hue
+        period = rng.uniform(8, 20)
+        iy, ix = np.mgrid[0:h, 0:w].astype(np.float32)
+        band = (np.sin((ix + iy * rng.uniform(-1, 1)) * 2 * math.pi / period) > 0)[..., None]
+        fill = np.where(band, fill * 0.78, fill)
+    elif style == 2:  # speckle
+        fill = fill + rng.normal(0, 10, size=(h, w, 1))
+    return np.clip(fill, 0, 255)
+
+
+def _draw_text(draw: ImageDraw.ImageDraw, rng: np.random.Generator, cx: float, cy: float, r: float) -> None:
+    """Rows of glyph-like strokes inside a box of half-width r: 'text' without a font."""
+    half_h = r * rng.uniform(0.35, 0.6)
+    rows = int(rng.integers(2, 4))
+    line_h = 2 * half_h / rows
+    for i in range(rows):
+        y0 = cy - half_h + i * line_h + line_h * 0.2
+        y1 = y0 + line_h * 0.6
+        x = cx - r
+        while x < cx + r - 4:
+            w = rng.uniform(4, 10)
+            draw.rectangle([x, y0 + rng.uniform(0, 2), min(x + w, cx + r), y1], fill=255)
+            x += w + rng.uniform(2, 5) + (rng.uniform(5, 9) if rng.random() < 0.2 else 0)
+
+
+def _region(cx: float, cy: float, s: int) -> tuple[str, str]:
+    return ROWS[min(int(cy / s * 3), 2)], COLS[min(int(cx / s * 3), 2)]
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def _place(rng: np.random.Generator, objs: list[SceneObject], r: float, s: int, want=None) -> tuple[float, float] | None:
+    """A centre for a new object of radius r that overlaps no other (None if none found)."""
+    for _ in range(200):
+        cx, cy = rng.uniform(r + 4, s - r - 4, size=2)
+        if want is not None and not want(cx, cy):
+            continue
+        if all(math.hypot(cx - o.cx, cy - o.cy) > r + o.radius + 10 for o in objs):
+            return float(cx), float(cy)
+    return None
+
+
+def _new_object(rng, objs, s, kind=None, colour=None, size=None, want=None) -> SceneObject | None:
+    kind = kind or SHAPES[rng.integers(len(SHAPES))]
+    colour = colour or list(COLOURS)[rng.integers(len(COLOURS))]
+    size = size or ("small", "medium", "large")[rng.integers(3)]
+    lo, hi = SIZES[size]
+    r = float(rng.uniform(lo, hi))
+    if kind == TEXT:
+        r = max(r, 44.0)
+    pos = _place(rng, objs, r, s, want)
+    if pos is None:
+        return None
+    return SceneObject(kind, colour, size, pos[0], pos[1], r, _region(pos[0], pos[1], s))
+
+
+# ----------------------------------------------------------------------------- captions
+
+
+class _Words:
+    def __init__(self, rng: np.random.Generator, heldout: bool):
+        self.rng, self.heldout = rng, heldout
+
+    def pick(self, table: dict, key: str) -> str:
+        train, held = table[key]
+        pool = train + held if self.heldout else train
+        # held-out runs use a held-out word half the time, so eval really tests new phrasings
+        if self.heldout and held and self.rng.random() < 0.5:
+            pool = held
+        return pool[self.rng.integers(len(pool))]
+
+    def frame(self, d: str) -> str:
+        frames = HELDOUT_FRAMES if self.heldout else TRAIN_FRAMES
+        return frames[self.rng.integers(len(frames))].format(d=d)
+
+    def shape(self, o: SceneObject) -> str:
+        return self.pick(SHAPE_WORDS, o.kind)
+
+    def position(self, o: SceneObject) -> str:
+        where = POSITION_WORDS[o.region]
+        if where in ("top", "bottom"):
+            return f"at the {where}"
+        return f"on the {where}" if where in ("left", "right") else f"in the {where}"
+
+
+def _count(objs: list[SceneObject], **attrs) -> int:
+    return sum(all(getattr(o, k) == v for k, v in attrs.items()) for o in objs)
+
+
+def describe(objs: list[SceneObject], t: int, kind: str, words: _Words) -> str | None:
+    """A description naming object t uniquely with this caption kind, or None if impossible."""
+    o = objs[t]
+    shapes = [x for x in objs if x.kind != TEXT]
+    if kind == "text":
+        if o.kind != TEXT:
+            return None
+        return f"the {words.shape(o)}" if _count(objs, kind=TEXT) == 1 else None
+    if o.kind == TEXT:
+        return None
+    if kind == "colour_shape" and _count(objs, kind=o.kind, colour=o.colour) == 1:
+        return f"the {o.colour} {words.shape(o)}"
+    if kind == "shape" and _count(objs, kind=o.kind) == 1:
+        return f"the {words.shape(o)}"
+    if kind == "colour" and _count(shapes, colour=o.colour) == 1:
+        noun = ("shape", "object", "one")[words.rng.integers(3)]
+        return f"the {o.colour} {noun}"
+    if kind == "size" and o.size != "medium":
+        same = [x for x in objs if x.kind == o.kind and x.colour == o.colour]
+        if len(same) >= 2 and sum(x.size == o.size for x in same) == 1:
+            return f"the {words.pick(SIZE_WORDS, o.size)} {o.colour} {words.shape(o)}"
+    if kind == "position":
+        same = [x for x in objs if x.kind == o.kind and x.colour == o.colour]
+        if sum(x.region == o.region for x in same) == 1:
+            return f"the {o.colour} {words.shape(o)} {words.position(o)}"
+    if kind == "superlative" and len(shapes) >= 2:
+        areas = sorted(x.area for x in shapes)
+        if o.area == areas[-1] and areas[-1] > 1.6 * areas[-2]:
+            return ("the largest shape", "the biggest shape", "the largest object")[words.rng.integers(3)] \
+                if not words.heldout else ("the biggest one", "the largest thing")[words.rng.integers(2)]
+        if o.area == areas[0] and areas[1] > 1.6 * areas[0]:
+            return ("the smallest shape", "the smallest object")[words.rng.integers(2)] \
+                if not words.heldout else ("the tiniest shape", "the smallest thing")[words.rng.integers(2)]
+    if kind == "relation":
+        return _relation(objs, t, words)
+    return None
+
+
+def _relation(objs: list[SceneObject], t: int, words: _Words) -> str | None:
+    o = objs[t]
+    for a, anchor in enumerate(objs):
+        if a == t or anchor.kind == TEXT or _count(objs, kind=anchor.kind, colour=anchor.colour) != 1:
+            continue
+        dx, dy = o.cx - anchor.cx, o.cy - anchor.cy
+        rel = ("left of" if dx < 0 else "right of") if abs(dx) > abs(dy) else ("above" if dy < 0 else "below")
+        # unique: no other object of the target's look stands in the same relation to the anchor
+        rivals = [x for i, x in enumerate(objs) if i not in (t, a) and x.kind == o.kind and x.colour == o.colour]
+        if any(_relation_of(x, anchor) == rel for x in rivals):
+            continue
+        return f"the {o.colour} {words.shape(o)} {words.pick(RELATIONS, rel)} the {anchor.colour} {words.shape(anchor)}"
+    return None
+
+
+def _relation_of(o: SceneObject, anchor: SceneObject) -> str:
+    dx, dy = o.cx - anchor.cx, o.cy - anchor.cy
+    return ("left of" if dx < 0 else "right of") if abs(dx) > abs(dy) else ("above" if dy < 0 else "below")
+
+
+# ----------------------------------------------------------------------------- scenes
+
+
+def _design(rng: np.random.Generator, kind: str, s: int) -> list[SceneObject]:
+    """Objects laid out so a caption of this kind needs its distinguishing word."""
+    objs: list[SceneObject] = []
+
+    def add(**kw) -> SceneObject | None:
+        o = _new_object(rng, objs, s, **kw)
+        if o is not None:
+            objs.append(o)
+        return o
+
+    shape = SHAPES[rng.integers(len(SHAPES))]
+    colour = list(COLOURS)[rng.integers(len(COLOURS))]
+    if kind == "size":  # twins that differ only in size
+        add(kind=shape, colour=colour, size="small")
+        add(kind=shape, colour=colour, size="large")
+    elif kind == "position":  # twins in different regions
+        add(kind=shape, colour=colour)
+        add(kind=shape, colour=colour)
+    elif kind in ("colour_shape", "colour"):  # same shape in another colour, same colour on another shape
+        add(kind=shape, colour=colour)
+        add(kind=shape)
+        add(colour=colour if kind == "colour_shape" else None)
+    elif kind == "shape":
+        add(kind=shape)
+        add(colour=colour)
+    elif kind == "superlative":
+        add(size="large")
+        add(size="small")
+    elif kind == "relation":  # an anchor and target twins on both sides of it
+        anchor = add(size="medium")
+        if anchor is not None:
+            add(kind=shape, colour=colour, want=lambda x, y: x < anchor.cx - 60 and abs(y - anchor.cy) < 60)
+            add(kind=shape, colour=colour, want=lambda x, y: x > anchor.cx + 60 and abs(y - anchor.cy) < 60)
+    elif kind == "text":
+        add(kind=TEXT, colour=("black", "white", "blue", "red")[rng.integers(4)])
+    return objs
+
+
+def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig()) -> Scene:
+    """One scene with up to `captions_per_scene` captions, each naming one object uniquely."""
+    s = config.size
+    words = _Words(rng, config.heldout_phrasing)
+    focus = CAPTION_KINDS[rng.integers(len(CAPTION_KINDS))]
+    objs = _design(rng, focus, s)
+    n = int(rng.integers(config.min_shapes, config.max_shapes + 1))
+    for _ in range(max(0, n - len(objs))):
+        _new_object_and_add(rng, objs, s)
+    if focus != "text" and rng.random() < config.text_prob:
+        o = _new_object(rng, objs, s, kind=TEXT, colour=("black", "white")[rng.integers(2)])
+        if o is not None:
+            objs.append(o)
+    image, masks = render(rng, objs, s)
+    for o, m in zip(objs, masks, strict=True):
+        o.area = int(m.sum())
+    scene = Scene(image, masks, objs)
+    kinds = [focus] + [CAPTION_KINDS[i] for i in rng.permutation(len(CAPTION_KINDS))]
+    used: set[int] = set()
+    for kind in kinds:
+        if len(scene.captions) >= config.captions_per_scene:
+            break
+        for t in rng.permutation(len(objs)):
+            if int(t) in used:
+                continue
+            d = describe(objs, int(t), kind, words)
+            if d is not None:
+                scene.captions.append((words.frame(d), int(t), kind))
+                used.add(int(t))
+                break
+    return scene
+
+
+def _new_object_and_add(rng, objs, s) -> None:
+    o = _new_object(rng, objs, s)
+    if o is not None:
+        objs.append(o)
+
+
+def render(rng: np.random.Generator, objs: list[SceneObject], s: int) -> tuple[np.ndarray, np.ndarray]:
+    """Draw the objects over a background: (image (S, S, 3) uint8, masks (n, S, S) bool).
+
+    A text mark's mask is the box around its strokes: "the text" names the block, not the ink.
+    """
+    canvas = _background(rng, s)
+    masks = np.zeros((len(objs), s, s), dtype=bool)
+    for i, o in enumerate(objs):
+        ink_img = Image.new("L", (s, s), 0)
+        draw = ImageDraw.Draw(ink_img)
+        if o.kind == TEXT:
+            _draw_text(draw, rng, o.cx, o.cy, o.radius)
+        elif o.kind == "circle":
+            draw.ellipse([o.cx - o.radius, o.cy - o.radius, o.cx + o.radius, o.cy + o.radius], fill=255)
+        else:
+            draw.polygon(_polygon(o.kind, o.cx, o.cy, o.radius, float(rng.uniform(-0.3, 0.3))), fill=255)
+        ink = np.asarray(ink_img) > 127
+        ys, xs = np.nonzero(ink)
+        y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+        if o.kind == TEXT:
+            masks[i, y0:y1, x0:x1] = True
+            fill = np.broadcast_to(np.array(COLOURS[o.colour], np.float32), (y1 - y0, x1 - x0, 3))
+        else:
+            masks[i] = ink
+            fill = _fill(rng, COLOURS[o.colour], y1 - y0, x1 - x0)
+        box = canvas[y0:y1, x0:x1]
+        canvas[y0:y1, x0:x1] = np.where(ink[y0:y1, x0:x1, None], fill, box)
+    noise = rng.normal(0, 3, size=(s, s, 1))  # sensor-like noise so nothing is perfectly flat
+    return np.clip(canvas + noise, 0, 255).astype(np.uint8), masks
+
+
+def make_scenes(n: int, seed: int, config: SceneConfig = SceneConfig()) -> list[Scene]:
+    """n scenes from one seed; scenes with no caption are redrawn (same seed, same list)."""
+    rng = np.random.default_rng(seed)
+    out: list[Scene] = []
+    while len(out) < n:
+        scene = make_scene(rng, config)
+        if scene.captions:
+            out.append(scene)
+    return out

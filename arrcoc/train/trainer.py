@@ -1,0 +1,108 @@
+"""Train the participatory scorer and the balancer on cached scene tensors.
+
+The query encoder and everything before the participatory scorer are frozen (and precomputed,
+see data.py), so a CPU step costs a few 32x32 convs per caption. On a GPU the same step runs
+under torch.compile and bf16 autocast.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from .data import Dataset
+from .evaluate import relevance_from_fixed
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    variant: str = "arrcoc-texture"
+    scenes: int = 3000  # training scenes (~3 captions each)
+    eval_scenes: int = 500  # held-out scenes, captioned with held-out phrasings
+    steps: int = 2500
+    batch: int = 32
+    lr: float = 3e-3  # AdamW, cosine decay after a short warmup
+    warmup: int = 100
+    weight_decay: float = 0.01
+    logit_scale: float = 20.0  # maps are in [0, 1]: scale them to softmax logits in the loss
+    seed: int = 0
+    threads: int = 2  # CPU threads: the machine is shared
+    device: str = "cpu"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pointing_loss(scores: Tensor, hit: Tensor, scale: float) -> Tensor:
+    """-log of the softmax mass on the object's cells (multiple-instance: any of them will do)."""
+    logp = F.log_softmax(scores.flatten(1).float() * scale, dim=1)
+    inside = torch.where(hit.flatten(1), logp, torch.full_like(logp, -1e4))
+    return -torch.logsumexp(inside, dim=1).mean()
+
+
+def learnable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return list(model.participatory.parameters()) + list(model.balancer.parameters())
+
+
+def make_step(model: nn.Module, cfg: TrainConfig, device: torch.device):
+    """One loss function; compiled with bf16 autocast on CUDA, plain fp32 on CPU."""
+    use_cuda = device.type == "cuda"
+
+    def loss_fn(texture: Tensor, fixed: Tensor, query: Tensor, hit: Tensor) -> Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_cuda):
+            relevance, part = relevance_from_fixed(model, texture, fixed, query)
+        # the participatory map is trained directly (it must find the object on its own, it is
+        # reported as a "way of knowing") and through the balanced map (the balancer learns to
+        # trust it for object queries)
+        return pointing_loss(part, hit, cfg.logit_scale) + pointing_loss(relevance, hit, cfg.logit_scale)
+
+    return torch.compile(loss_fn, fullgraph=True) if use_cuda else loss_fn
+
+
+def train(model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = True) -> dict:
+    """Train in place; return a log {"losses": [...], "seconds": s}. Seeded and reproducible."""
+    device = torch.device(cfg.device)
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    model.to(device).train()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    params = learnable_parameters(model)
+    for p in params:
+        p.requires_grad_(True)
+    data = data.to(device)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup)
+                                              * 0.5 * (1 + np.cos(np.pi * min(s, cfg.steps) / cfg.steps)))  # fmt: skip
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step_fn = make_step(model, cfg, device)
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    bar = tqdm(range(cfg.steps), desc="train", unit="step", disable=not progress)
+    for step in bar:
+        rows = torch.randint(len(data), (cfg.batch,), generator=gen).to(device)
+        scene = data.scene[rows]
+        loss = step_fn(data.texture[scene], data.fixed[scene], data.query[rows], data.hit[rows])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if step % 25 == 0 or step == cfg.steps - 1:
+            losses.append(round(float(loss.detach()), 4))  # a host sync, but only every 25 steps
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return {"losses": losses, "seconds": round(time.perf_counter() - t0, 1), "config": asdict(cfg)}
