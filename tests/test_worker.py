@@ -1,0 +1,201 @@
+"""The Celery path for real: Redis at 127.0.0.1:6379 (db 13, a key prefix and queues of our own)
+and one `arrcoc worker` process shared by the tests of this module."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import subprocess
+import sys
+import time
+import uuid
+import zipfile
+
+import numpy as np
+import pytest
+
+from arrcoc.errors import ImageError, InvalidInputError, JobError
+from arrcoc.pipeline import Controls
+from arrcoc.service.celery_config import TASKS
+from arrcoc.service.executor import BenchRequest, JobState
+from arrcoc.service.testing import REPO, Worker, make_zip, png_bytes, seeded_weights, worker_env
+from arrcoc.settings import default_settings
+
+BROKER = "redis://127.0.0.1:6379/13"
+
+
+def test_registered_tasks_and_config_exactly():
+    from worker.app import app
+
+    app.loader.import_default_modules()  # what the worker does at start: imports worker.tasks
+    assert {n for n in app.tasks if not n.startswith("celery.")} == set(TASKS)
+    c = app.conf
+    assert (c.task_serializer, c.result_serializer, c.accept_content) == ("json", "json", ["json"])
+    assert c.task_acks_late and c.task_reject_on_worker_lost and c.task_track_started and c.worker_send_task_events
+    assert c.worker_prefetch_multiplier == 1 and c.result_expires and c.task_time_limit
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("svc")
+    tag = uuid.uuid4().hex[:8]
+    settings = {"weights": str(seeded_weights(root / "w.safetensors")), "buckets": "[1,2,4,8]",
+                "redis_prefix": f"arrcoc-test-{tag}", "queue_gpu": f"gpu-{tag}", "queue_bench": f"bench-{tag}",
+                "batch_max_delay_ms": "20"}  # fmt: skip
+    yield root, settings
+    import redis
+
+    r = redis.Redis.from_url(BROKER)
+    keys = [k for pat in (f"arrcoc-test-{tag}:*", f"*{tag}*") for k in r.scan_iter(pat)]
+    if keys:
+        r.delete(*keys)
+
+
+@pytest.fixture(scope="module")
+def worker(env):
+    root, settings = env
+    w = Worker(worker_env(BROKER, root / "data", **settings), root / "worker.log")
+    try:
+        yield w.ready()
+    finally:
+        w.stop()
+
+
+def make_settings(env, **overrides):
+    root, s = env
+    fields = {k: json.loads(v) if k == "buckets" else v for k, v in s.items()}
+    fields["batch_max_delay_ms"] = float(fields["batch_max_delay_ms"])
+    fields.update(broker_url=BROKER, data_dir=root / "data", redis_timeout_s=3.0)
+    return default_settings(**(fields | overrides))
+
+
+@pytest.fixture(scope="module")
+def celery_ex(env, worker):
+    from arrcoc.service.celery_executor import CeleryExecutor
+
+    ex = CeleryExecutor(make_settings(env))
+    yield ex
+    ex.close()
+
+
+def wait_finished(ex, job_id, timeout=180.0, seen=None):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        st = ex.status(job_id)
+        if seen is not None:
+            seen.append((st.done, st.failed))
+        if st.state.finished:
+            return st
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} did not finish in {timeout} s: {st}")
+
+
+def test_infer_round_trip_equals_inprocess(env, celery_ex):
+    from arrcoc.service.inprocess import InProcessExecutor
+
+    local = InProcessExecutor(make_settings(env, broker_url=None))
+    try:
+        image = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
+        for controls in (None, Controls(k=16, token_budget=2048, scale_perspectival=0.5)):
+            remote, here = celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls)
+            a, b = remote.to_json(), here.to_json()
+            for key in ("timings_ms", "bucket"):
+                a.pop(key), b.pop(key)
+            assert a == b
+            assert np.array_equal(remote.texture, here.texture)
+    finally:
+        local.close()
+    with pytest.raises(ImageError):  # refused on the submitting side: nothing queued
+        celery_ex.infer(b"GIF89a broken", "q")
+    with pytest.raises(InvalidInputError, match="K must be"):  # refused by the worker, told to the caller
+        celery_ex.infer(png_bytes(0), "q", Controls(k=0))
+
+
+def test_dynamic_batching_forms_buckets_under_concurrency(celery_ex):
+    image = png_bytes(3)
+    with cf.ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda i: celery_ex.infer(image, "the sky", timeout=120), range(24)))
+    buckets = [r.bucket for r in results]
+    assert max(buckets) > 1, buckets
+
+
+def test_batch_job_with_progress_and_zip(celery_ex):
+    files = {f"photos/p{i:02d}.png": png_bytes(100 + i) for i in range(52)}
+    files["photos/corrupt.png"] = b"\x89PNG\r\n\x1a\n truncated"
+    manifest = "file,query\n" + "".join(f"{n},{'the sky' if i % 2 else 'a face'}\n" for i, n in enumerate(files))
+    files["manifest.csv"] = manifest.encode()
+    job = celery_ex.submit_batch(make_zip(files))
+    seen: list[tuple[int, int]] = []
+    st = wait_finished(celery_ex, job, seen=seen)
+    assert (st.state, st.total, st.done, st.failed) == (JobState.DONE, 53, 52, 1), st
+    assert seen == sorted(seen) and any(0 < d + f < 53 for d, f in seen)  # progress, never backwards
+    with zipfile.ZipFile(celery_ex.batch_results(job)) as zf:
+        rows = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+        assert [r["index"] for r in rows] == list(range(53))
+        assert [r["query"] for r in rows[:2]] == ["a face", "the sky"]
+        bad = [r for r in rows if not r["ok"]]
+        assert len(bad) == 1 and bad[0]["file"] == "photos/corrupt.png" and bad[0]["error"]
+        assert len([n for n in zf.namelist() if n.endswith(".png")]) == 52
+        assert len(zf.read("summary.csv").decode().splitlines()) == 54
+
+
+def test_cancel_and_unknown(celery_ex):
+    job = celery_ex.submit_batch(make_zip({f"{i}.png": png_bytes(i) for i in range(40)}), "q")
+    st = celery_ex.cancel(job)
+    assert st.state == JobState.CANCELLED
+    time.sleep(2)
+    st = celery_ex.status(job)
+    assert st.state == JobState.CANCELLED and st.done < 40
+    with pytest.raises(JobError, match="No job"):
+        celery_ex.status("batch-0123456789abcdef")
+    with pytest.raises(JobError, match="not a job id"):
+        celery_ex.status("../../etc")
+
+
+def test_expired_job_reports_expired_not_pending(env, worker):
+    from arrcoc.service.celery_executor import CeleryExecutor
+
+    ex = CeleryExecutor(make_settings(env, job_ttl_s=2))
+    try:
+        job = ex.submit_batch(make_zip({"a.png": png_bytes(1)}), "q")
+        wait_finished(ex, job, timeout=60)
+        time.sleep(3)
+        assert ex.status(job).state == JobState.EXPIRED
+        with pytest.raises(JobError, match="expired"):
+            ex.batch_results(job)
+    finally:
+        ex.close()
+
+
+def test_bench_job_holds_the_device(celery_ex):
+    job = celery_ex.submit_bench(BenchRequest(variants=("arrcoc-texture",), backends=("eager",), buckets=(1,),
+                                              iterations=2, warmup=1, device="cpu"))  # fmt: skip
+    st = wait_finished(celery_ex, job, timeout=120)
+    assert st.state == JobState.DONE, st.message
+    report = celery_ex.bench_report(job)
+    assert report["results"] and report["device_exclusive"]["held_ms"] > 0
+
+
+def test_cli_submit_infer_and_batch(env, worker, tmp_path):
+    root, settings = env
+    run_env = worker_env(BROKER, root / "data", **settings)
+    image = REPO / "arrcoc" / "examples" / "chelsea.jpg"
+    out = tmp_path / "r.json"
+    cli = [sys.executable, "-m", "arrcoc", "submit"]
+    subprocess.run([*cli, "infer", str(image), "--query", "a cat's face", "--json", str(out)], env=run_env,
+                   check=True, timeout=120, cwd=REPO)  # fmt: skip
+    doc = json.loads(out.read_text())
+    from arrcoc.result import JSON_KEYS
+
+    assert set(JSON_KEYS) <= set(doc) and doc["query"] == "a cat's face"
+    archive = tmp_path / "in.zip"
+    archive.write_bytes(make_zip({f"{i}.png": png_bytes(i) for i in range(3)}))
+    proc = subprocess.run([*cli, "batch", str(archive), "--query", "sky", "--out", str(tmp_path / "out.zip")],
+                          env=run_env, capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().splitlines()[0]
+    assert job_id.startswith("batch-") and "3 done" in proc.stderr
+    assert "results.jsonl" in zipfile.ZipFile(tmp_path / "out.zip").namelist()
+    status = subprocess.run([sys.executable, "-m", "arrcoc", "job", "status", job_id, "--json"], env=run_env,
+                            capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    assert json.loads(status.stdout)["state"] == "done"
