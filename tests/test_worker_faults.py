@@ -1,0 +1,110 @@
+"""Faults, for real: a worker SIGKILLed in the middle of a batch job, and Redis restarted under a
+running job. Uses its own redis-server (AOF on, noeviction: what compose runs) on a free port."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import zipfile
+
+import pytest
+
+from arrcoc.service.executor import JobState, ServiceUnavailableError
+from arrcoc.service.testing import RedisServer, Worker, make_zip, png_bytes, seeded_weights, worker_env
+from arrcoc.settings import default_settings
+
+SETTINGS = {"buckets": "[1,2,4]", "visibility_timeout_s": "6", "redis_timeout_s": "2", "max_redeliveries": "3"}
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    redis = RedisServer(root / "redis")
+    settings = SETTINGS | {"weights": str(seeded_weights(root / "w.safetensors"))}
+    env = worker_env(redis.url, root / "data", **settings)
+    started: list[Worker] = []
+    servers = [redis]
+
+    def start_worker() -> Worker:
+        w = Worker(env, root / f"worker{len(started)}.log", concurrency=3)
+        started.append(w)
+        return w.ready()
+
+    def executor():
+        from arrcoc.service.celery_executor import CeleryExecutor
+
+        fields = {k: json.loads(v) for k, v in settings.items() if k != "weights"}
+        return CeleryExecutor(default_settings(broker_url=redis.url, data_dir=root / "data",
+                                               weights=settings["weights"], **fields))  # fmt: skip
+
+    try:
+        yield {"root": root, "redis": servers, "start_worker": start_worker, "executor": executor}
+    finally:
+        for w in started:
+            w.stop()
+        for r in servers:
+            r.stop()
+
+
+def wait_for(ex, job, predicate, timeout):
+    t0 = time.monotonic()
+    st = None
+    while time.monotonic() - t0 < timeout:
+        try:
+            st = ex.status(job)
+        except ServiceUnavailableError:
+            st = None
+        if st is not None and predicate(st):
+            return st
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s; last status {st}")
+
+
+def assert_every_item_exactly_once(ex, job, total):
+    with zipfile.ZipFile(ex.batch_results(job)) as zf:
+        rows = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+        assert sorted(r["index"] for r in rows) == list(range(total))
+        assert all(r["ok"] for r in rows)
+        assert len([n for n in zf.namelist() if n.startswith("overlays/")]) == total
+
+
+def test_sigkill_mid_batch_then_new_worker_completes_every_item_once(rig):
+    worker = rig["start_worker"]()
+    ex = rig["executor"]()
+    total = 24
+    job = ex.submit_batch(make_zip({f"{i:02d}.png": png_bytes(i) for i in range(total)}), "the sky")
+    st = wait_for(ex, job, lambda s: s.done >= 4 or s.state.finished, 120)
+    assert not st.state.finished, "the job finished before the kill; make it longer"
+    worker.kill(signal.SIGKILL)
+    worker.p.wait(10)
+    at_kill = ex.status(job)
+    assert at_kill.done < total and at_kill.state == JobState.RUNNING
+    rig["start_worker"]()
+    st = wait_for(ex, job, lambda s: s.state.finished, 180)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, total, 0), st
+    assert_every_item_exactly_once(ex, job, total)
+    ex.close()
+
+
+def test_redis_restart_mid_job_resumes_and_no_call_hangs(rig):
+    redis = rig["redis"][-1]
+    ex = rig["executor"]()
+    total = 24
+    job = ex.submit_batch(make_zip({f"{i:02d}.png": png_bytes(50 + i) for i in range(total)}), "a face")
+    wait_for(ex, job, lambda s: s.done >= 4 or s.state.finished, 120)
+    redis.stop()  # SIGTERM: Redis writes its AOF and exits
+    for call in (lambda: ex.status(job), lambda: ex.infer(png_bytes(1), "q", timeout=5)):
+        t0 = time.monotonic()
+        with pytest.raises(ServiceUnavailableError):
+            call()
+        assert time.monotonic() - t0 < 8, "a client call hung on a dead Redis"
+    time.sleep(2)
+    rig["redis"].append(RedisServer(redis.dir, redis.port))  # same port, same AOF
+    st = wait_for(ex, job, lambda s: s.state.finished, 180)
+    if st.state == JobState.DONE:
+        assert (st.done, st.failed) == (total, 0), st
+        assert_every_item_exactly_once(ex, job, total)
+    else:
+        assert st.state == JobState.FAILED and st.message, st
+    ex.close()
