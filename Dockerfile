@@ -1,0 +1,46 @@
+# ARR-COC Serve image: the worker and the demo run from it (compose.yaml picks the command).
+#   GPU (default): CUDA torch from PyPI + onnxruntime-gpu and triton (the `gpu` extra)
+#   CPU:           docker build --build-arg EXTRAS=cpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu .
+ARG PYTHON=3.11
+FROM python:${PYTHON}-slim
+
+ARG EXTRAS=gpu
+# empty: PyPI's torch (a CUDA build on Linux x86_64); a PyTorch index URL picks another build
+ARG TORCH_INDEX=
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    TOKENIZERS_PARALLELISM=false \
+    ARRCOC_CACHE_DIR=/cache \
+    ARRCOC_DATA_DIR=/data
+
+# gcc: torch.compile's Inductor builds C++ for the CPU path; curl: nothing (healthchecks use python)
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc g++ \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+
+# dependencies first (cached while only the code changes): install against empty packages
+COPY pyproject.toml README.md ./
+RUN mkdir -p arrcoc worker demo \
+ && touch arrcoc/__init__.py worker/__init__.py demo/__init__.py \
+ && if [ -n "$TORCH_INDEX" ]; then pip install torch --index-url "$TORCH_INDEX"; fi \
+ && pip install ".[${EXTRAS},serve,demo]" \
+ && pip uninstall -y arrcoc \
+ && rm -rf arrcoc worker demo
+
+COPY arrcoc ./arrcoc
+COPY worker ./worker
+COPY demo ./demo
+COPY docker/healthcheck.py /usr/local/bin/arrcoc-healthcheck
+RUN pip install --no-deps . \
+ && useradd --create-home --uid 1000 arrcoc \
+ && mkdir -p /cache /data \
+ && chown arrcoc:arrcoc /cache /data
+
+USER arrcoc
+EXPOSE 7860
+CMD ["arrcoc", "worker"]

@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Container healthchecks. `arrcoc-healthcheck worker`: this container's worker answers a ping
+over the broker. `arrcoc-healthcheck demo`: the demo answers HTTP on its port."""
+
+import os
+import socket
+import sys
+import urllib.request
+
+
+def worker() -> int:
+    from celery import Celery
+
+    app = Celery(broker=os.environ.get("ARRCOC_BROKER_URL", "redis://redis:6379/0"))
+    app.conf.update(accept_content=["json"], task_serializer="json", result_serializer="json")
+    name = f"arrcoc@{socket.gethostname()}"
+    replies = app.control.ping(destination=[name], timeout=5.0)
+    return 0 if replies else 1
+
+
+def demo() -> int:
+    port = os.environ.get("GRADIO_SERVER_PORT", "7860")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+        return 0 if r.status == 200 else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit({"worker": worker, "demo": demo}[sys.argv[1] if len(sys.argv) > 1 else "worker"]())
+    except Exception as e:  # noqa: BLE001 -- any failure is "unhealthy"
+        print(f"unhealthy: {e}", file=sys.stderr)
+        sys.exit(1)
