@@ -20,6 +20,7 @@ from arrcoc.images import load_image
 from arrcoc.pipeline import Controls
 from arrcoc.registry import list_variants
 from arrcoc.render import overlay
+from arrcoc.service.executor import JobKind, JobState
 from arrcoc.settings import get_settings
 
 from . import jobs, service, views
@@ -101,7 +102,7 @@ def _user_error(e: Exception) -> gr.Error:
 def run_model(
     image_path: str | None, query: str, s_info: float, s_persp: float, s_part: float, k: float,
     budget: float, backend: str, progress: gr.Progress = gr.Progress(),
-) -> tuple[Run, Any, Any, Any, str]:  # fmt: skip
+) -> tuple[Run, Any, Any, Any, str, str]:  # fmt: skip
     """Run the model once; store the run; return the overview (the rest is drawn by render_views)."""
     try:
         progress(0.05, desc="Reading the photo")
@@ -115,7 +116,7 @@ def run_model(
     except Exception as e:
         raise _user_error(e) from e
     run = Run(image=image, result=result)
-    return (run, *views.overview(run))
+    return (run, *views.overview(run), "Drawing the other views…")
 
 
 def run_without_query(run: Run | None, image_path: str | None, backend: str) -> Run | None:
@@ -151,8 +152,9 @@ def render_views(run: Run | None, map_label: str, opacity: float) -> tuple:
 
 def render_impact(run: Run | None) -> tuple:
     if run is None:
-        return None, None, None, ""
-    return views.impact_view(run)
+        return None, None, None, "", ""
+    ready = f"All views are drawn for “{run.result.query}”: pick one in the tabs above."
+    return (*views.impact_view(run), ready)
 
 
 def api_infer(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
@@ -182,7 +184,7 @@ def batch_poll(job_id: str) -> tuple[str, str, str | None, gr.Timer]:
         return "Submit a batch or paste a job id.", jobs.progress_html(None), None, gr.Timer(active=False)
     try:
         st = jobs.job_status(job_id)
-        file = jobs.batch_results_file(st.job_id) if st.state == jobs.JobState.DONE else None
+        file = jobs.batch_results_file(st.job_id) if st.state == JobState.DONE else None
     except Exception as e:
         return f"**Error:** {jobs.friendly(e)}", jobs.progress_html(None), None, gr.Timer(active=False)
     return jobs.status_markdown(st), jobs.progress_html(st), file, gr.Timer(active=not st.state.finished)
@@ -204,8 +206,8 @@ def on_load(request: gr.Request) -> tuple[str, gr.Timer, str, gr.Timer, Any]:
     try:
         kind = jobs.job_status(job_id).kind
     except Exception:
-        kind = jobs.JobKind.BATCH
-    if kind == jobs.JobKind.BENCH:
+        kind = JobKind.BATCH
+    if kind == JobKind.BENCH:
         return "", gr.Timer(active=False), job_id, gr.Timer(active=True), gr.Tabs(selected="bench")
     return job_id, gr.Timer(active=True), "", gr.Timer(active=False), gr.Tabs(selected="batch")
 
@@ -245,7 +247,7 @@ def bench_poll(job_id: str) -> tuple:
         return ("", gr.Timer(active=False), *keep)
     try:
         st = jobs.job_status(job_id)
-        if st.state != jobs.JobState.DONE:
+        if st.state != JobState.DONE:
             return (jobs.status_markdown(st), gr.Timer(active=not st.state.finished), *keep)
         report = service.executor().bench_report(st.job_id)
     except Exception as e:
@@ -271,7 +273,7 @@ def build_demo() -> gr.Blocks:
     with gr.Blocks(title=TITLE) as demo:
         state = gr.State(None)
         gr.Markdown(INTRO)
-        with gr.Tabs() as tabs:
+        with gr.Tabs(elem_id="main-tabs") as tabs:
             with gr.Tab("Inference", id="infer"):
                 query_in = gr.Textbox(label="Query", placeholder="what should the model look for? e.g. the red mug",
                                       max_length=settings.max_query_chars, elem_id="query", render=False)  # fmt: skip
@@ -301,6 +303,7 @@ def build_demo() -> gr.Blocks:
                             ov_sel = gr.Image(label="selected cells", interactive=False, buttons=["fullscreen"])
                         gr.HTML(views.colourbar_html("0 (irrelevant)", "1 (most relevant)", "relevance"))
                         ov_md = gr.Markdown("Upload a photo, type a query and press **Run** — or click an example.", elem_id="summary")
+                        views_status = gr.Markdown(elem_id="views-status", elem_classes="arr-caption")
                     with gr.Tab("Homunculus", id="homunculus"):
                         _caption("What the model keeps: rejected cells are dimmed.")
                         hom_img = gr.Image(label="homunculus", interactive=False, height=480)
@@ -317,7 +320,7 @@ def build_demo() -> gr.Blocks:
                             opacity_in = gr.Slider(0, 1, value=0.55, step=0.05, label="opacity")
                         ovl_img = gr.Image(label="overlay", interactive=False, height=480, elem_id="overlay")
                         gr.HTML(views.colourbar_html("low", "high", "map value (token budget: 0 … 400)"))
-                    with gr.Tab("Texture channels", id="texture"):
+                    with gr.Tab("Texture", id="texture"):
                         _caption("The 13 per-cell features the scorers read, each scaled to its own range (shown in brackets).")
                         tex = [gr.Gallery(label=g, columns=6, rows=1, height=250, object_fit="contain", allow_preview=True)
                                for g in CHANNEL_GROUP_LABELS]  # fmt: skip
@@ -329,7 +332,7 @@ def build_demo() -> gr.Blocks:
                                 gr.HTML(views.colourbar_html("0", "400 tokens", "budget"))
                             bud_plot = gr.LinePlot(x="rank", y="tokens", title="tokens by relevance rank", x_title="rank of kept cell", y_title="tokens", height=320)
                         bud_md = gr.Markdown()
-                    with gr.Tab("vs uniform grid", id="compare"):
+                    with gr.Tab("vs uniform", id="compare"):
                         _caption("ARR-COC's K cells against a query-blind uniform lattice of the same K.")
                         with gr.Row():
                             cmp_ours = gr.Image(label="ARR-COC", interactive=False)
@@ -345,8 +348,8 @@ def build_demo() -> gr.Blocks:
                             imp_with = gr.Image(label="relevance with the query", interactive=False)
                             imp_without = gr.Image(label="without the participatory scorer", interactive=False)
                             imp_change = gr.Image(label="selection change", interactive=False)
-                        imp_md = gr.Markdown()
-                    with gr.Tab("Channel attribution", id="attribution"):
+                        imp_md = gr.Markdown(elem_id="impact-summary")
+                    with gr.Tab("Attribution", id="attribution"):
                         att_plot = gr.BarPlot(x="channel", y="correlation", color="group", title="correlation with relevance", y_lim=[-1, 1], x_label_angle=-40, height=360, sort=None)
                         att_md = gr.Markdown()
 
@@ -407,13 +410,13 @@ def build_demo() -> gr.Blocks:
         ran = run_btn.click(
             run_model,
             [image_in, query_in, s_info, s_persp, s_part, k_in, budget_in, backend_in],
-            [state, ov_photo, ov_heat, ov_sel, ov_md],
+            [state, ov_photo, ov_heat, ov_sel, ov_md, views_status],
             api_name="run", concurrency_limit=2,
         )  # fmt: skip
         query_in.submit(lambda: None, None, None, js="() => document.querySelector('#run').click()", **private)
         ran.success(render_views, [state, map_in, opacity_in], view_outputs, **private).then(
             run_without_query, [state, image_in, backend_in], state, **private
-        ).then(render_impact, state, [imp_with, imp_without, imp_change, imp_md], **private)
+        ).then(render_impact, state, [imp_with, imp_without, imp_change, imp_md, views_status], **private)
         gr.on([map_in.change, opacity_in.change], views.overlay_view, [state, map_in, opacity_in], ovl_img,
               show_progress="hidden", **private)  # fmt: skip
         api_btn.click(api_infer, [api_image, api_query], [api_json, api_overlay], api_name="infer")

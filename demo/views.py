@@ -226,7 +226,7 @@ def impact_view(run: Run) -> tuple[Image.Image | None, Image.Image | None, Image
         alpha=0.6, dim=0.3,
     )  # fmt: skip
     md = (
-        f"**Overlap {imp.overlap}/{r.k} cells ({imp.overlap_share:.1%}, Jaccard {imp.jaccard:.2f})** between the "
+        f"“{r.query}”: **overlap {imp.overlap}/{r.k} cells ({imp.overlap_share:.1%}, Jaccard {imp.jaccard:.2f})** between the "
         f"selection with the query and without the participatory scorer (its scale set to 0). "
         f"The relevance centroid moves **{imp.centroid_shift:.1f} cells**; mean |Δ relevance| per cell "
         f"{imp.mean_abs_change:.3f}. <span style='color:#2ecc71'>■</span> gained by the query "
