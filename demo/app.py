@@ -61,9 +61,11 @@ CSS = """
 .arr-progress-fill {height:100%; background:linear-gradient(90deg,#6366f1,#f59e0b); transition:width .4s;}
 .arr-progress span {position:absolute; inset:0; text-align:center; font-size:0.85em; line-height:22px;}
 .arr-caption {color: var(--body-text-color-subdued); font-size: 0.9em;}
+.arr-texture .fixed-height {min-height: 0 !important; max-height: none !important;}
+.arr-texture .grid-wrap {overflow-y: visible !important;}
 footer {visibility: hidden;}
 """
-CHANNEL_GROUP_LABELS = ("colour: R, G, B, L*, a*, b*", "edges: Sobel x, y, magnitude, local contrast", "position: y, x, eccentricity")
+CHANNEL_GROUP_LABELS = ("colour: R, G, B, L*, a*, b*", "edges: Sobel x, y, magnitude, contrast", "position: y, x, eccentricity")
 THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="amber")
 
 
@@ -322,8 +324,11 @@ def build_demo() -> gr.Blocks:
                         gr.HTML(views.colourbar_html("low", "high", "map value (token budget: 0 … 400)"))
                     with gr.Tab("Texture", id="texture"):
                         _caption("The 13 per-cell features the scorers read, each scaled to its own range (shown in brackets).")
-                        tex = [gr.Gallery(label=g, columns=6, rows=1, height=250, object_fit="contain", allow_preview=True)
-                               for g in CHANNEL_GROUP_LABELS]  # fmt: skip
+                        gallery = dict(height="auto", object_fit="contain", allow_preview=True, elem_classes="arr-texture")
+                        tex = [gr.Gallery(label=CHANNEL_GROUP_LABELS[0], columns=6, **gallery)]
+                        with gr.Row():
+                            tex.append(gr.Gallery(label=CHANNEL_GROUP_LABELS[1], columns=4, scale=4, **gallery))
+                            tex.append(gr.Gallery(label=CHANNEL_GROUP_LABELS[2], columns=3, scale=3, **gallery))
                     with gr.Tab("LOD budget", id="budget"):
                         _caption("Level of detail: vision tokens per cell (64–400 for kept cells).")
                         with gr.Row():

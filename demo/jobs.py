@@ -172,7 +172,7 @@ def plot_frames(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
 
 def report_markdown(report: dict[str, Any] | None, source: str) -> str:
     if not report:
-        return "**No benchmark report yet.** Run one below; a stored report (`benchmarks/*.json`) is shown here once it exists."
+        return "**No benchmark report yet.** Run one above; the newest stored report (`benchmarks/*.json`) is shown here once it exists."
     env = report.get("env") or {}
     bits = [f"{k} `{env[k]}`" for k in ("gpu", "torch", "triton", "onnxruntime", "cuda", "driver", "date", "commit") if env.get(k)]
     rec = report.get("recompiles_after_warmup")

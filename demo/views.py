@@ -151,7 +151,7 @@ def texture_view(run: Run) -> tuple[list, list, list]:
             ch = np.asarray(r.texture[c], dtype=np.float64)
             lo, hi = float(ch.min()), float(ch.max())
             tile = Image.fromarray(colorize(ch, lo, hi if hi > lo else lo + 1)).resize((224, 224), Image.Resampling.NEAREST)
-            items.append((tile, f"{c}: {names[c]}  [{lo:.2f} … {hi:.2f}]"))
+            items.append((tile, f"{names[c]}  {lo:.2f}–{hi:.2f}"))
         galleries.append(items)
     return tuple(galleries)  # type: ignore[return-value]
 

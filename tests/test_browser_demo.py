@@ -131,6 +131,7 @@ def test_bad_input_shows_a_message(page):
     page.locator("#run").click()
     toast = page.locator(".toast-body, [data-testid='toast-body']").filter(has_text="query")
     toast.first.wait_for(state="visible")
+    page.wait_for_timeout(600)  # let the toast finish fading in before the screenshot
     assert "Traceback" not in page.content()
     shot(page, "03-error-empty-query")
 
