@@ -1,11 +1,11 @@
 """ONNX Runtime: torch.onnx.export(dynamo=True) of the same forward, run by ONNX Runtime.
 
-One export with a dynamic batch dimension, cached on disk. On CUDA every bucket gets its own
-session with the batch dimension fixed (free-dimension override, so shape arithmetic folds to
-constants), the CUDA execution provider, IO binding to static device buffers and a CUDA graph
+Exports are cached on disk. On CUDA every bucket gets its own static-shape export (a dynamic
+batch dimension left shape arithmetic and host copies in the graph, which broke CUDA-graph
+capture on the H100) and its own session with the CUDA execution provider, IO binding to static device buffers and a CUDA graph
 (`enable_cuda_graph`). CPU fallback of any node is refused (`session.disable_cpu_ep_fallback`),
 and a GPU machine without the CUDA provider is an error, not a silent CPU run. On CPU one
-session with the CPU provider serves every bucket.
+export with a dynamic batch dimension and one session with the CPU provider serve every bucket.
 """
 
 from __future__ import annotations
@@ -27,23 +27,38 @@ from .caches import model_fingerprint
 log = logging.getLogger(__name__)
 
 INPUTS = ("images", "query", "controls")
-OUTPUTS = ModelOutput._fields
+# `tensions` depends on parameters only: exported, it folds into a constant initializer that is
+# also a graph output, and ORT copies it with a synchronous memcpy that breaks CUDA-graph capture.
+# The backend computes it once at warmup and expands it per call instead.
+CONSTANT_OUTPUTS = ("tensions",)
+OUTPUTS = tuple(f for f in ModelOutput._fields if f not in CONSTANT_OUTPUTS)
 OPSET = 18
 _NP = {torch.uint8: np.uint8, torch.float32: np.float32, torch.int64: np.int64}
+_KEEP = [i for i, f in enumerate(ModelOutput._fields) if f not in CONSTANT_OUTPUTS]
 
 
-def export_onnx(model: torch.nn.Module, path: Path, device: torch.device) -> float:
-    """Export ForwardFn(model) with a dynamic batch dim to `path` (atomically); seconds taken."""
+class ExportFn(ForwardFn):
+    """ForwardFn without the constant outputs."""
+
+    def forward(self, images: Tensor, query: Tensor, controls: Tensor) -> tuple[Tensor, ...]:
+        out = super().forward(images, query, controls)
+        return tuple(out[i] for i in _KEEP)
+
+
+def export_onnx(model: torch.nn.Module, path: Path, device: torch.device, batch: int | None = None) -> float:
+    """Export ForwardFn(model) to `path` (atomically); seconds taken. batch None: a dynamic
+    batch dimension; an int: every shape static (all shape arithmetic constant-folded)."""
     t0 = time.perf_counter()
-    fn = ForwardFn(model, device.type, torch.float32).eval()
-    args = example_inputs(model, 2, device)
-    batch = torch.export.Dim("batch", min=1, max=4096)
+    fn = ExportFn(model, device.type, torch.float32).eval()
+    args = example_inputs(model, batch or 2, device)
+    dim = torch.export.Dim("batch", min=1, max=4096)
+    dynamic = None if batch else ({0: dim}, {0: dim}, {0: dim})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     with torch.inference_mode(False), torch.no_grad():
         program = torch.onnx.export(
             fn, args, dynamo=True, opset_version=OPSET, input_names=list(INPUTS), output_names=list(OUTPUTS),
-            dynamic_shapes=({0: batch}, {0: batch}, {0: batch}), optimize=True, verbose=False,
+            dynamic_shapes=dynamic, optimize=True, verbose=False,
         )  # fmt: skip
     program.save(str(tmp))
     os.replace(tmp, path)
@@ -75,8 +90,14 @@ class OnnxBackend(Backend):
                 f"This machine has a GPU but ONNX Runtime offers only {providers}: install"
                 " onnxruntime-gpu (pip install 'arrcoc[gpu]') or run the onnx backend with --device cpu."
             )
+        with torch.inference_mode():
+            full = ForwardFn(self.model, self.device.type, torch.float32)(*example_inputs(self.model, 1, self.device))
+        self._constants = {f: full[ModelOutput._fields.index(f)][:1].clone() for f in CONSTANT_OUTPUTS}
         t0 = time.perf_counter()
-        self.onnx_path = self._exported()
+        if self.device.type == "cuda":  # static shapes per bucket: nothing left to compute on the host
+            self.onnx_paths = {b: self._exported(b) for b in self.buckets}
+        else:
+            self.onnx_path = self._exported(None)
         self.stats["export_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         if self.device.type == "cuda":
@@ -95,14 +116,15 @@ class OnnxBackend(Backend):
         self.warmed = True
         log.info("onnx ready in %.1f s (export %.1f s)", self.stats["compile_s"], self.stats["export_s"])
 
-    def _exported(self) -> Path:
-        key = model_fingerprint(self.model)
-        name = f"{getattr(self.model, 'variant_name', type(self.model).__name__)}-{key}-op{OPSET}.onnx"
+    def _exported(self, batch: int | None) -> Path:
+        key = self._key = getattr(self, "_key", None) or model_fingerprint(self.model)
+        shape = f"b{batch}" if batch else "dyn"
+        name = f"{getattr(self.model, 'variant_name', type(self.model).__name__)}-{key}-{shape}-op{OPSET}.onnx"
         root = (self.cache_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "arrcoc-cache") / "onnx"
         path = root / name
         if not path.is_file():
             log.info("exporting %s", path)
-            export_onnx(self.model, path, self.device)
+            export_onnx(self.model, path, self.device, batch)
         return path
 
     def _options(self, bucket: int | None = None):
@@ -110,7 +132,6 @@ class OnnxBackend(Backend):
         so.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
         if bucket is not None:
-            so.add_free_dimension_override_by_name("batch", bucket)
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so
 
@@ -126,7 +147,7 @@ class OnnxBackend(Backend):
         t0 = time.perf_counter()
         try:
             sess = ort.InferenceSession(
-                str(self.onnx_path), self._options(bucket), providers=[("CUDAExecutionProvider", opts)]
+                str(self.onnx_paths[bucket]), self._options(bucket), providers=[("CUDAExecutionProvider", opts)]
             )
         except Exception as e:
             raise EngineError(
@@ -137,7 +158,7 @@ class OnnxBackend(Backend):
             raise EngineError(f"ONNX Runtime session runs on {sess.get_providers()}, not CUDA.")
         ins = example_inputs(self.model, bucket, self.device, seed=2000)
         with torch.inference_mode():
-            outs = ForwardFn(self.model, self.device.type, torch.float32)(*ins)  # output shapes/dtypes
+            outs = ExportFn(self.model, self.device.type, torch.float32)(*ins)  # output shapes/dtypes
         outs = tuple(torch.empty_like(o) for o in outs)
         binding = sess.io_binding()
         for name, t in zip(INPUTS, ins, strict=True):
@@ -147,8 +168,11 @@ class OnnxBackend(Backend):
         self.sessions[bucket] = sess
         self.bindings[bucket] = (binding, ins, outs)
         torch.cuda.synchronize(self.device)
-        for _ in range(3):  # ORT runs once normally, then captures the graph, then replays
-            sess.run_with_iobinding(binding)
+        try:
+            for _ in range(3):  # ORT runs once normally, then captures the graph, then replays
+                sess.run_with_iobinding(binding)
+        except Exception as e:
+            raise EngineError(f"ONNX Runtime failed to run or capture bucket {bucket} on CUDA: {e}") from e
         torch.cuda.synchronize(self.device)
         self.stats["capture_s"] += time.perf_counter() - t0
 
@@ -159,7 +183,7 @@ class OnnxBackend(Backend):
         if self.device.type != "cuda":
             feeds = {k: pad_rows(v, bucket).cpu().numpy() for k, v in zip(INPUTS, (images, query, controls), strict=True)}
             outs = self.sessions[0].run(list(OUTPUTS), feeds)
-            return tuple(torch.from_numpy(o[:n].copy()) for o in outs)
+            return self._with_constants(tuple(torch.from_numpy(o[:n].copy()) for o in outs), n)
         if bucket not in self.bindings:
             raise EngineError(f"No ONNX Runtime session was prepared for bucket {bucket}.")
         binding, ins, outs = self.bindings[bucket]
@@ -171,7 +195,13 @@ class OnnxBackend(Backend):
             self.sessions[bucket].run_with_iobinding(binding)
             result = tuple(o[:n].clone() for o in outs)
         cur.wait_stream(self._stream)
-        return result
+        return self._with_constants(result, n)
+
+    def _with_constants(self, outs: tuple[Tensor, ...], n: int) -> tuple[Tensor, ...]:
+        it = iter(outs)
+        return tuple(
+            self._constants[f].expand(n, -1).clone() if f in self._constants else next(it) for f in ModelOutput._fields
+        )
 
     def close(self) -> None:
         self.bindings.clear()
