@@ -88,7 +88,7 @@ def main() -> int:
            "torch": torch.__version__, "clients": args.clients, "requests_per_round": args.requests,
            "max_batch": args.max_batch, "delay_ms": args.delay_ms, "image": args.image.name,
            "summary": summary, "rounds": rounds}  # fmt: skip
-    stem = args.out / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}"
+    stem = args.out / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}-b{args.max_batch}"
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(doc))
     print(json.dumps(summary, indent=2))

@@ -62,6 +62,7 @@ class CeleryExecutor(Executor):
     # -- interactive ---------------------------------------------------------------------------
     def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0) -> RelevanceResult:
         import redis
+        from celery.exceptions import TaskRevokedError
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         s = self.settings
@@ -77,7 +78,7 @@ class CeleryExecutor(Executor):
                          PRIORITY_INFER, expires=timeout)  # fmt: skip
         try:
             doc = res.get(timeout=max(0.1, deadline - time.time()), propagate=True, interval=0.05)
-        except CeleryTimeout:
+        except (CeleryTimeout, TaskRevokedError):  # revoked: it expired in the queue
             raise ServiceUnavailableError(
                 f"No worker answered within {timeout:.0f} s; the workers are busy or not running. Try again."
             ) from None
