@@ -31,9 +31,23 @@ def configure_compile_caches(cache_dir: Path | None) -> None:
         inductor_config.autotune_local_cache = True
 
 
-def model_fingerprint(model: nn.Module) -> str:
-    """Hash of parameter names, shapes and values: a new export whenever the weights change."""
+PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def code_fingerprint() -> str:
+    """Hash of the model code (arrcoc/*.py and the engine): a new export whenever it changes."""
     h = hashlib.sha256()
+    for f in sorted(PACKAGE.glob("*.py")) + sorted((PACKAGE / "engine").glob("*.py")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """Hash of the code and of parameter names, shapes and values: a new export whenever
+    the weights or the code change."""
+    h = hashlib.sha256()
+    h.update(code_fingerprint().encode())
     h.update(type(model).__name__.encode())
     h.update(repr(getattr(model, "config", "")).encode())
     for k, v in sorted(model.state_dict().items()):
