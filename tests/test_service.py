@@ -203,3 +203,17 @@ def test_inprocess_cancel_and_bench(inprocess):
     report = inprocess.bench_report(bench)
     assert report["device_exclusive"]["held_ms"] > 0
     assert any(row.get("backend") == "eager" for row in report.get("results", [report]))
+
+
+def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, settings):
+    from arrcoc.service import jobs
+
+    job, chunks = jobs.create_batch_job(make_zip({f"{i}.png": png_bytes(i) for i in range(3)}), "q", None,
+                                        settings, inprocess.store)  # fmt: skip
+    for _ in range(settings.max_redeliveries):  # three deliveries that each died on item 1
+        inprocess.store.attempt(job, 1)
+    for start, stop in chunks:
+        jobs.run_chunk(job, start, stop, inprocess.runtime, inprocess.store, settings)
+    st = inprocess.status(job)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, 2, 1)
+    assert "the worker stopped each time" in inprocess.store.failed_items(job)[1]
