@@ -43,8 +43,10 @@ def validate_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
 class QueryEncoder:
     """Text -> (N, 384) float32 unit vectors. Thread-safe; loads the model on first use."""
 
-    def __init__(self, source: str | Path | None = None, cache_size: int = 1024, max_chars: int = MAX_QUERY_CHARS):
+    def __init__(self, source: str | Path | None = None, cache_size: int = 1024, max_chars: int = MAX_QUERY_CHARS,
+                 device: str = "cpu"):  # fmt: skip
         self.source = str(source) if source else None
+        self.device = device  # where the encoder runs; outputs are always CPU float32
         self.cache_size = cache_size
         self.max_chars = max_chars
         self._model = None
@@ -57,7 +59,7 @@ class QueryEncoder:
             from sentence_transformers import SentenceTransformer
 
             source = self.source or str(bundled_model_path())
-            self._model = SentenceTransformer(source, device="cpu")
+            self._model = SentenceTransformer(source, device=self.device)
         return self._model
 
     def encode(self, queries: list[str] | str) -> Tensor:
@@ -68,7 +70,7 @@ class QueryEncoder:
             missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
             if missing:
                 vectors = self._load().encode(missing, convert_to_tensor=True, normalize_embeddings=True)
-                for t, v in zip(missing, vectors.float().cpu()):
+                for t, v in zip(missing, vectors.float().cpu(), strict=True):
                     self._cache[t] = v
             for t in texts:
                 self._cache.move_to_end(t)

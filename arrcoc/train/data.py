@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing as mp
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
 from .scenes import SceneConfig, make_scenes
 
-DATA_VERSION = "scenes/3"  # bump when scenes or the fixed maps change: invalidates caches
+DATA_VERSION = "scenes/5"  # bump when scenes or the fixed maps change: invalidates caches
 HIT_COVERAGE = 0.5  # a cell is "inside" an object when at least half its pixels are the object
 
 
@@ -44,15 +44,31 @@ class Dataset:
                        self.query.to(device), self.hit.to(device), self.captions, self.meta)  # fmt: skip
 
 
-def hit_cells(masks: np.ndarray, cell: int = 16) -> Tensor:
+def hit_cells(masks: np.ndarray, cell: int = 16) -> np.ndarray:
     """masks (n, S, S) bool -> (n, G, G) bool: cells at least half covered by the object.
 
     A tiny or thin object may cover no cell that much: then its best-covered cells count,
     so every caption has at least one cell to point at.
     """
-    cover = F.avg_pool2d(torch.from_numpy(masks).float().unsqueeze(1), cell).squeeze(1)  # (n, G, G)
-    best = cover.flatten(1).amax(1).view(-1, 1, 1)
-    return cover >= torch.minimum(best, torch.tensor(HIT_COVERAGE)) - 1e-6
+    n, s, _ = masks.shape
+    g = s // cell
+    cover = masks.reshape(n, g, cell, g, cell).mean(axis=(2, 4))  # (n, G, G)
+    best = cover.reshape(n, -1).max(axis=1).reshape(n, 1, 1)
+    return cover >= np.minimum(best, HIT_COVERAGE) - 1e-6
+
+
+def _chunk(args: tuple[int, int, SceneConfig]) -> tuple[np.ndarray, list[tuple[int, np.ndarray, str, dict]]]:
+    """Scenes of one chunk: (images (n, 3, S, S) uint8, [(scene in chunk, hit cells, caption, meta)])."""
+    n, seed, config = args
+    scenes = make_scenes(n, seed, config)
+    rows = []
+    for j, s in enumerate(scenes):
+        cells = hit_cells(s.masks)
+        for text, t, kind in s.captions:
+            o = s.objects[t]
+            meta = {"kind": kind, "colour": o.colour, "shape": o.kind, "position": " ".join(o.region), "size": o.size}
+            rows.append((j, cells[t], text, meta))
+    return np.stack([s.image for s in scenes]).transpose(0, 3, 1, 2), rows
 
 
 def cache_key(n: int, seed: int, config: SceneConfig, model_config: object) -> str:
@@ -62,7 +78,7 @@ def cache_key(n: int, seed: int, config: SceneConfig, model_config: object) -> s
 
 @torch.no_grad()
 def build_dataset(model, encoder, n: int, seed: int, config: SceneConfig, chunk: int = 32,
-                  cache_dir: Path | None = None, desc: str = "scenes") -> Dataset:  # fmt: skip
+                  cache_dir: Path | None = None, desc: str = "scenes", workers: int = 1, progress: bool = True) -> Dataset:  # fmt: skip
     """Generate n scenes, compute their fixed maps and caption embeddings (cached on disk)."""
     path = None
     if cache_dir is not None:
@@ -70,29 +86,32 @@ def build_dataset(model, encoder, n: int, seed: int, config: SceneConfig, chunk:
         if path.is_file():
             return Dataset(**torch.load(path, weights_only=False))
     device = model.cell_of_pixel.device  # the fixed maps run wherever the model is (GPU if any)
-    rng_seed = np.random.SeedSequence(seed)
+    seeds = [int(c.generate_state(1)[0]) for c in np.random.SeedSequence(seed).spawn((n + chunk - 1) // chunk)]
+    jobs = [(min(chunk, n - i * chunk), sd, config) for i, sd in enumerate(seeds)]
     textures, fixed, scene_idx, hits, captions = [], [], [], [], []
     meta: dict[str, list[str]] = {k: [] for k in ("kind", "colour", "shape", "position", "size")}
     done = 0
-    with tqdm(total=n, desc=desc, unit="scene", leave=False) as bar:
-        for child in rng_seed.spawn((n + chunk - 1) // chunk):
-            scenes = make_scenes(min(chunk, n - done), int(child.generate_state(1)[0]), config)
-            images = torch.from_numpy(np.stack([s.image for s in scenes])).permute(0, 3, 1, 2)
-            tex, fx = model.fixed_maps(images.to(device).contiguous())
-            textures.append(tex.cpu())
-            fixed.append(fx.cpu())
-            for j, s in enumerate(scenes):
-                cells = hit_cells(s.masks)
-                for text, t, kind in s.captions:
-                    o = s.objects[t]
+    # scenes are drawn in worker processes (chunks are seeded independently: same data for any
+    # number of workers); the fixed maps are computed here, batched, on the model's device
+    pool = mp.get_context("fork").Pool(workers) if workers > 1 else None
+    try:
+        chunks = pool.imap(_chunk, jobs) if pool else map(_chunk, jobs)
+        with tqdm(total=n, desc=desc, unit="scene", leave=False, disable=not progress) as bar:
+            for images, rows in chunks:
+                tex, fx = model.fixed_maps(torch.from_numpy(images).to(device).contiguous())
+                textures.append(tex.cpu())
+                fixed.append(fx.cpu())
+                for j, cells, text, m in rows:
                     scene_idx.append(done + j)
-                    hits.append(cells[t])
+                    hits.append(torch.from_numpy(cells))
                     captions.append(text)
-                    for key, value in (("kind", kind), ("colour", o.colour), ("shape", o.kind),
-                                       ("position", " ".join(o.region)), ("size", o.size)):  # fmt: skip
-                        meta[key].append(value)
-            done += len(scenes)
-            bar.update(len(scenes))
+                    for key in meta:
+                        meta[key].append(m[key])
+                done += images.shape[0]
+                bar.update(images.shape[0])
+    finally:
+        if pool:
+            pool.close()
     unique = list(dict.fromkeys(captions))
     vectors = encoder.encode(unique)  # frozen encoder: one pass over the distinct captions
     row = {c: i for i, c in enumerate(unique)}

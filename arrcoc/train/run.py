@@ -43,17 +43,22 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     model = create_model(cfg.variant, weights=None, device=device)
-    encoder = QueryEncoder(encoder_source, cache_size=64)
+    encoder = QueryEncoder(encoder_source, cache_size=64, device=str(device))
     train_data = build_dataset(model, encoder, cfg.scenes, cfg.seed, SceneConfig(), cache_dir=cache_dir,
-                               desc="training scenes")  # fmt: skip
+                               desc="training scenes", workers=cfg.workers, progress=progress)  # fmt: skip
     eval_data = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET,
-                              SceneConfig(heldout_phrasing=True), cache_dir=cache_dir, desc="held-out scenes")  # fmt: skip
+                              SceneConfig(heldout_phrasing=True), cache_dir=cache_dir, desc="held-out scenes",
+                              workers=cfg.workers, progress=progress)  # fmt: skip
+    # the same held-out scenes captioned with training phrasings: separates new scenes from new words
+    eval_seen = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET, SceneConfig(),
+                              cache_dir=cache_dir, desc="held-out scenes", workers=cfg.workers, progress=progress)  # fmt: skip
     t_data = time.perf_counter() - t0
     untrained = evaluate(model, eval_data.to(device))
     log = train(model, train_data, cfg, progress=progress)
     model = model.cpu().float()
     trained = evaluate(model, eval_data)
     train_acc = evaluate(model, _subset(train_data, 2000))["overall"]
+    seen_phrasing = evaluate(model, eval_seen)["overall"]
     version = weights_version(model)
     save_weights(model, out, cfg.variant, version, extra={"trained_by": "arrcoc train", "seed": str(cfg.seed)})
     sha = file_sha256(out)
@@ -69,6 +74,7 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
         "eval": "held-out scenes (another seed) with held-out caption frames and synonyms",
         "accuracy": {"trained": trained, "untrained": untrained},
         "train_accuracy": train_acc,
+        "heldout_scenes_training_phrasings": seen_phrasing,
         "data": {"train_scenes": cfg.scenes, "train_captions": len(train_data),
                  "eval_scenes": cfg.eval_scenes, "eval_captions": len(eval_data)},  # fmt: skip
         "settings": {"train": asdict(cfg), "scenes": asdict(SceneConfig())},
@@ -103,6 +109,7 @@ def markdown_report(r: dict) -> str:
         "| --- | ---: | ---: |",
         f"| **overall** | **{tr['overall']:.3f}** | {un['overall']:.3f} |",
         f"| participatory map alone | {tr['participatory_only']:.3f} | {un['participatory_only']:.3f} |",
+        f"| held-out scenes, training phrasings | {r['heldout_scenes_training_phrasings']:.3f} | |",
         f"| training captions (first 2000) | {r['train_accuracy']:.3f} | |",
     ]
     for cat in CATEGORIES:

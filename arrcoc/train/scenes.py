@@ -27,14 +27,14 @@ COLS = ("left", "centre", "right")
 
 # Synonyms: training draws from the first list, evaluation also from the second (held out).
 SHAPE_WORDS = {
-    "circle": (["circle", "disc"], ["round shape", "ring"]),
-    "square": (["square", "box"], ["block"]),
+    "circle": (["circle", "disc", "dot", "round one"], ["round shape", "circular shape"]),
+    "square": (["square", "box", "block"], ["square shape"]),
     "triangle": (["triangle"], ["triangular shape"]),
-    "star": (["star"], ["star shape"]),
-    "diamond": (["diamond", "rhombus"], ["lozenge"]),
-    "hexagon": (["hexagon"], ["six-sided shape"]),
-    "cross": (["cross", "plus sign"], ["plus"]),
-    TEXT: (["text", "writing", "words"], ["label", "lettering"]),
+    "star": (["star", "five-pointed star"], ["star shape"]),
+    "diamond": (["diamond", "rhombus"], ["diamond shape"]),
+    "hexagon": (["hexagon"], ["hexagonal shape"]),
+    "cross": (["cross", "plus sign"], ["plus", "cross shape"]),
+    TEXT: (["text", "writing", "words", "printed text", "caption"], ["label", "lettering"]),
 }
 SIZE_WORDS = {"small": (["small", "little"], ["tiny"]), "large": (["large", "big"], ["huge"]),
               "medium": (["medium"], ["medium-sized"])}  # fmt: skip
@@ -48,7 +48,9 @@ RELATIONS = {"left of": (["left of", "to the left of"], ["on the left side of"])
              "above": (["above"], ["over"]), "below": (["below", "under"], ["beneath"])}  # fmt: skip
 
 # Caption frames: {d} is the description ("the small red circle ..."). Held-out frames only at eval.
-TRAIN_FRAMES = ("{d}", "{d}", "find {d}", "where is {d}", "look at {d}", "show me {d}")
+TRAIN_FRAMES = ("{d}", "{d}", "{d}", "find {d}", "where is {d}", "look at {d}", "show me {d}", "select {d}",
+                "spot {d}", "focus on {d}", "{d} in the picture", "is there {d}?", "mark {d}", "where's {d}?",
+                "give me {d}", "the part of the image with {d}")  # fmt: skip
 HELDOUT_FRAMES = ("point to {d}", "{d}, please", "can you locate {d}?", "highlight {d}", "I want {d}")
 CAPTION_KINDS = ("colour_shape", "shape", "colour", "size", "position", "superlative", "relation", "text")
 

@@ -30,10 +30,12 @@ class TrainConfig:
     batch: int = 32
     lr: float = 3e-3  # AdamW, cosine decay after a short warmup
     warmup: int = 100
-    weight_decay: float = 0.01
+    weight_decay: float = 0.05
+    query_noise: float = 0.02  # Gaussian noise on the (unit) query embeddings: paraphrase robustness
     logit_scale: float = 20.0  # maps are in [0, 1]: scale them to softmax logits in the loss
     seed: int = 0
     threads: int = 2  # CPU threads: the machine is shared
+    workers: int = 1  # processes drawing scenes (the data does not depend on it)
     device: str = "cpu"
 
 
@@ -93,7 +95,11 @@ def train(model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = Tr
     for step in bar:
         rows = torch.randint(len(data), (cfg.batch,), generator=gen).to(device)
         scene = data.scene[rows]
-        loss = step_fn(data.texture[scene], data.fixed[scene], data.query[rows], data.hit[rows])
+        query = data.query[rows]
+        if cfg.query_noise > 0:  # seeded like everything else; a new phrasing moves the embedding a bit
+            noise = torch.randn(query.shape, generator=gen).to(device)
+            query = F.normalize(query + cfg.query_noise * noise, dim=-1)
+        loss = step_fn(data.texture[scene], data.fixed[scene], query, data.hit[rows])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

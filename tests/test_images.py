@@ -1,0 +1,121 @@
+"""Image input: every mode becomes upright 8-bit RGB; bad input fails with a clear ImageError."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from arrcoc.errors import ImageError, InvalidInputError
+from arrcoc.images import ImageLimits, load_image, prepare_batch
+
+
+def encode(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def test_path_bytes_pil_and_array_agree(examples_dir: Path) -> None:
+    path = examples_dir / "coffee.jpg"
+    from_path = load_image(path)
+    assert from_path.mode == "RGB" and from_path.size == (600, 400)
+    for source in (str(path), path.read_bytes(), Image.open(path), np.asarray(from_path)):
+        assert np.array_equal(np.asarray(load_image(source)), np.asarray(from_path))
+
+
+def test_prepare_batch_is_uint8_square(examples_dir: Path) -> None:
+    batch, sizes = prepare_batch([examples_dir / "coffee.jpg", examples_dir / "chelsea.jpg"], size=512)
+    assert batch.shape == (2, 3, 512, 512) and str(batch.dtype) == "torch.uint8"
+    assert sizes == [(600, 400), (451, 300)]
+
+
+@pytest.mark.parametrize(
+    ("mode", "value", "expected"),
+    [
+        ("L", 77, (77, 77, 77)),
+        ("LA", (77, 255), (77, 77, 77)),
+        ("LA", (0, 0), (255, 255, 255)),  # transparent: composited on white
+        ("RGBA", (10, 20, 30, 255), (10, 20, 30)),
+        ("RGBA", (10, 20, 30, 0), (255, 255, 255)),
+        ("I;16", 65535, (255, 255, 255)),
+        ("I;16", 32896, (128, 128, 128)),
+        ("CMYK", (0, 255, 255, 0), (255, 0, 0)),
+    ],
+)
+def test_modes_become_rgb(mode: str, value, expected) -> None:
+    img = Image.new(mode, (40, 30), value)
+    fmt = "TIFF" if mode == "CMYK" else "PNG"
+    out = load_image(encode(img, fmt))
+    assert out.mode == "RGB" and out.size == (40, 30)
+    assert tuple(np.asarray(out)[5, 5]) == pytest.approx(expected, abs=1)
+
+
+def test_palette_with_and_without_transparency() -> None:
+    p = Image.new("P", (32, 32), 1)
+    p.putpalette([0, 0, 0, 200, 10, 10] + [0] * 762)
+    assert tuple(np.asarray(load_image(encode(p)))[0, 0]) == (200, 10, 10)
+    p.info["transparency"] = 1
+    assert tuple(np.asarray(load_image(encode(p, transparency=1)))[0, 0]) == (255, 255, 255)
+
+
+def test_exif_orientation_is_applied() -> None:
+    img = Image.new("RGB", (64, 32), (0, 0, 255))
+    img.paste((255, 0, 0), (0, 0, 32, 32))  # left half red
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW to display"
+    out = np.asarray(load_image(encode(img, "JPEG", exif=exif, quality=95)))
+    assert out.shape == (64, 32, 3)  # portrait once upright
+    assert out[5, 16, 0] > 200 and out[5, 16, 2] < 60  # the red half is now on top
+
+
+def _bomb() -> bytes:
+    return encode(Image.new("1", (9000, 9000)))  # 81 megapixels in a few kB
+
+
+@pytest.mark.parametrize(
+    ("source", "limits", "message"),
+    [
+        (b"", ImageLimits(), "empty"),
+        (b"definitely not an image" * 20, ImageLimits(), "not an image format"),
+        ("truncated", ImageLimits(), "corrupt or truncated"),
+        ("bomb", ImageLimits(), "too large|megapixels"),
+        ("coffee", ImageLimits(max_bytes=10_000), "limit"),
+        ("tiny", ImageLimits(), "at least 16 px"),
+        ("missing", ImageLimits(), "No image file"),
+    ],
+)
+def test_bad_images_fail_clearly(source, limits, message: str, examples_dir: Path, tmp_path: Path) -> None:
+    coffee = (examples_dir / "coffee.jpg").read_bytes()
+    source = {
+        "truncated": coffee[: len(coffee) // 2],
+        "bomb": _bomb(),
+        "coffee": examples_dir / "coffee.jpg",
+        "tiny": encode(Image.new("RGB", (1, 1))),
+        "missing": tmp_path / "nope.jpg",
+    }.get(source, source) if isinstance(source, str) else source
+    with pytest.raises(ImageError, match=message):
+        load_image(source, limits)
+
+
+def test_zero_byte_file(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    with pytest.raises(ImageError, match="empty"):
+        load_image(empty)
+
+
+@pytest.mark.parametrize("source", [123, 4.5, None, ["a.jpg"], {"image": 1}])
+def test_wrong_types_fail_clearly(source) -> None:
+    with pytest.raises(InvalidInputError, match="Expected an image"):
+        load_image(source)
+
+
+def test_bad_arrays_fail_clearly() -> None:
+    with pytest.raises(ImageError, match="HxW"):
+        load_image(np.zeros((4, 40, 40, 3), np.uint8))
+    with pytest.raises(InvalidInputError, match="No images"):
+        prepare_batch([])
