@@ -44,6 +44,7 @@ BACKEND_LABELS = {
     "compiled": "compiled — torch.compile + CUDA graphs (GPU; slow first call on CPU)",
     "onnx": "onnx — ONNX Runtime",
 }
+BACKEND_COLOURS = {"eager": "#4c78a8", "compiled": "#54a24b", "onnx": "#f58518"}
 TITLE = "ARR-COC Serve — query-aware visual relevance"
 INTRO = """
 # ARR-COC Serve
@@ -239,7 +240,7 @@ def bench_submit(variant: str, backends: list[str], buckets: list[str], iteratio
 def _report_outputs(report: dict[str, Any] | None, source: str) -> tuple:
     df = jobs.report_frame(report)
     latency, speedup, parity = jobs.plot_frames(df)
-    files = jobs.report_files(report, Path(source).stem or "report") if report else None
+    files = jobs.report_files(report, Path(source.split()[-1]).stem or "report") if report else None
     return jobs.report_markdown(report, source), gr.Column(visible=report is not None), df, latency, speedup, parity, files
 
 
@@ -254,11 +255,12 @@ def bench_poll(job_id: str) -> tuple:
         report = service.executor().bench_report(st.job_id)
     except Exception as e:
         return (f"**Error:** {jobs.friendly(e)}", gr.Timer(active=False), *keep)
-    return (jobs.status_markdown(st), gr.Timer(active=False), *_report_outputs(report, f"bench-{st.job_id[:12]}"))
+    return (jobs.status_markdown(st), gr.Timer(active=False), *_report_outputs(report, f"job {st.job_id}"))
 
 
 def load_last_report() -> tuple:
-    return _report_outputs(*jobs.newest_report())
+    report, name = jobs.newest_report()
+    return _report_outputs(report, f"Last stored report: benchmarks/{name}" if report else "")
 
 
 # ---- the page ----------------------------------------------------------------------------------------
@@ -395,9 +397,9 @@ def build_demo() -> gr.Blocks:
                 with gr.Column(visible=False) as bn_results:
                     bn_df = gr.DataFrame(label="results", interactive=False, elem_id="bench-table")
                     with gr.Row():
-                        bn_lat = gr.LinePlot(x="bucket", y="value", color="series", title="p50 latency by bucket", x_title="batch bucket", y_title="ms", height=320)
-                        bn_speed = gr.BarPlot(x="bucket", y="value", color="series", title="speedup vs eager", x_title="batch bucket", y_title="×", height=320)
-                        bn_parity = gr.BarPlot(x="bucket", y="value", color="series", title="parity: max |Δ| vs eager", x_title="batch bucket", y_title="max abs diff", height=320)
+                        bn_lat = gr.LinePlot(x="bucket", y="value", color="series", title="p50 latency by bucket", x_title="batch bucket", y_title="ms", color_map=BACKEND_COLOURS, height=320)
+                        bn_speed = gr.BarPlot(x="bucket", y="value", color="series", title="speedup vs eager (p50)", x_title="bucket · backend", y_title="×", color_map=BACKEND_COLOURS, height=320, sort=None)
+                        bn_parity = gr.BarPlot(x="bucket", y="value", color="series", title="parity: max |Δ| vs eager", x_title="bucket · backend", y_title="max abs diff", color_map=BACKEND_COLOURS, height=320, sort=None)
                     bn_files = gr.File(label="download the report (JSON, CSV)", file_count="multiple", interactive=False)
                 bn_timer = gr.Timer(2.0, active=False)
 

@@ -6,6 +6,7 @@ import io
 import json
 import shutil
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -86,8 +87,10 @@ def status_markdown(st: JobStatus) -> str:
         lines.append(f"{st.done} of {st.total} done" + (f", {st.failed} failed" if st.failed else ""))
     if st.state == JobState.PENDING and st.queue_position is not None:
         lines.append(f"queue position: {st.queue_position} job(s) ahead")
-    if st.updated_at and st.created_at:
-        lines.append(f"{max(st.updated_at - st.created_at, 0):.1f} s since submitted")
+    if st.state.finished and st.updated_at and st.created_at:
+        lines.append(f"took {max(st.updated_at - st.created_at, 0):.1f} s")
+    elif st.created_at:
+        lines.append(f"submitted {max(time.time() - st.created_at, 0):.0f} s ago")
     if st.message:
         lines.append(st.message)
     return "  \n".join(lines)
@@ -104,7 +107,7 @@ def progress_html(st: JobStatus | None) -> str:
 def batch_results_file(job_id: str) -> str:
     """A copy of the results zip in a temp folder Gradio may serve."""
     src = Path(service.executor().batch_results(job_id))
-    dst = Path(tempfile.mkdtemp(prefix="arrcoc-batch-")) / f"arrcoc-batch-{job_id[:12]}.zip"
+    dst = Path(tempfile.mkdtemp(prefix="arrcoc-batch-")) / f"arrcoc-{job_id}.zip"
     shutil.copyfile(src, dst)
     return str(dst)
 
@@ -124,8 +127,9 @@ def submit_bench(variant: str, backends: list[str], buckets: list[str], iteratio
     return service.executor().submit_bench(req)
 
 
-def newest_report(folder: Path = BENCH_DIR) -> tuple[dict[str, Any] | None, str]:
+def newest_report(folder: Path | None = None) -> tuple[dict[str, Any] | None, str]:
     """The newest stored report under benchmarks/ and its file name (None when there is none)."""
+    folder = BENCH_DIR if folder is None else folder
     files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
     for f in files:
         try:
@@ -152,6 +156,8 @@ def report_frame(report: dict[str, Any] | None) -> pd.DataFrame:
     errors = [r.get("error") for r in rows]
     if any(errors):
         df["error"] = errors
+    df = df.round({"p50_ms": 3, "p99_ms": 3, "throughput_per_s": 2, "speedup_vs_eager": 2, "max_abs_diff": 8,
+                   "topk_agreement": 4, "compile_s": 2, "capture_s": 2})  # fmt: skip
     return df.dropna(axis=1, how="all") if rows else df
 
 
@@ -165,8 +171,12 @@ def plot_frames(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     series = df["backend"].astype(str) + (" · " + df["variant"].astype(str) if df["variant"].nunique() > 1 else "")
     base = pd.DataFrame({"bucket": df["bucket"].astype(int), "series": series})
     latency = base.assign(value=df["p50_ms"]).dropna()
-    speedup = base.assign(bucket=df["bucket"].astype(int).astype(str), value=df["speedup_vs_eager"]).dropna()
-    parity = base.assign(bucket=df["bucket"].astype(int).astype(str), value=df["max_abs_diff"]).dropna()
+    # bars side by side (native bar plots stack by colour): one x category per bucket and backend;
+    # eager is the reference (speedup 1, difference 0) and is left out
+    others = df["backend"] != "eager"
+    cats = base.assign(bucket=df["bucket"].astype(int).astype(str) + " · " + series)[others]
+    speedup = cats.assign(value=df.loc[others, "speedup_vs_eager"]).dropna()
+    parity = cats.assign(value=df.loc[others, "max_abs_diff"]).dropna()
     return latency, speedup, parity
 
 

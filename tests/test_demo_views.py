@@ -75,7 +75,8 @@ def test_report_tables_and_plots(tmp_path):
     df = jobs.report_frame(HARNESS_REPORT)
     assert df["backend"].tolist() == ["eager", "compiled"]
     latency, speedup, parity = jobs.plot_frames(df)
-    assert latency["value"].tolist() == [10.0, 1.0] and speedup["value"].tolist() == [1.0, 10.0]
+    assert latency["value"].tolist() == [10.0, 1.0] and speedup["value"].tolist() == [10.0]
+    assert speedup["bucket"].tolist() == ["1 · compiled"] and parity["value"].tolist() == [2e-6]
     assert "NVIDIA H100" in jobs.report_markdown(HARNESS_REPORT, "h100.json")
     assert "No benchmark report yet" in jobs.report_markdown(None, "")
     # a report without speedups (the service's fallback timer) gets them from p50
