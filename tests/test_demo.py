@@ -111,3 +111,12 @@ def test_tiny_cpu_benchmark(client):
     assert float(rows[0]["p50_ms"]) > 0
     files = out[-1]
     assert sorted(Path(f).suffix for f in files) == [".csv", ".json"]
+
+
+def test_uploads_over_the_size_limit_are_refused(client, tmp_path):
+    from demo.app import MAX_FILE_SIZE
+
+    big = tmp_path / "huge.png"
+    big.write_bytes(b"\x89PNG" + bytes(int(MAX_FILE_SIZE.removesuffix("mb")) * 1024 * 1024 + 1024))
+    with pytest.raises(Exception, match="(?i)exceeds|too large|413|maximum"):
+        client.predict(handle_file(str(big)), "the cup", api_name="/infer")
