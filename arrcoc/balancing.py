@@ -4,7 +4,9 @@ Statistics of the maps and the query go through a small MLP to three logits. Thr
 tensions, each in (0, 1), shape how those logits become weights and how the map is sharpened:
   focus <-> diversify          softmax temperature (focus = sharp weights, diversify = flat)
   exploit <-> explore          mixing with uniform weights (explore = closer to 1/3 each)
-  compress <-> particularize   exponent on the balanced map (compress = few strong cells)
+  compress <-> particularize   exponent in (1, 3) on the balanced map (compress = few strong cells;
+                               never below 1, so the map's slope stays bounded near 0 and an
+                               image's map does not amplify float noise from its batch-mates)
 They are reported with every result and change it; nothing here is a constant in disguise.
 """
 
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .knowing import row_linear
 from .texture import minmax
 
 TENSION_NAMES = ("compress_particularize", "exploit_explore", "focus_diversify")
@@ -47,14 +50,16 @@ class TensionBalancer(nn.Module):
     def forward(self, maps: Tensor, query: Tensor, scales: Tensor) -> Balanced:
         """maps (B, 3, G, G) in [0, 1]; query (B, Dq); scales (B, 3) >= 0 (user sliders)."""
         compress, explore, focus = self.tensions().unbind()
-        logits = self.mlp(torch.cat((map_statistics(maps), query), dim=1))
+        # row-wise linears: an image's weights must not depend on its batch-mates (see knowing.py)
+        hidden = F.gelu(row_linear(torch.cat((map_statistics(maps), query), dim=1), self.mlp[0]))
+        logits = row_linear(hidden, self.mlp[2])
         temperature = 0.25 + 1.5 * (1.0 - focus)
         weights = (1.0 - explore) * F.softmax(logits / temperature, dim=-1) + explore / 3.0
         weights = weights * scales
         weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-8)
         combined = (weights.view(-1, 3, 1, 1) * maps).sum(dim=1)
-        exponent = torch.exp2(2.0 * compress - 1.0)  # in (0.5, 2)
-        # clamp away from 0: d(x^p)/dx is infinite there for p < 1, and training needs the gradient
+        exponent = 1.0 + 2.0 * compress  # in (1, 3)
+        # clamp away from 0: d(x^p)/dp = x^p log x is NaN at 0, and training needs the gradient
         relevance = minmax(combined).clamp(1e-6, 1.0).pow(exponent)
         tensions = torch.stack((compress, explore, focus)).expand(maps.shape[0], 3)
         return Balanced(relevance, weights, tensions)

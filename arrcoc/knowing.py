@@ -57,6 +57,34 @@ def salience(texture: Tensor) -> Tensor:
     return minmax(0.5 * texture[:, 7] + 0.5 * texture[:, 12])
 
 
+def conv_bmm(x: Tensor, conv: nn.Conv2d) -> Tensor:
+    """`conv(x)` for a stride-1, zero-padded 'same' conv, as shifted slices + one batched matmul.
+
+    Why not conv2d: oneDNN picks its kernel by batch size, so an image's features changed in the
+    last bits with its batch-mates (~2e-6 once min-max amplified them). A matmul broadcast over the
+    batch computes every image the same way. Pad, slice, concat and matmul also export to ONNX.
+    """
+    b, c, h, w = x.shape
+    k, d, p = conv.kernel_size[0], conv.dilation[0], conv.padding[0]
+    if k == 1:
+        cols = x.flatten(2)  # (B, C, N)
+    else:
+        xp = F.pad(x, (p, p, p, p))
+        taps = [xp[:, :, i * d : i * d + h, j * d : j * d + w] for i in range(k) for j in range(k)]
+        cols = torch.cat(taps, dim=1).flatten(2)  # (B, k*k*C, N), tap-major
+    weight = conv.weight.permute(0, 2, 3, 1).reshape(conv.out_channels, -1)  # (O, k*k*C), same order
+    return (torch.matmul(weight, cols) + conv.bias.view(1, -1, 1)).view(b, -1, h, w)
+
+
+def row_linear(x: Tensor, linear: nn.Linear) -> Tensor:
+    """`linear(x)` for x (B, I) as a broadcast multiply and a sum over I.
+
+    Why not a GEMM: BLAS picks gemv for one row and gemm for many, so a query's FiLM parameters
+    changed in the last bits with the batch size. A row-wise sum reduces every row the same way.
+    """
+    return (x.unsqueeze(1) * linear.weight).sum(-1) + linear.bias
+
+
 class ParticipatoryScorer(nn.Module):
     """Query coupling: cosine between a per-cell embedding of the texture and the query.
 
@@ -86,13 +114,13 @@ class ParticipatoryScorer(nn.Module):
     def forward(self, texture: Tensor, query: Tensor) -> Tensor:
         """texture (B, 13, G, G), query (B, Dq) -> scores (B, G, G) in [0, 1]."""
         b, _, g, _ = texture.shape
-        film = self.film(query).view(b, 4, 2, self.hidden, 1, 1)
-        h = F.gelu(self.stem(texture)) * (1 + film[:, 0, 0]) + film[:, 0, 1]  # (B, H, G, G)
+        film = row_linear(query, self.film).view(b, 4, 2, self.hidden, 1, 1)
+        h = F.gelu(conv_bmm(texture, self.stem)) * (1 + film[:, 0, 0]) + film[:, 0, 1]  # (B, H, G, G)
         for i, conv in enumerate(self.convs, start=1):
-            h = h + F.gelu(conv(h)) * (1 + film[:, i, 0]) + film[:, i, 1]
+            h = h + F.gelu(conv_bmm(h, conv)) * (1 + film[:, i, 0]) + film[:, i, 1]
         # anchor: where the query's second object is, as a softmax over cells
-        keys = self.anchor_cells(h).flatten(2)  # (B, E, N)
-        logits = torch.einsum("ben,be->bn", keys, self.anchor_query(query)) / math.sqrt(self.embed_dim)
+        keys = conv_bmm(h, self.anchor_cells).flatten(2)  # (B, E, N)
+        logits = torch.einsum("ben,be->bn", keys, row_linear(query, self.anchor_query)) / math.sqrt(self.embed_dim)
         attn = torch.softmax(logits, dim=-1).unsqueeze(1)  # (B, 1, N)
         pos = texture[:, 8:10]  # (B, 2, G, G): y, x in [0, 1]
         anchor = (attn * pos.flatten(2)).sum(-1).view(b, 2, 1, 1)
@@ -100,8 +128,8 @@ class ParticipatoryScorer(nn.Module):
         mean = h.mean(dim=(-2, -1), keepdim=True)
         peak = h.amax(dim=(-2, -1), keepdim=True)
         z = torch.cat((h, h - mean, h - peak, 4.0 * rel, rel.abs()), dim=1)
-        z = F.gelu(self.mix(z)) * (1 + film[:, 3, 0]) + film[:, 3, 1]
-        cells = F.normalize(self.cell_proj(z), dim=1)  # (B, E, G, G)
-        q = F.normalize(self.query_proj(query), dim=-1)  # (B, E)
+        z = F.gelu(conv_bmm(z, self.mix)) * (1 + film[:, 3, 0]) + film[:, 3, 1]
+        cells = F.normalize(conv_bmm(z, self.cell_proj), dim=1)  # (B, E, G, G)
+        q = F.normalize(row_linear(query, self.query_proj), dim=-1)  # (B, E)
         cos = torch.einsum("behw,be->bhw", cells, q)
         return (cos + 1.0) * 0.5
