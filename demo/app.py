@@ -140,7 +140,7 @@ def run_without_query(run: Run | None, image_path: str | None, backend: str) -> 
 
 def render_views(run: Run | None, map_label: str, opacity: float) -> tuple:
     if run is None:
-        return (None,) * 21
+        return (None,) * 22
     return (
         *views.homunculus_view(run),
         *views.three_ways(run),
@@ -148,7 +148,7 @@ def render_views(run: Run | None, map_label: str, opacity: float) -> tuple:
         *views.texture_view(run),
         *views.budget_view(run),
         *views.comparison_view(run),
-        views.metrics_view(run),
+        *views.metrics_view(run),
         *views.attribution_view(run),
     )
 
@@ -305,7 +305,7 @@ def build_demo() -> gr.Blocks:
                             ov_photo = gr.Image(label="photo", interactive=False, buttons=["fullscreen"])
                             ov_heat = gr.Image(label="relevance", interactive=False, format="png", elem_id="relevance-map", buttons=["download", "fullscreen"])
                             ov_sel = gr.Image(label="selected cells", interactive=False, buttons=["fullscreen"])
-                        gr.HTML(views.colourbar_html("0 (irrelevant)", "1 (most relevant)", "relevance"))
+                        gr.HTML(views.colourbar_html("0", "the map's peak (value in the summary)", "relevance"))
                         ov_md = gr.Markdown("Upload a photo, type a query and press **Run** — or click an example.", elem_id="summary")
                         views_status = gr.Markdown(elem_id="views-status", elem_classes="arr-caption")
                     with gr.Tab("Homunculus", id="homunculus"):
@@ -316,14 +316,14 @@ def build_demo() -> gr.Blocks:
                         _caption("The three scorers (ways of knowing) and their balanced mix.")
                         with gr.Row():
                             tw = [gr.Image(label=n, interactive=False, format="png") for n in ("information", "perspectival", "participatory (query)", "balanced relevance")]
-                        gr.HTML(views.colourbar_html("0", "1", "score"))
+                        gr.HTML(views.colourbar_html("0", "each map's peak", "score"))
                         tw_md = gr.Markdown()
                     with gr.Tab("Overlays", id="overlays"):
                         with gr.Row():
                             map_in = gr.Radio(list(views.MAPS), value="relevance (balanced)", label="map")
                             opacity_in = gr.Slider(0, 1, value=0.55, step=0.05, label="opacity")
                         ovl_img = gr.Image(label="overlay", interactive=False, height=480, elem_id="overlay")
-                        gr.HTML(views.colourbar_html("low", "high", "map value (token budget: 0 … 400)"))
+                        gr.HTML(views.colourbar_html("0", "the map's peak (token budget: 400)", "map value"))
                     with gr.Tab("Texture", id="texture"):
                         _caption("The 13 per-cell features the scorers read, each scaled to its own range (shown in brackets).")
                         gallery = dict(height="auto", object_fit="contain", allow_preview=True, elem_classes="arr-texture")
@@ -348,7 +348,9 @@ def build_demo() -> gr.Blocks:
                         cmp_df = gr.DataFrame(label="selection metrics", interactive=False)
                     with gr.Tab("Metrics", id="metrics"):
                         _caption(f"How the kept cells spread over the image (regions: a {4}×{4} split of the grid).")
-                        met_df = gr.DataFrame(label="metrics", interactive=False, elem_id="metrics-table")
+                        with gr.Row():
+                            met_df = gr.DataFrame(label="metrics", interactive=False, elem_id="metrics-table", scale=3)
+                            met_img = gr.Image(label="kept cells per region (brighter: more)", interactive=False, scale=2)
                     with gr.Tab("Query impact", id="impact"):
                         _caption("With the query vs without the participatory scorer (its scale set to 0): one extra model call.")
                         with gr.Row():
@@ -413,7 +415,7 @@ def build_demo() -> gr.Blocks:
         # ---- wiring --------------------------------------------------------------------------
         private: dict[str, Any] = {"api_visibility": "private"}
         view_outputs = [hom_img, hom_md, *tw, tw_md, ovl_img, *tex, bud_img, bud_md, bud_plot,
-                        cmp_ours, cmp_base, cmp_df, cmp_md, met_df, att_plot, att_md]  # fmt: skip
+                        cmp_ours, cmp_base, cmp_df, cmp_md, met_df, met_img, att_plot, att_md]  # fmt: skip
         ran = run_btn.click(
             run_model,
             [image_in, query_in, s_info, s_persp, s_part, k_in, budget_in, backend_in],

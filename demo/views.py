@@ -65,6 +65,15 @@ def colourbar_html(low: str, high: str, title: str) -> str:
     )
 
 
+def peak(*maps: np.ndarray) -> float:
+    """Maps are shown from 0 to their peak (shared by maps compared side by side): where, not how much."""
+    return max(max(float(np.max(m)) for m in maps), 1e-6)
+
+
+def heat(values: np.ndarray, size: tuple[int, int], vmax: float | None = None) -> Image.Image:
+    return heatmap_image(values, size, 0.0, peak(values) if vmax is None else vmax)
+
+
 def _cell(i: int, grid: int) -> str:
     return f"({i // grid}, {i % grid})"
 
@@ -74,14 +83,15 @@ def _cell(i: int, grid: int) -> str:
 
 def overview(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, str]:
     r = run.result
-    heat = heatmap_image(r.relevance, run.size)
+    relevance = heat(r.relevance, run.size)
     chosen = tint_cells(run.image, r.grid, [(metrics.cell_mask(r.selected, r.grid), SELECTED_RGB)], alpha=0.45, dim=0.55)
-    return run.image, heat, chosen, summary_markdown(r)
+    return run.image, relevance, chosen, summary_markdown(r)
 
 
 def summary_markdown(r: RelevanceResult) -> str:
     weights = " · ".join(f"{n} **{w:.2f}**" for n, w in zip(SCORER_NAMES, r.balance, strict=True))
     top = ", ".join(_cell(int(i), r.grid) for i in r.selected[:3])
+    best = int(np.argmax(r.relevance))
     t = r.timings_ms
     timing = f"{t.get('model_ms', 0):.0f} ms model + {t.get('preprocess_ms', 0):.0f} ms preprocessing" if t else "n/a"
     note = ""
@@ -91,7 +101,8 @@ def summary_markdown(r: RelevanceResult) -> str:
         note += "\n\n> **Note: benchmark-only variant**: randomly initialised, not meant for relevance."
     return (
         f"**“{r.query}”** — {r.k} of {r.grid * r.grid} cells selected, "
-        f"{int(r.budgets.sum()):,} of {r.token_budget:,} tokens. Most relevant cells (row, col): {top}.\n\n"
+        f"{int(r.budgets.sum()):,} of {r.token_budget:,} tokens. Peak relevance {r.relevance.flat[best]:.3f}; "
+        f"most relevant cells (row, col): {top}.\n\n"
         f"Balancer weights: {weights}. Time: {timing}. "
         f"Model `{r.variant}` · weights `{r.weights_version}` · backend `{r.backend}`.{note}"
     )
@@ -115,7 +126,7 @@ def homunculus_view(run: Run) -> tuple[Image.Image, str]:
 
 def three_ways(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, Image.Image, str]:
     r = run.result
-    maps = [heatmap_image(getattr(r, n), run.size) for n in ("information", "perspectival", "participatory", "relevance")]
+    maps = [heat(getattr(r, n), run.size) for n in ("information", "perspectival", "participatory", "relevance")]
     rows = "\n".join(f"| {n} | {w:.3f} |" for n, w in zip(SCORER_NAMES, r.balance, strict=True))
     tens = "\n".join(f"| {n.replace('_', ' ↔ ')} | {v:.3f} |" for n, v in zip(TENSION_NAMES, r.tensions, strict=True))
     md = (
@@ -130,12 +141,10 @@ def three_ways(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, Image.I
 def overlay_view(run: Run | None, map_label: str, opacity: float) -> Image.Image | None:
     if run is None:
         return None
-    attr, (lo, hi) = MAPS.get(map_label, MAPS["relevance (balanced)"])
+    attr, (_, hi) = MAPS.get(map_label, MAPS["relevance (balanced)"])
     values = np.asarray(getattr(run.result, attr), dtype=np.float64)
-    heat = Image.fromarray(colorize(values, lo, hi)).resize(run.size, Image.Resampling.NEAREST)
-    if attr != "budget_map":
-        return overlay(run.image, values, opacity)
-    return Image.blend(run.image, heat, float(np.clip(opacity, 0, 1)))
+    vmax = hi if attr == "budget_map" else peak(values)
+    return overlay(run.image, values / vmax, opacity)
 
 
 # ---- texture, budgets ----------------------------------------------------------------------------
@@ -205,9 +214,12 @@ def comparison_view(run: Run) -> tuple[Image.Image, Image.Image, pd.DataFrame, s
     return images[0], images[1], _metric_table({"ARR-COC": ours_m, "uniform grid": base_m}), md
 
 
-def metrics_view(run: Run) -> pd.DataFrame:
+def metrics_view(run: Run) -> tuple[pd.DataFrame, Image.Image]:
+    """The metrics table, and the kept cells counted per region (the basis of coverage and entropy)."""
     r = run.result
-    return _metric_table({"ARR-COC": metrics.selection_metrics(r.relevance, r.selected)})
+    counts = metrics.region_counts(r.selected, r.grid).astype(np.float64)
+    regions = overlay(run.image, counts / max(counts.max(), 1.0), alpha=0.6)
+    return _metric_table({"ARR-COC": metrics.selection_metrics(r.relevance, r.selected)}), regions
 
 
 # ---- query impact, attribution ----------------------------------------------------------------
@@ -232,7 +244,8 @@ def impact_view(run: Run) -> tuple[Image.Image | None, Image.Image | None, Image
         f"{imp.mean_abs_change:.3f}. <span style='color:#2ecc71'>■</span> gained by the query "
         f"({len(imp.gained)}), <span style='color:#e74c3c'>■</span> lost ({len(imp.lost)}), <span style='color:#c8c8c8'>■</span> kept by both."
     )
-    return heatmap_image(r.relevance, run.size), heatmap_image(w.relevance, run.size), change, md
+    top = peak(r.relevance, w.relevance)  # one scale for both, so they compare
+    return heat(r.relevance, run.size, top), heat(w.relevance, run.size, top), change, md
 
 
 def attribution_view(run: Run) -> tuple[pd.DataFrame, str]:
