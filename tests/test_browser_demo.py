@@ -97,7 +97,7 @@ def open_tab(page, scope: str, label: str) -> None:
     )
 
 
-def test_inference_views_and_timing(page, examples_dir):
+def test_inference_views_and_timing(page, examples_dir, monkeypatch):
     page.locator("#photo input[type=file]").set_input_files(str(examples_dir / "coffee.jpg"))
     page.wait_for_selector("#photo img")
     cold = run_query(page, QUERIES[0])
@@ -113,17 +113,29 @@ def test_inference_views_and_timing(page, examples_dir):
     assert np.abs(first - second).mean() > 0.05, "changing the query did not change the map"
     assert QUERIES[-1] in page.locator("#summary").inner_text()
 
+    from demo import service
+
+    model_calls: list[str] = []
+    real_infer = service.infer
+    monkeypatch.setattr(service, "infer", lambda *a, **k: model_calls.append(a[1]) or real_infer(*a, **k))
     for label, what in VIEWS.items():
         open_tab(page, "#views", label)
         panel = page.locator("#views [role=tabpanel]:visible").first
         panel.locator(what).first.wait_for(state="visible")
         shot(page, f"02-view-{label.lower().replace(' ', '-')}", "#views")
 
-    # changing the overlay opacity redraws from the stored run (no model call: no progress bar)
+    # switching views, overlay map or opacity redraws from the stored run: no model call
     open_tab(page, "#views", "Overlays")
     before = page.locator("#overlay img").get_attribute("src")
     page.locator("#views [role=tabpanel]:visible").first.get_by_text("participatory", exact=True).click()
     page.wait_for_function("(s) => document.querySelector('#overlay img')?.getAttribute('src') !== s", arg=before)
+    before = page.locator("#overlay img").get_attribute("src")
+    page.locator("#views [role=tabpanel]:visible input[type=number]").first.fill("0.9")
+    page.locator("#views [role=tabpanel]:visible input[type=number]").first.press("Enter")
+    page.wait_for_function("(s) => document.querySelector('#overlay img')?.getAttribute('src') !== s", arg=before)
+    open_tab(page, "#views", "Overview")
+    assert model_calls == [], "a view change ran the model again"
+    shot(page, "02-view-overlay-participatory", "#views")
 
 
 def test_bad_input_shows_a_message(page):

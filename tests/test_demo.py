@@ -67,15 +67,23 @@ def test_infer_matches_cli_json(client, examples_dir, tmp_path):
     [
         (b"definitely not an image", "the cup", "not an image format we can read"),
         (None, "   ", "query is empty"),
+        ("no file", "the cup", "Upload a photo first"),
     ],
 )
 def test_infer_bad_input_says_why(client, examples_dir, tmp_path, payload, query, message):
     path = examples_dir / "coffee.jpg"
-    if payload is not None:
+    if isinstance(payload, bytes):
         path = tmp_path / "broken.jpg"
         path.write_bytes(payload)
     with pytest.raises(AppError, match=message):
-        client.predict(handle_file(str(path)), query, api_name="/infer")
+        client.predict(None if payload == "no file" else handle_file(str(path)), query, api_name="/infer")
+
+
+def test_unknown_job_ids_are_explained(client):
+    status, *_ = client.predict("batch-doesnotexist", api_name="/batch_status")
+    assert status.startswith("**Error:**") and "batch-doesnotexist" in status
+    with pytest.raises(AppError):
+        client.predict("batch-doesnotexist", api_name="/batch_cancel")
 
 
 def test_batch_job_end_to_end(client, examples_dir, tmp_path):
