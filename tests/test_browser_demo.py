@@ -133,9 +133,9 @@ def test_inference_views_and_timing(page, examples_dir, monkeypatch):
     page.locator("#views [role=tabpanel]:visible input[type=number]").first.fill("0.9")
     page.locator("#views [role=tabpanel]:visible input[type=number]").first.press("Enter")
     page.wait_for_function("(s) => document.querySelector('#overlay img')?.getAttribute('src') !== s", arg=before)
+    shot(page, "02-view-overlay-participatory", "#views")
     open_tab(page, "#views", "Overview")
     assert model_calls == [], "a view change ran the model again"
-    shot(page, "02-view-overlay-participatory", "#views")
 
 
 def test_bad_input_shows_a_message(page):
