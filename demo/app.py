@@ -122,7 +122,7 @@ def run_model(
     return (run, *views.overview(run), "Drawing the other views…")
 
 
-def run_without_query(run: Run | None, image_path: str | None, backend: str) -> Run | None:
+def run_without_query(run: Run | None, image_path: str | None, s_info: float, s_persp: float, backend: str) -> Run | None:
     """The same photo with the participatory scorer off (query impact); one more model call."""
     if run is None:
         return None
@@ -130,7 +130,7 @@ def run_without_query(run: Run | None, image_path: str | None, backend: str) -> 
     if abs(float(r.balance[2])) < 1e-9:  # the participatory scorer was off already
         return Run(run.image, r, r)
     try:
-        c = Controls(1.0, 1.0, 0.0, r.k, r.token_budget)
+        c = Controls(float(s_info), float(s_persp), 0.0, r.k, r.token_budget)  # the user's other scales
         without = service.infer(_read_image(image_path), r.query, c, backend)
     except Exception as e:  # the main views are already shown; say why this one is missing
         gr.Warning(f"Query impact unavailable: {e}")
@@ -424,7 +424,7 @@ def build_demo() -> gr.Blocks:
         )  # fmt: skip
         query_in.submit(lambda: None, None, None, js="() => document.querySelector('#run').click()", **private)
         ran.success(render_views, [state, map_in, opacity_in], view_outputs, **private).then(
-            run_without_query, [state, image_in, backend_in], state, **private
+            run_without_query, [state, image_in, s_info, s_persp, backend_in], state, **private
         ).then(render_impact, state, [imp_with, imp_without, imp_change, imp_md, views_status], **private)
         gr.on([map_in.change, opacity_in.change], views.overlay_view, [state, map_in, opacity_in], ovl_img,
               show_progress="hidden", **private)  # fmt: skip
