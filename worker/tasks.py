@@ -21,11 +21,12 @@ def infer(self, image_key: str, query: str, controls: dict | None = None, deadli
     return state.infer(self.request.id, image_key, query, controls, deadline)
 
 
-@app.task(name=TASK_CHUNK, bind=True, **_TRANSIENT)
+# job state lives in the job store: chunk and bench results are not kept in the result backend
+@app.task(name=TASK_CHUNK, bind=True, ignore_result=True, **_TRANSIENT)
 def batch_chunk(self, job_id: str, start: int, stop: int) -> dict:
     return state.batch_chunk(job_id, start, stop)
 
 
-@app.task(name=TASK_BENCH, bind=True, **_TRANSIENT)
+@app.task(name=TASK_BENCH, bind=True, ignore_result=True, **_TRANSIENT)
 def bench(self, job_id: str) -> dict:
     return state.bench(job_id)

@@ -88,12 +88,15 @@ class WorkerState:
             self._runtime.close()
 
     # -- tasks ---------------------------------------------------------------------------------
+    def _attempts_key(self, task_id: str) -> str:
+        return f"{self.settings.redis_prefix}:attempts:{task_id}"
+
     def attempts(self, task_id: str) -> int:
         """Deliveries of this task so far (a worker that died mid-task makes it come back)."""
-        key = f"{self.settings.redis_prefix}:attempts:{task_id}"
+        key = self._attempts_key(task_id)
         pipe = self.store().r.pipeline()
         pipe.incr(key)
-        pipe.expire(key, self.settings.visibility_timeout_s * (self.settings.max_redeliveries + 2))
+        pipe.expire(key, self.settings.visibility_timeout_s * (self.settings.max_redeliveries + 1))
         return int(pipe.execute()[0])
 
     def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None) -> dict[str, Any]:
@@ -113,9 +116,12 @@ class WorkerState:
 
             pil = validate_image(data, s)
             result = self.runtime().infer(pil, query, controls_from_dict(controls), timeout)
-            return {"result": result_to_wire(result)}
+            doc = {"result": result_to_wire(result)}
         except ArrcocError as e:
-            return {"error": error_to_wire(e)}
+            doc = {"error": error_to_wire(e)}
+        with contextlib.suppress(Exception):  # finished (the worker did not die): forget the count
+            self.store().r.delete(self._attempts_key(task_id))
+        return doc
 
     def batch_chunk(self, job_id: str, start: int, stop: int) -> dict[str, Any]:
         s = self.settings
