@@ -26,13 +26,13 @@ ROWS = ("top", "middle", "bottom")
 COLS = ("left", "centre", "right")
 
 # Synonyms: training draws from the first list, evaluation also from the second (held out).
-SHAPE_WORDS = {
+SHAPE_WORDS = {  # "<noun> shape" appears in training for two shapes, held out for the others
     "circle": (["circle", "disc", "dot", "round one"], ["round shape", "circular shape"]),
     "square": (["square", "box", "block"], ["square shape"]),
-    "triangle": (["triangle"], ["triangular shape"]),
+    "triangle": (["triangle", "triangle shape"], ["triangular shape"]),
     "star": (["star", "five-pointed star"], ["star shape"]),
     "diamond": (["diamond", "rhombus"], ["diamond shape"]),
-    "hexagon": (["hexagon"], ["hexagonal shape"]),
+    "hexagon": (["hexagon", "hexagon shape"], ["hexagonal shape"]),
     "cross": (["cross", "plus sign"], ["plus", "cross shape"]),
     TEXT: (["text", "writing", "words", "printed text", "caption"], ["label", "lettering"]),
 }
