@@ -40,9 +40,9 @@ EXAMPLES = [  # (photo, query) pairs that fit the photos
 MAX_FILE_SIZE = "25mb"  # uploads above this are refused by Gradio before they reach us
 GRID_CELLS = 32 * 32
 BACKEND_LABELS = {
-    "eager": "eager — PyTorch, runs anywhere",
-    "compiled": "compiled — torch.compile + CUDA graphs (GPU; slow first call on CPU)",
-    "onnx": "onnx — ONNX Runtime",
+    "eager": "eager (PyTorch)",
+    "compiled": "compiled (torch.compile + CUDA graphs)",
+    "onnx": "onnx (ONNX Runtime)",
 }
 BACKEND_COLOURS = {"eager": "#4c78a8", "compiled": "#54a24b", "onnx": "#f58518"}
 TITLE = "ARR-COC Serve — query-aware visual relevance"
