@@ -108,3 +108,20 @@ def test_batch_archive_gets_the_uploaded_manifest(tmp_path, examples_dir):
         jobs.build_archive(None, None)
     with pytest.raises(InvalidInputError, match="manifest must be"):
         jobs.build_archive(str(z), str(examples_dir / "coffee.jpg"))
+
+
+def test_building_the_page_loads_no_model():
+    from demo import service
+    from demo.app import build_demo
+
+    service.set_executor(None)
+    page = build_demo()
+    assert service._executor is None  # the executor (and the model) come with the first request
+    assert {d.api_name for d in page.fns.values()} >= {"infer", "run", "batch_submit", "batch_status", "bench_submit"}
+
+
+def test_arrcoc_demo_command():
+    from arrcoc.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--port", "7999", "--host", "0.0.0.0"])
+    assert (args.port, args.host) == (7999, "0.0.0.0") and args.func.__module__ == "arrcoc.cli.demo"
