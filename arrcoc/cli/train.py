@@ -20,6 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-scenes", type=int, default=d.eval_scenes, help="held-out evaluation scenes")
     p.add_argument("--batch", type=int, default=d.batch)
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--query-noise", type=float, default=d.query_noise, help="noise on query embeddings")
     p.add_argument("--threads", type=int, default=d.threads, help="CPU threads")
     p.add_argument("--workers", type=int, default=d.workers, help="processes drawing scenes")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (cuda: torch.compile + bf16)")
@@ -49,6 +50,7 @@ def run(args) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = TrainConfig(variant=args.variant, scenes=args.scenes, eval_scenes=args.eval_scenes, steps=args.steps,
                       batch=args.batch, lr=args.lr, seed=args.seed, threads=args.threads, workers=args.workers,
+                      query_noise=args.query_noise,
                       device=device)  # fmt: skip
     cache = None if args.no_cache else (args.cache_dir or Path.home() / ".cache" / "arrcoc")
     report = run_training(cfg, args.out, cache, args.query_encoder, progress=not args.quiet)
