@@ -29,11 +29,19 @@ def _warm_child(**_) -> None:  # prefork child: after the fork, before the first
     state.runtime().pipeline  # noqa: B018 -- build and warm now
 
 
+_pool = {"name": ""}
+
+
+@signals.worker_init.connect
+def _remember_pool(sender=None, **_) -> None:  # sender: the WorkController, before any fork
+    cls = getattr(sender, "pool_cls", "")
+    _pool["name"] = f"{getattr(cls, '__module__', '')}.{getattr(cls, '__name__', cls)}".lower()
+
+
 @signals.worker_ready.connect
-def _warm_main(sender=None, **_) -> None:  # threads/solo: tasks run in this process
-    pool = getattr(getattr(sender, "pool_cls", None), "__module__", "") if sender else ""
-    if "prefork" in pool:
-        return
+def _warm_main(**_) -> None:  # threads/solo: tasks run in this process, so warm it here
+    if "prefork" in _pool["name"] or "processes" in _pool["name"]:
+        return  # children build their own (worker_process_init); this parent must stay CUDA-free
     from .tasks import state
 
     threading.Thread(target=lambda: state.runtime().pipeline, name="arrcoc-warmup", daemon=True).start()

@@ -44,5 +44,10 @@ def run(args) -> int:
     get_settings.cache_clear()
     from worker.app import app
 
-    app.worker_main(worker_argv(args, get_settings()))
+    argv = worker_argv(args, get_settings())
+    # Celery reads `-P prefork` (its own default) as "not given" and takes worker_pool from the
+    # config (threads): set the config itself so every pool choice is honoured
+    app.conf.worker_pool = args.pool
+    app.conf.worker_concurrency = int(argv[argv.index("-c") + 1])
+    app.worker_main(argv)
     return 0
