@@ -199,3 +199,22 @@ def test_cli_submit_infer_and_batch(env, worker, tmp_path):
     status = subprocess.run([sys.executable, "-m", "arrcoc", "job", "status", job_id, "--json"], env=run_env,
                             capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
     assert json.loads(status.stdout)["state"] == "done"
+
+
+def test_prefork_worker_builds_the_engine_in_the_child_only(env, tmp_path):
+    from arrcoc.service.celery_executor import CeleryExecutor
+
+    root, settings = env
+    queues = {"queue_gpu": settings["queue_gpu"] + "-pf", "queue_bench": settings["queue_bench"] + "-pf"}
+    w = Worker(worker_env(BROKER, root / "data", **(settings | queues)), tmp_path / "prefork.log", pool="prefork")
+    ex = None
+    try:
+        w.ready()
+        log = w.text()
+        assert "ForkPoolWorker-1] engine" in log and "MainProcess] engine" not in log  # CUDA-safe parent
+        ex = CeleryExecutor(make_settings(env, **queues))
+        assert ex.infer(png_bytes(5), "the sky").query == "the sky"
+    finally:
+        if ex is not None:
+            ex.close()
+        w.stop()
