@@ -55,6 +55,7 @@ class CudaGraphRunner:
         if self.frozen:
             raise EngineError("CUDA graphs were already captured; capture happens once, in warmup().")
         torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # a clean baseline: the growth below is the graphs' pool
         reserved0 = torch.cuda.memory_reserved(self.device)
         t0 = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
