@@ -36,7 +36,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton._
       "onnx", onnx.__version__, "ort", ort.__version__, ort.get_available_providers())
 print(torch.cuda.get_device_name(0))
 EOF
-    $PY -m arrcoc.bench --variants arrcoc-texture --iters 5 --warmup-iters 2 --out "$OUT" --name check-texture \
+    $PY -m arrcoc.bench --variants arrcoc-texture --backends eager onnx --iters 5 --warmup-iters 2 --out "$OUT" --name check-texture \
       --cache-dir /tmp/arrcoc-check 2>&1 | tee "$OUT/check.log" | grep -vE "Warning|warn\(|torchvision"
     ;;
   bench)
@@ -48,6 +48,12 @@ EOF
   startup)
     $PY -m arrcoc.bench --startup-only --variants ${VARIANTS[@]} --backends compiled onnx --out "$OUT" \
       --name startup 2>&1 | tee "$OUT/startup.log" | grep -vE "Warning|warn\(|torchvision"
+    ;;
+  extra)  # bfloat16 ViT (eager vs compiled) and the compiled ViT's cold/warm start: no ORT needed
+    $PY -m arrcoc.bench --variants arrcoc-vit-b16 --backends eager compiled --dtype bfloat16 --iters 100 \
+      --warmup-iters 10 --out "$OUT" --name bench-vit-b16-bf16 2>&1 | tee "$OUT/bf16.log" | grep -E "^\||rror"
+    $PY -m arrcoc.bench --startup-only --variants arrcoc-vit-b16 --backends compiled --out "$OUT" \
+      --name startup-vit 2>&1 | grep -E "^\||rror"
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
