@@ -190,7 +190,8 @@ def load_clip_vision(model: ArrcocViT, path: str | Path) -> ArrcocViT:
             raise WeightsError(f"No model.safetensors or pytorch_model.bin in {path}.")
         path = found[0]
     state = _read_state(path)
-    prefix = next((p for p in ("vision_model.", "model.vision_model.") if any(k.startswith(p) for k in state)), None)
+    anchor = "embeddings.patch_embedding.weight"  # its prefix names the vision tower's keys
+    prefix = next((k[: -len(anchor)] for k in sorted(state) if k.endswith(anchor) and "text" not in k), None)
     if prefix is None:
         raise WeightsError(f"{path} has no `vision_model.*` tensors: not a Hugging Face CLIP checkpoint.")
     vision = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}

@@ -1,0 +1,85 @@
+"""The benchmark harness on CPU: a tiny run (bucket 1, few iterations), its report and renderers."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from arrcoc.bench import SCHEMA, BenchConfig, run_benchmark
+from arrcoc.bench.report import markdown_table, write_all
+from arrcoc.bench.timing import summarize
+
+CACHE = Path(tempfile.gettempdir()) / "arrcoc-test-engine-cache" / "bench"
+RESULT_KEYS = {"variant", "backend", "bucket", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "std_ms",
+               "throughput_per_s", "speedup_vs_eager", "max_abs_diff", "topk_agreement", "compile_s", "capture_s",
+               "break_even_calls", "parity_ok", "recompiles_after_warmup"}  # fmt: skip
+ENV_KEYS = {"gpu", "driver", "cuda", "torch", "triton", "onnxruntime", "providers", "commit", "date"}
+
+
+@pytest.fixture(scope="module")
+def report():
+    progress = []
+    config = BenchConfig(
+        variants=("arrcoc-texture",), backends=("eager", "onnx"), buckets=(1,), iters=4, warmup_iters=1,
+        device="cpu", weights=None, cache_dir=CACHE, input_sets=2,
+    )  # fmt: skip
+    r = run_benchmark(config, progress=lambda f, m: progress.append((f, m)))
+    r["_progress"] = progress
+    return r
+
+
+def test_tiny_cpu_benchmark_report(report):
+    assert report["schema"] == SCHEMA
+    assert ENV_KEYS <= set(report["env"]) and report["env"]["gpu"] is None
+    assert report["recompiles_after_warmup"] == 0 and report["errors"] == []
+    rows = {r["backend"]: r for r in report["results"]}
+    assert set(rows) == {"eager", "onnx"}
+    for r in rows.values():
+        assert RESULT_KEYS <= set(r)
+        assert r["iters"] == 4 and r["p50_ms"] > 0 and r["p99_ms"] >= r["p50_ms"]
+        assert r["parity_ok"] and r["topk_agreement"] == 1.0
+    assert rows["eager"]["speedup_vs_eager"] == 1.0 and rows["eager"]["max_abs_diff"] == 0.0
+    assert rows["onnx"]["compile_s"] > 0
+    assert report["_progress"][-1][0] == pytest.approx(1.0)
+    json.dumps({k: v for k, v in report.items() if k != "_progress"})  # JSON-safe
+
+
+def test_report_renders_markdown_html_png(report, tmp_path):
+    report = {k: v for k, v in report.items() if k != "_progress"}
+    paths = write_all(report, tmp_path / "bench-test")
+    names = {p.suffix for p in paths}
+    assert {".json", ".md", ".html"} <= names
+    assert "<svg" in (tmp_path / "bench-test.html").read_text()
+    assert "| arrcoc-texture | onnx | 1 |" in markdown_table(report)
+
+
+def test_cli_render_merges_reports(report, tmp_path, capsys):
+    from arrcoc.cli import main
+
+    report = {k: v for k, v in report.items() if k != "_progress"}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(report))
+    b.write_text(json.dumps({**report, "results": report["results"][:1], "startup": [
+        {"variant": "arrcoc-texture", "backend": "onnx", "cold_s": 10.0, "warm_s": 2.0, "warm_over_cold": 0.2}]}))
+    assert main(["bench", "--render", str(a), str(b), "--out", str(tmp_path), "--name", "merged"]) == 0
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert len(merged["results"]) == 3 and merged["startup"][0]["warm_s"] == 2.0
+    assert "warm / cold" in capsys.readouterr().out
+
+
+def test_summary_statistics():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s["p50_ms"] == 3.0 and s["p99_ms"] > 90 and s["mean_ms"] == 22.0 and s["iters"] == 5
+
+
+@pytest.mark.slow
+def test_startup_cold_then_warm_in_separate_processes():
+    from arrcoc.bench.startup import measure_startup
+
+    s = measure_startup("arrcoc-texture", "onnx", (1,), "cpu", None)
+    assert s["cold_s"] > 0 and s["warm_s"] > 0
+    assert s["cold_stats"]["export_s"] > 1.0 and s["warm_stats"]["export_s"] < 1.0  # the export was cached
+    assert s["warm_s"] < s["cold_s"]
