@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the precomputed scene tensors are cached (default ~/.cache/arrcoc)")  # fmt: skip
     p.add_argument("--no-cache", action="store_true", help="recompute the scene tensors")
     p.add_argument("--query-encoder", default=None, help="all-MiniLM-L6-v2 HF id or local path")
+    p.add_argument("--no-compile", action="store_true", help="CUDA: train eagerly")
+    p.add_argument("--no-bf16", action="store_true", help="CUDA: train in fp32 (TF32)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -50,7 +52,7 @@ def run(args) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = TrainConfig(variant=args.variant, scenes=args.scenes, eval_scenes=args.eval_scenes, steps=args.steps,
                       batch=args.batch, lr=args.lr, seed=args.seed, threads=args.threads, workers=args.workers,
-                      query_noise=args.query_noise,
+                      query_noise=args.query_noise, compile=not args.no_compile, bf16=not args.no_bf16,
                       device=device)  # fmt: skip
     cache = None if args.no_cache else (args.cache_dir or Path.home() / ".cache" / "arrcoc")
     report = run_training(cfg, args.out, cache, args.query_encoder, progress=not args.quiet)

@@ -37,6 +37,8 @@ class TrainConfig:
     threads: int = 2  # CPU threads: the machine is shared
     workers: int = 1  # processes drawing scenes (the data does not depend on it)
     device: str = "cpu"
+    compile: bool = True  # CUDA only: torch.compile the loss step
+    bf16: bool = True  # CUDA only: bf16 autocast
 
 
 def seed_everything(seed: int) -> None:
@@ -61,14 +63,14 @@ def make_step(model: nn.Module, cfg: TrainConfig, device: torch.device):
     use_cuda = device.type == "cuda"
 
     def loss_fn(texture: Tensor, fixed: Tensor, query: Tensor, hit: Tensor) -> Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_cuda):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_cuda and cfg.bf16):
             relevance, part = relevance_from_fixed(model, texture, fixed, query)
         # the participatory map is trained directly (it must find the object on its own, it is
         # reported as a "way of knowing") and through the balanced map (the balancer learns to
         # trust it for object queries)
         return pointing_loss(part, hit, cfg.logit_scale) + pointing_loss(relevance, hit, cfg.logit_scale)
 
-    return torch.compile(loss_fn, fullgraph=True) if use_cuda else loss_fn
+    return torch.compile(loss_fn, fullgraph=True) if use_cuda and cfg.compile else loss_fn
 
 
 def train(model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = True) -> dict:
@@ -111,4 +113,7 @@ def train(model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = Tr
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:  # never save weights that diverged
+        raise FloatingPointError(f"training diverged (non-finite {bad[:3]}); try a lower --lr or --no-bf16")
     return {"losses": losses, "seconds": round(time.perf_counter() - t0, 1), "config": asdict(cfg)}
