@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .scenes import SceneConfig, make_scenes
 
-DATA_VERSION = "scenes/6"  # bump when scenes or the fixed maps change: invalidates caches
+DATA_VERSION = "scenes/7"  # bump when scenes or the fixed maps change: invalidates caches
 HIT_COVERAGE = 0.5  # a cell is "inside" an object when at least half its pixels are the object
 
 

@@ -19,20 +19,21 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (214, 32, 32), "green": (34, 160, 52), "blue": (36, 72, 214), "yellow": (240, 214, 30),
     "orange": (244, 128, 20), "purple": (128, 40, 170), "white": (248, 248, 248), "black": (14, 14, 14),
 }  # fmt: skip
-SHAPES = ("circle", "square", "triangle", "star", "diamond", "hexagon", "cross")
+# No hexagon: at 16-px cells a hexagon and a circle of these sizes pool to the same texture.
+SHAPES = ("circle", "square", "triangle", "star", "diamond", "cross")
 TEXT = "text"  # the kind of a text-like mark (rows of glyph strokes)
-SIZES = {"small": (26.0, 36.0), "medium": (44.0, 58.0), "large": (70.0, 92.0)}  # radius, px at 512
+SIZES = {"small": (30.0, 40.0), "medium": (48.0, 62.0), "large": (74.0, 96.0)}  # radius, px at 512
 ROWS = ("top", "middle", "bottom")
 COLS = ("left", "centre", "right")
 
 # Synonyms: training draws from the first list, evaluation also from the second (held out).
-SHAPE_WORDS = {  # "<noun> shape" appears in training for two shapes, held out for the others
+SHAPE_WORDS = {  # "<noun> shape" appears in training for triangle and star, held out for the others
     "circle": (["circle", "disc", "dot", "round one"], ["round shape", "circular shape"]),
     "square": (["square", "box", "block"], ["square shape"]),
     "triangle": (["triangle", "triangle shape"], ["triangular shape"]),
-    "star": (["star", "five-pointed star"], ["star shape"]),
+    "hexagon": (["hexagon"], ["hexagonal shape"]),  # kept for callers; not drawn (see SHAPES)
+    "star": (["star", "five-pointed star", "star shape"], ["star-shaped one"]),
     "diamond": (["diamond", "rhombus"], ["diamond shape"]),
-    "hexagon": (["hexagon", "hexagon shape"], ["hexagonal shape"]),
     "cross": (["cross", "plus sign"], ["plus", "cross shape"]),
     TEXT: (["text", "writing", "words", "printed text", "caption"], ["label", "lettering"]),
 }
