@@ -81,7 +81,7 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
         "seed": cfg.seed,
         "environment": {"torch": torch.__version__, "python": platform.python_version(),
                         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
-                        "precision": "bf16 autocast + torch.compile" if device.type == "cuda" else "fp32"},  # fmt: skip
+                        "precision": _precision(cfg, device)},  # fmt: skip
         "time_s": {"data": round(t_data, 1), "train": log["seconds"], "total": round(time.perf_counter() - t0, 1)},
         "losses": log["losses"],
         "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -89,6 +89,12 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
     report_paths(out)[0].write_text(json.dumps(report, indent=2) + "\n")
     report_paths(out)[1].write_text(markdown_report(report))
     return report
+
+
+def _precision(cfg: TrainConfig, device: torch.device) -> str:
+    if device.type != "cuda":
+        return "fp32, eager"
+    return f"{'bf16 autocast' if cfg.bf16 else 'fp32'}, {'torch.compile' if cfg.compile else 'eager'}"
 
 
 def report_paths(weights: Path) -> tuple[Path, Path]:
