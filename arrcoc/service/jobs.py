@@ -182,7 +182,10 @@ def _run_group(job_id, jd, group, controls, runtime, store, settings) -> int:
             _fail_item(jd, store, job_id, it, str(e))
     if not decoded:
         return 0
-    results = runtime.run_batch([(img, it.query, controls) for it, img in decoded])
+    step = runtime.max_batch
+    results = []
+    for i in range(0, len(decoded), step):
+        results += runtime.run_batch([(img, it.query, controls) for it, img in decoded[i : i + step]])
     for (it, img), res in zip(decoded, results, strict=True):
         if isinstance(res, BaseException):
             _fail_item(jd, store, job_id, it, error_to_wire(res)["message"])

@@ -27,6 +27,7 @@ from .batching import DynamicBatcher
 
 log = logging.getLogger(__name__)
 
+CPU_MAX_BATCH = 8
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -91,7 +92,12 @@ class Runtime:
 
     @property
     def max_batch(self) -> int:
-        return max(1, min(self.settings.batch_max_size, max(self.settings.buckets)))
+        """Largest batch the engine runs: ARRCOC_BATCH_MAX_SIZE if set, else 32 on a GPU and 8 on a
+        CPU, where larger batches cost more per image (benchmarks/batching-cpu-*.md)."""
+        size = self.settings.batch_max_size
+        if "batch_max_size" not in self.settings.model_fields_set and self.pipeline.device.type == "cpu":
+            size = min(size, CPU_MAX_BATCH)
+        return max(1, min(size, max(self.settings.buckets)))
 
     def run_batch(self, items: Sequence[tuple[Image.Image, str, Controls]]) -> list[RelevanceResult | Exception]:
         """Decoded images + queries + controls -> one result or one error per item."""
