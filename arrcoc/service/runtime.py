@@ -120,10 +120,11 @@ class Runtime:
     @property
     def batcher(self) -> DynamicBatcher:
         if self._batcher is None:
+            size = self.max_batch  # builds the engine first (it takes _build_lock itself)
             with self._build_lock:
                 if self._batcher is None:
                     self._batcher = DynamicBatcher(
-                        self.run_batch, self.max_batch, self.settings.batch_max_delay_ms / 1e3, "arrcoc-batcher"
+                        self.run_batch, size, self.settings.batch_max_delay_ms / 1e3, "arrcoc-batcher"
                     )
         return self._batcher
 
