@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ def _user_error(e: Exception) -> gr.Error:
 
 def run_model(
     image_path: str | None, query: str, s_info: float, s_persp: float, s_part: float, k: float,
-    budget: float, backend: str, progress: gr.Progress = gr.Progress(),
+    budget: float, backend: str, scale: str = "sqrt", progress: gr.Progress = gr.Progress(),
 ) -> tuple[Run, Any, Any, Any, str, str]:  # fmt: skip
     """Run the model once; store the run; return the overview (the rest is drawn by render_views)."""
     try:
@@ -118,7 +119,7 @@ def run_model(
         result = service.infer(data, query, controls, backend)
     except Exception as e:
         raise _user_error(e) from e
-    run = Run(image=image, result=result)
+    run = Run(image=image, result=result, scale=scale or "sqrt")
     return (run, *views.overview(run), "Drawing the other views…")
 
 
@@ -128,14 +129,22 @@ def run_without_query(run: Run | None, image_path: str | None, s_info: float, s_
         return None
     r = run.result
     if abs(float(r.balance[2])) < 1e-9:  # the participatory scorer was off already
-        return Run(run.image, r, r)
+        return replace(run, without_query=r)
     try:
         c = Controls(float(s_info), float(s_persp), 0.0, r.k, r.token_budget)  # the user's other scales
         without = service.infer(_read_image(image_path), r.query, c, backend)
     except Exception as e:  # the main views are already shown; say why this one is missing
         gr.Warning(f"Query impact unavailable: {e}")
         return run
-    return Run(run.image, r, without)
+    return replace(run, without_query=without)
+
+
+def set_scale(run: Run | None, scale: str) -> tuple:
+    """Another colour scale: the stored run redrawn (overview and query impact; the rest follows)."""
+    if run is None:
+        return (None, *(gr.skip(),) * 3)
+    run = replace(run, scale=scale)
+    return (run, views.overview(run)[1], *views.impact_view(run)[:2])
 
 
 def render_views(run: Run | None, map_label: str, opacity: float) -> tuple:
@@ -305,7 +314,10 @@ def build_demo() -> gr.Blocks:
                             ov_photo = gr.Image(label="photo", interactive=False, buttons=["fullscreen"])
                             ov_heat = gr.Image(label="relevance", interactive=False, format="png", elem_id="relevance-map", buttons=["download", "fullscreen"])
                             ov_sel = gr.Image(label="selected cells", interactive=False, buttons=["fullscreen"])
-                        gr.HTML(views.colourbar_html("0", "the map's peak (value in the summary)", "relevance"))
+                        with gr.Row(equal_height=True):
+                            gr.HTML(views.colourbar_html("0", "the map's peak", "relevance"))
+                            scale_in = gr.Radio([(k, v) for k, v in views.SCALES.items()], value="sqrt", label="colour scale (every map)",
+                                                elem_id="scale")  # fmt: skip
                         ov_md = gr.Markdown("Upload a photo, type a query and press **Run** — or click an example.", elem_id="summary")
                         views_status = gr.Markdown(elem_id="views-status", elem_classes="arr-caption")
                     with gr.Tab("Homunculus", id="homunculus"):
@@ -418,7 +430,7 @@ def build_demo() -> gr.Blocks:
                         cmp_ours, cmp_base, cmp_df, cmp_md, met_df, met_img, att_plot, att_md]  # fmt: skip
         ran = run_btn.click(
             run_model,
-            [image_in, query_in, s_info, s_persp, s_part, k_in, budget_in, backend_in],
+            [image_in, query_in, s_info, s_persp, s_part, k_in, budget_in, backend_in, scale_in],
             [state, ov_photo, ov_heat, ov_sel, ov_md, views_status],
             api_name="run", concurrency_limit=2,
         )  # fmt: skip
@@ -426,6 +438,9 @@ def build_demo() -> gr.Blocks:
         ran.success(render_views, [state, map_in, opacity_in], view_outputs, **private).then(
             run_without_query, [state, image_in, s_info, s_persp, backend_in], state, **private
         ).then(render_impact, state, [imp_with, imp_without, imp_change, imp_md, views_status], **private)
+        scale_in.change(set_scale, [state, scale_in], [state, ov_heat, imp_with, imp_without], show_progress="hidden", **private).then(
+            render_views, [state, map_in, opacity_in], view_outputs, show_progress="hidden", **private
+        )
         gr.on([map_in.change, opacity_in.change], views.overlay_view, [state, map_in, opacity_in], ovl_img,
               show_progress="hidden", **private)  # fmt: skip
         api_btn.click(api_infer, [api_image, api_query], [api_json, api_overlay], api_name="infer")

@@ -24,6 +24,11 @@ CHANNEL_GROUPS = {  # texture channel indices per group (arrcoc/texture.py order
     "edges": (5, 6, 7, 12),
     "position": (8, 9, 10),
 }
+SCALES = {  # colour scales for the maps: label -> name used by scaled()
+    "square root": "sqrt",  # the default: faint cells stay visible next to a sharp peak
+    "linear": "linear",
+    "rank": "rank",
+}
 MAPS = {  # overlay choices: label -> (RelevanceResult attribute, value range)
     "relevance (balanced)": ("relevance", (0.0, 1.0)),
     "information": ("information", (0.0, 1.0)),
@@ -42,6 +47,7 @@ class Run:
     image: Image.Image  # display-sized RGB
     result: RelevanceResult
     without_query: RelevanceResult | None = None  # scale_participatory = 0
+    scale: str = "sqrt"  # how map values become colours (SCALES); a display choice, not the model's
 
     @property
     def size(self) -> tuple[int, int]:
@@ -70,8 +76,20 @@ def peak(*maps: np.ndarray) -> float:
     return max(max(float(np.max(m)) for m in maps), 1e-6)
 
 
-def heat(values: np.ndarray, size: tuple[int, int], vmax: float | None = None) -> Image.Image:
-    return heatmap_image(values, size, 0.0, peak(values) if vmax is None else vmax)
+def scaled(values: np.ndarray, vmax: float, scale: str) -> np.ndarray:
+    """Map values in [0, vmax] -> [0, 1] for colouring: linear, square root, or rank (percentile)."""
+    v = np.clip(np.asarray(values, dtype=np.float64) / vmax, 0.0, 1.0)
+    if scale == "sqrt":
+        return np.sqrt(v)
+    if scale == "rank":
+        ranks = np.empty(v.size)
+        ranks[np.argsort(v, axis=None, kind="stable")] = np.arange(v.size)
+        return (ranks / max(v.size - 1, 1)).reshape(v.shape)
+    return v
+
+
+def heat(values: np.ndarray, size: tuple[int, int], vmax: float | None = None, scale: str = "linear") -> Image.Image:
+    return heatmap_image(scaled(values, peak(values) if vmax is None else vmax, scale), size)
 
 
 def _cell(i: int, grid: int) -> str:
@@ -83,7 +101,7 @@ def _cell(i: int, grid: int) -> str:
 
 def overview(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, str]:
     r = run.result
-    relevance = heat(r.relevance, run.size)
+    relevance = heat(r.relevance, run.size, scale=run.scale)
     chosen = tint_cells(run.image, r.grid, [(metrics.cell_mask(r.selected, r.grid), SELECTED_RGB)], alpha=0.45, dim=0.55)
     return run.image, relevance, chosen, summary_markdown(r)
 
@@ -126,7 +144,7 @@ def homunculus_view(run: Run) -> tuple[Image.Image, str]:
 
 def three_ways(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, Image.Image, str]:
     r = run.result
-    maps = [heat(getattr(r, n), run.size) for n in ("information", "perspectival", "participatory", "relevance")]
+    maps = [heat(getattr(r, n), run.size, scale=run.scale) for n in ("information", "perspectival", "participatory", "relevance")]
     rows = "\n".join(f"| {n} | {w:.3f} |" for n, w in zip(SCORER_NAMES, r.balance, strict=True))
     tens = "\n".join(f"| {n.replace('_', ' ↔ ')} | {v:.3f} |" for n, v in zip(TENSION_NAMES, r.tensions, strict=True))
     md = (
@@ -144,7 +162,7 @@ def overlay_view(run: Run | None, map_label: str, opacity: float) -> Image.Image
     attr, (_, hi) = MAPS.get(map_label, MAPS["relevance (balanced)"])
     values = np.asarray(getattr(run.result, attr), dtype=np.float64)
     vmax = hi if attr == "budget_map" else peak(values)
-    return overlay(run.image, values / vmax, opacity)
+    return overlay(run.image, scaled(values, vmax, "linear" if attr == "budget_map" else run.scale), opacity)
 
 
 # ---- texture, budgets ----------------------------------------------------------------------------
@@ -245,7 +263,7 @@ def impact_view(run: Run) -> tuple[Image.Image | None, Image.Image | None, Image
         f"({len(imp.gained)}), <span style='color:#e74c3c'>■</span> lost ({len(imp.lost)}), <span style='color:#c8c8c8'>■</span> kept by both."
     )
     top = peak(r.relevance, w.relevance)  # one scale for both, so they compare
-    return heat(r.relevance, run.size, top), heat(w.relevance, run.size, top), change, md
+    return heat(r.relevance, run.size, top, run.scale), heat(w.relevance, run.size, top, run.scale), change, md
 
 
 def attribution_view(run: Run) -> tuple[pd.DataFrame, str]:
