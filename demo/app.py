@@ -315,7 +315,7 @@ def build_demo() -> gr.Blocks:
                             ov_heat = gr.Image(label="relevance", interactive=False, format="png", elem_id="relevance-map", buttons=["download", "fullscreen"])
                             ov_sel = gr.Image(label="selected cells", interactive=False, buttons=["fullscreen"])
                         with gr.Row(equal_height=True):
-                            gr.HTML(views.colourbar_html("0", "the map's peak", "relevance"))
+                            gr.HTML(views.colourbar_html("low", "high (the map's peak)", "relevance"))
                             scale_in = gr.Radio([(k, v) for k, v in views.SCALES.items()], value="sqrt", label="colour scale (every map)",
                                                 elem_id="scale")  # fmt: skip
                         ov_md = gr.Markdown("Upload a photo, type a query and press **Run** — or click an example.", elem_id="summary")
@@ -328,14 +328,14 @@ def build_demo() -> gr.Blocks:
                         _caption("The three scorers (ways of knowing) and their balanced mix.")
                         with gr.Row():
                             tw = [gr.Image(label=n, interactive=False, format="png") for n in ("information", "perspectival", "participatory (query)", "balanced relevance")]
-                        gr.HTML(views.colourbar_html("0", "each map's peak", "score"))
+                        gr.HTML(views.colourbar_html("low", "high (each map's peak)", "score"))
                         tw_md = gr.Markdown()
                     with gr.Tab("Overlays", id="overlays"):
                         with gr.Row():
                             map_in = gr.Radio(list(views.MAPS), value="relevance (balanced)", label="map")
                             opacity_in = gr.Slider(0, 1, value=0.55, step=0.05, label="opacity")
                         ovl_img = gr.Image(label="overlay", interactive=False, height=480, elem_id="overlay")
-                        gr.HTML(views.colourbar_html("0", "the map's peak (token budget: 400)", "map value"))
+                        gr.HTML(views.colourbar_html("low", "high (the map's peak; token budget: 400)", "map value"))
                     with gr.Tab("Texture", id="texture"):
                         _caption("The 13 per-cell features the scorers read, each scaled to its own range (shown in brackets).")
                         gallery = dict(height="auto", object_fit="contain", allow_preview=True, elem_classes="arr-texture")
