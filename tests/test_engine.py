@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arrcoc.bench.parity import TOL, compare, photo_batch, random_queries
+from arrcoc.bench.parity import MIN_OVERLAP_BF16, TOL, compare, photo_batch, random_queries
 from arrcoc.engine import create_backend
 from arrcoc.engine.base import example_inputs
 from arrcoc.engine.buckets import BucketTable
@@ -136,7 +136,7 @@ def test_bf16_within_its_stated_tolerance(eager, model):
     assert c["finite"] and c["max_abs_diff"] <= TOL[torch.bfloat16], c["diff_by_map"]
     for i in range(2):
         shared = set(ref.order[i, :200].tolist()) & set(out.order[i, :200].tolist())
-        assert len(shared) >= 0.8 * 200
+        assert len(shared) >= MIN_OVERLAP_BF16 * 200
 
 
 @pytest.mark.slow

@@ -126,6 +126,8 @@ def write_png(report: dict, path: Path) -> bool:
     except ImportError:
         return False
     variants = list(dict.fromkeys(r["variant"] for r in report["results"]))
+    if not variants:
+        return False
     fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
     for row, v in enumerate(variants):
         for col, (key, label) in enumerate((("p50_ms", "p50 latency (ms)"), ("speedup_vs_eager", "speedup vs eager (p50)"))):
