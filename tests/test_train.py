@@ -12,7 +12,7 @@ import torch
 from arrcoc.registry import create_model
 from arrcoc.train.data import _chunk, build_dataset, hit_cells
 from arrcoc.train.evaluate import evaluate, relevance_from_fixed
-from arrcoc.train.run import report_paths, run_training
+from arrcoc.train.run import reevaluate, report_paths, run_training
 from arrcoc.train.scenes import HELDOUT_FRAMES, TRAIN_FRAMES, SceneConfig, make_scenes
 from arrcoc.train.trainer import TrainConfig, seed_everything, train
 
@@ -94,3 +94,5 @@ def test_run_training_writes_weights_and_report(tmp_path: Path, query_encoder, m
     loaded = create_model("arrcoc-texture", weights=out)
     assert loaded.weights_version == report["weights_version"]
     assert (tmp_path / "cache" / "train").is_dir(), "scene tensors are cached"
+    again = reevaluate(out, cfg, cache_dir=tmp_path / "cache", progress=False)  # `arrcoc train --evaluate-only`
+    assert again["accuracy"]["trained"] == report["accuracy"]["trained"] and "evaluated" in again

@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--query-encoder", default=None, help="all-MiniLM-L6-v2 HF id or local path")
     p.add_argument("--no-compile", action="store_true", help="CUDA: train eagerly")
     p.add_argument("--no-bf16", action="store_true", help="CUDA: train in fp32 (TF32)")
+    p.add_argument("--evaluate-only", action="store_true",
+                   help="score the weights at --out on the held-out set and rewrite their report")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -55,7 +57,12 @@ def run(args) -> int:
                       query_noise=args.query_noise, compile=not args.no_compile, bf16=not args.no_bf16,
                       device=device)  # fmt: skip
     cache = None if args.no_cache else (args.cache_dir or Path.home() / ".cache" / "arrcoc")
-    report = run_training(cfg, args.out, cache, args.query_encoder, progress=not args.quiet)
+    if args.evaluate_only:
+        from ..train.run import reevaluate
+
+        report = reevaluate(args.out, cfg, cache, args.query_encoder, progress=not args.quiet)
+    else:
+        report = run_training(cfg, args.out, cache, args.query_encoder, progress=not args.quiet)
     acc = report["accuracy"]
     print(f"wrote {args.out} ({report['weights_version']}) and {report_paths(args.out)[1].name}")
     print(f"pointing game on held-out scenes/phrasings: trained {acc['trained']['overall']:.3f},"

@@ -14,7 +14,7 @@ import torch
 from ..query import QueryEncoder
 from ..registry import create_model
 from ..weights import file_sha256, save_weights, tensors_sha256
-from .data import HIT_COVERAGE, Dataset, build_dataset
+from .data import DATA_VERSION, HIT_COVERAGE, Dataset, build_dataset
 from .evaluate import CATEGORIES, evaluate
 from .scenes import SceneConfig
 from .trainer import TrainConfig, seed_everything, train
@@ -79,6 +79,7 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
                  "eval_scenes": cfg.eval_scenes, "eval_captions": len(eval_data)},  # fmt: skip
         "settings": {"train": asdict(cfg), "scenes": asdict(SceneConfig())},
         "seed": cfg.seed,
+        "trained_on": DATA_VERSION,
         "environment": {"torch": torch.__version__, "python": platform.python_version(),
                         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
                         "precision": _precision(cfg, device)},  # fmt: skip
@@ -88,6 +89,34 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
     }
     report_paths(out)[0].write_text(json.dumps(report, indent=2) + "\n")
     report_paths(out)[1].write_text(markdown_report(report))
+    return report
+
+
+def reevaluate(weights: Path, cfg: TrainConfig, cache_dir: Path | None = None, encoder_source: str | None = None,
+               progress: bool = True) -> dict:  # fmt: skip
+    """Score existing weights on today's held-out set; update the report beside them (or start one)."""
+    torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    untrained_model = create_model(cfg.variant, weights=None)
+    model = create_model(cfg.variant, weights=weights)
+    encoder = QueryEncoder(encoder_source, cache_size=64)
+    eval_data = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET,
+                              SceneConfig(heldout_phrasing=True), cache_dir=cache_dir, desc="held-out scenes",
+                              workers=cfg.workers, progress=progress)  # fmt: skip
+    eval_seen = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET, SceneConfig(),
+                              cache_dir=cache_dir, desc="held-out scenes", workers=cfg.workers, progress=progress)  # fmt: skip
+    js, md = report_paths(weights)
+    report = json.loads(js.read_text()) if js.is_file() else {"variant": cfg.variant, "settings": {}}
+    report.update({
+        "weights_version": model.weights_version, "weights_file": weights.name, "sha256": file_sha256(weights),
+        "accuracy": {"trained": evaluate(model, eval_data), "untrained": evaluate(untrained_model, eval_data)},
+        "heldout_scenes_training_phrasings": evaluate(model, eval_seen)["overall"],
+        "evaluated": {"at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "scenes": DATA_VERSION,
+                      "device": "cpu", "eval_seed": cfg.seed + EVAL_SEED_OFFSET},  # fmt: skip
+    })  # fmt: skip
+    report.setdefault("data", {}).update({"eval_scenes": cfg.eval_scenes, "eval_captions": len(eval_data)})
+    js.write_text(json.dumps(report, indent=2) + "\n")
+    md.write_text(markdown_report(report))
     return report
 
 
@@ -130,6 +159,8 @@ def markdown_report(r: dict) -> str:
         f"- time: data {r['time_s']['data']} s, training {r['time_s']['train']} s, total {r['time_s']['total']} s",
         f"- weights `{r['weights_file']}`, sha256 `{r['sha256']}`",
         f"- created {r['created']}",
+        *([f"- re-evaluated {r['evaluated']['at']} on scene generator {r['evaluated']['scenes']}"
+           f" (trained on {r.get('trained_on', 'an earlier generator')})"] if "evaluated" in r else []),
         "",
     ]  # fmt: skip
     return "\n".join(lines)
