@@ -168,3 +168,30 @@ def test_cli_infer_with_onnx_backend(tmp_path, examples_dir, monkeypatch, capsys
         get_settings.cache_clear()
     doc = json.loads(out.read_text())
     assert doc["backend"] == "onnx" and len(doc["selected"]) == 200
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["compiled", "onnx"])
+def test_cuda_graph_backends_match_eager_on_gpu(backend):
+    """On a GPU: one CUDA graph per bucket, padded and split batches, parity, no recompiles."""
+    if backend == "onnx":
+        ort = pytest.importorskip("onnxruntime")
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            pytest.skip("onnxruntime-gpu is not installed")
+    cuda = torch.device("cuda")
+    model = seeded_model().to(cuda)
+    ref = create_backend("eager", model, cuda, (1, 2, 4))
+    be = create_backend(backend, model, cuda, (1, 2, 4), cache_dir=CACHE / f"gpu-{backend}")
+    be.warmup()
+    if backend == "compiled":
+        assert sorted(be.graphs.graphs) == [1, 2, 4]
+    for batch in (1, 3, 4, 9):  # 3 pads to 4; 9 splits into 4 + 4 + 1
+        images = photo_batch(model.config.image_size, batch, cuda)
+        query = random_queries(batch, model.config.query_dim, cuda, seed=batch)
+        controls = model.default_controls(batch, cuda)
+        c = compare(ref.run(images, query, controls), be.run(images, query, controls), controls)
+        assert c["max_abs_diff"] <= TOL[torch.float32] and c["topk_agreement_ties"] == 1.0, c
+    if backend == "compiled":
+        assert be.recompiles == 0
+    be.close()
