@@ -250,7 +250,11 @@ def _report_outputs(report: dict[str, Any] | None, source: str) -> tuple:
     df = jobs.report_frame(report)
     latency, speedup, parity = jobs.plot_frames(df)
     files = jobs.report_files(report, Path(source.split()[-1]).stem or "report") if report else None
-    return jobs.report_markdown(report, source), gr.Column(visible=report is not None), df, latency, speedup, parity, files
+    bars = {"x_label_angle": -35}
+    return (
+        jobs.report_markdown(report, source), gr.Column(visible=report is not None), df, latency,
+        gr.BarPlot(speedup, sort=list(speedup["bucket"]), **bars), gr.BarPlot(parity, sort=list(parity["bucket"]), **bars), files,
+    )  # fmt: skip
 
 
 def bench_poll(job_id: str) -> tuple:
@@ -268,8 +272,13 @@ def bench_poll(job_id: str) -> tuple:
 
 
 def load_last_report() -> tuple:
-    report, name = jobs.newest_report()
-    return _report_outputs(report, f"Last stored report: benchmarks/{name}" if report else "")
+    names = jobs.stored_reports()
+    return (gr.Dropdown(choices=names, value=names[0] if names else None), *show_stored_report(names[0] if names else ""))
+
+
+def show_stored_report(name: str) -> tuple:
+    report = jobs.stored_report(name)
+    return _report_outputs(report, f"Stored report: benchmarks/{name}" if report else "")
 
 
 # ---- the page ----------------------------------------------------------------------------------------
@@ -407,7 +416,9 @@ def build_demo() -> gr.Blocks:
                     with gr.Column():
                         bn_job = gr.Textbox(label="benchmark job id", placeholder="paste a benchmark job id to see it again")
                         bn_status = gr.Markdown("No benchmark job yet.", elem_id="bench-status")
-                bn_title = gr.Markdown(elem_id="bench-report-title")
+                with gr.Row():
+                    bn_title = gr.Markdown(elem_id="bench-report-title")
+                    bn_stored = gr.Dropdown([], label="stored reports (benchmarks/*.json, newest first)", scale=0, min_width=360)
                 with gr.Column(visible=False) as bn_results:
                     bn_df = gr.DataFrame(label="results", interactive=False, elem_id="bench-table")
                     with gr.Row():
@@ -458,7 +469,8 @@ def build_demo() -> gr.Blocks:
                         api_name="bench_submit").then(None, bn_job, None, js=PUSH_JOB_JS, **private)  # fmt: skip
         gr.on([bn_timer.tick, bn_job.submit], bench_poll, bn_job, [bn_status, bn_timer, *bench_out],
               api_name="bench_status", show_progress="hidden")  # fmt: skip
-        demo.load(load_last_report, None, bench_out, **private)
+        demo.load(load_last_report, None, [bn_stored, *bench_out], **private)
+        bn_stored.input(show_stored_report, bn_stored, bench_out, **private)
         demo.load(on_load, None, [b_job, b_timer, bn_job, bn_timer, tabs], **private)
     return demo
 

@@ -127,18 +127,33 @@ def submit_bench(variant: str, backends: list[str], buckets: list[str], iteratio
     return service.executor().submit_bench(req)
 
 
+def _read_report(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    rows = doc.get("results") if isinstance(doc, dict) else None
+    if isinstance(rows, list) and any(isinstance(r, dict) and {"backend", "bucket", "p50_ms"} <= r.keys() for r in rows):
+        return doc
+    return None  # other JSON under benchmarks/ (batching studies, ...) is not a benchmark report
+
+
+def stored_reports(folder: Path | None = None) -> list[str]:
+    """File names of the benchmark reports under benchmarks/, newest first."""
+    folder = BENCH_DIR if folder is None else folder
+    files = sorted(folder.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name), reverse=True) if folder.is_dir() else []
+    return [f.name for f in files if _read_report(f) is not None]
+
+
+def stored_report(name: str, folder: Path | None = None) -> dict[str, Any] | None:
+    folder = BENCH_DIR if folder is None else folder
+    return _read_report(folder / Path(name).name) if name else None  # a bare name: no paths from the page
+
+
 def newest_report(folder: Path | None = None) -> tuple[dict[str, Any] | None, str]:
     """The newest stored report under benchmarks/ and its file name (None when there is none)."""
-    folder = BENCH_DIR if folder is None else folder
-    files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
-    for f in files:
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("results"), list):
-            return doc, f.name
-    return None, ""
+    names = stored_reports(folder)
+    return (stored_report(names[0], folder), names[0]) if names else (None, "")
 
 
 def report_frame(report: dict[str, Any] | None) -> pd.DataFrame:

@@ -181,3 +181,7 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     page.wait_for_function("(id) => (document.querySelector('#batch-status')?.innerText || '').includes(id)", arg=job_id)
     assert "done" in page.locator("#batch-status").inner_text()
     shot(page, "05-batch-after-refresh")
+
+    open_tab(page, "#main-tabs", "Benchmark")  # the newest stored report, or a clear "none yet"
+    page.wait_for_function("() => /Stored report|No benchmark report yet/.test(document.querySelector('#bench-report-title')?.innerText || '')")
+    shot(page, "06-benchmark-tab")

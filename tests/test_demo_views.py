@@ -88,6 +88,9 @@ def test_report_tables_and_plots(tmp_path):
     (tmp_path / "broken.json").write_text("{")
     assert jobs.newest_report(tmp_path)[1] == "old.json"
     assert jobs.newest_report(tmp_path / "missing") == (None, "")
+    (tmp_path / "batching.json").write_text(json.dumps({"results": [{"batch": 8}]}))  # not a benchmark report
+    assert jobs.stored_reports(tmp_path) == ["old.json"]
+    assert jobs.stored_report("../../old.json", tmp_path) is not None  # a bare name; no path from the page
     files = jobs.report_files(HARNESS_REPORT, "r")
     assert [f.rsplit(".", 1)[1] for f in files] == ["json", "csv"]
 
