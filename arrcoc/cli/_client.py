@@ -25,9 +25,22 @@ def describe(st) -> str:
 
 def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False):
     """Print progress until the job finishes; returns its final status."""
+    from ..service.executor import ServiceUnavailableError
+
     last = ""
+    outage_since: float | None = None
     while True:
-        st = ex.status(job_id)
+        try:
+            st = ex.status(job_id)
+            outage_since = None
+        except ServiceUnavailableError as e:  # a Redis restart: keep following for a while
+            outage_since = outage_since or time.monotonic()
+            if time.monotonic() - outage_since > 60:
+                raise
+            if not quiet:
+                print(f"{job_id}: waiting for Redis ({e})", file=sys.stderr, flush=True)
+            time.sleep(max(poll, 2.0))
+            continue
         line = describe(st)
         if line != last and not quiet:
             print(line, file=sys.stderr, flush=True)
