@@ -33,7 +33,7 @@ class Controls:
     k: int | None = None  # None: the variant's default
     token_budget: int | None = None
 
-    def validated(self, cells: int, default_k: int, default_budget: int) -> "Controls":
+    def validated(self, cells: int, default_k: int, default_budget: int) -> Controls:
         scales = (self.scale_information, self.scale_perspectival, self.scale_participatory)
         if any(not np.isfinite(s) or s < 0 or s > 10 for s in scales):
             raise InvalidInputError("Scorer scales must be numbers between 0 and 10.")

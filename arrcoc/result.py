@@ -60,7 +60,7 @@ class RelevanceResult:
             "perspectival": _grid(self.perspectival),
             "participatory": _grid(self.participatory),
             "balance": [round(float(x), 6) for x in self.balance],
-            "tensions": {n: round(float(x), 6) for n, x in zip(TENSION_NAMES, self.tensions)},
+            "tensions": {n: round(float(x), 6) for n, x in zip(TENSION_NAMES, self.tensions, strict=True)},
             "selected": [int(x) for x in self.selected],
             "budgets": [int(x) for x in self.budgets],
             # extras

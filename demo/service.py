@@ -6,10 +6,8 @@ is set) is built lazily and shared by every session of the app.
 
 from __future__ import annotations
 
-import inspect
 import threading
 
-from arrcoc.errors import EngineError
 from arrcoc.pipeline import Controls
 from arrcoc.result import RelevanceResult
 from arrcoc.service.executor import Executor, create_executor
@@ -43,14 +41,5 @@ def served_backend() -> str:
 
 
 def infer(image: bytes, query: str, controls: Controls, backend: str | None = None) -> RelevanceResult:
-    """One image + query through the executor."""
-    ex = executor()
-    if backend and "backend" in inspect.signature(ex.infer).parameters:
-        return ex.infer(image, query, controls, backend=backend)  # type: ignore[call-arg]
-    if backend and backend != served_backend():
-        raise EngineError(
-            f"This server answers interactive requests with the {served_backend()!r} backend"
-            f" (set ARRCOC_BACKEND={backend} to serve {backend!r}). Compare all backends in the"
-            " Benchmark tab."
-        )
-    return ex.infer(image, query, controls)
+    """One image + query through the executor, on the chosen backend (None: the server's default)."""
+    return executor().infer(image, query, controls, backend=backend)

@@ -217,3 +217,22 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
     st = inprocess.status(job)
     assert (st.state, st.done, st.failed) == (JobState.DONE, 2, 1)
     assert "the worker stopped each time" in inprocess.store.failed_items(job)[1]
+
+
+def test_inprocess_serves_each_backend_it_is_allowed(settings):
+    """The backend chosen per request (demo dropdown, API) runs; one not served is a clear error."""
+    from arrcoc.service.inprocess import InProcessExecutor
+
+    s = settings.model_copy(update={"backends": ("eager", "onnx"), "buckets": (1,)})
+    ex = InProcessExecutor(s)
+    try:
+        with pytest.raises(InvalidInputError, match="does not serve the 'compiled' backend"):
+            ex.infer(png_bytes(0), "the red mug", backend="compiled")
+        eager = ex.infer(png_bytes(0), "the red mug", backend="eager")
+        onnx = ex.infer(png_bytes(0), "the red mug", backend="onnx")
+        assert (eager.backend, onnx.backend) == ("eager", "onnx")
+        assert abs(eager.relevance - onnx.relevance).max() <= 1e-3
+        assert set(eager.selected.tolist()) == set(onnx.selected.tolist())
+        assert ex.runtime.pipeline_for("onnx").model is ex.runtime.pipeline_for("eager").model
+    finally:
+        ex.close()

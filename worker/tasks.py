@@ -17,8 +17,9 @@ _TRANSIENT = dict(autoretry_for=(ServiceUnavailableError, ConnectionError), retr
 
 
 @app.task(name=TASK_INFER, bind=True)
-def infer(self, image_key: str, query: str, controls: dict | None = None, deadline: float | None = None) -> dict:
-    return state.infer(self.request.id, image_key, query, controls, deadline)
+def infer(self, image_key: str, query: str, controls: dict | None = None, deadline: float | None = None,
+          backend: str | None = None) -> dict:  # fmt: skip
+    return state.infer(self.request.id, image_key, query, controls, deadline, backend)
 
 
 # job state lives in the job store: chunk and bench results are not kept in the result backend

@@ -48,7 +48,7 @@ def run(args) -> int:
         overlay(load_image(args.image), result.relevance).save(args.png_out)
     if args.json_out is None or str(args.json_out) != "-":
         top = ", ".join(f"({i // result.grid},{i % result.grid})" for i in result.selected[:5])
-        bal = " ".join(f"{n}={w:.2f}" for n, w in zip(doc["balance_names"], doc["balance"]))
+        bal = " ".join(f"{n}={w:.2f}" for n, w in zip(doc["balance_names"], doc["balance"], strict=True))
         print(f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]")
         print(f"  top cells (row,col): {top}   weights: {bal}")
         print(f"  {result.k} cells, {doc['tokens_used']} tokens; model {result.timings_ms['model_ms']:.1f} ms")

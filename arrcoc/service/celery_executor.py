@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArrcocError
+from ..errors import ArrcocError, InvalidInputError
 from ..pipeline import Controls
 from ..result import RelevanceResult
 from ..settings import Settings, get_settings
@@ -60,7 +60,8 @@ class CeleryExecutor(Executor):
             raise _unavailable(e, "Could not queue the work") from e
 
     # -- interactive ---------------------------------------------------------------------------
-    def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0) -> RelevanceResult:
+    def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0,
+              backend: str | None = None) -> RelevanceResult:  # fmt: skip
         import redis
         from celery.exceptions import TaskRevokedError
         from celery.exceptions import TimeoutError as CeleryTimeout
@@ -74,7 +75,10 @@ class CeleryExecutor(Executor):
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise _unavailable(e, "Could not store the image") from e
         deadline = time.time() + timeout
-        res = self._send(TASK_INFER, [key, text, controls_to_dict(controls), deadline], s.queue_gpu,
+        if backend is not None and backend not in s.backends:
+            raise InvalidInputError(f"The workers do not serve the {backend!r} backend; they serve"
+                                    f" {', '.join(s.backends)} (ARRCOC_BACKENDS).")  # fmt: skip
+        res = self._send(TASK_INFER, [key, text, controls_to_dict(controls), deadline, backend], s.queue_gpu,
                          PRIORITY_INFER, expires=timeout)  # fmt: skip
         try:
             doc = res.get(timeout=max(0.1, deadline - time.time()), propagate=True, interval=0.05)

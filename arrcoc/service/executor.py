@@ -72,9 +72,17 @@ class BenchRequest:
 class Executor(ABC):
     @abstractmethod
     def infer(
-        self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0
+        self,
+        image: bytes,
+        query: str,
+        controls: Controls | None = None,
+        timeout: float = 60.0,
+        backend: str | None = None,
     ) -> RelevanceResult:
-        """One image (encoded bytes) + one query -> result. Raises arrcoc errors on bad input."""
+        """One image (encoded bytes) + one query -> result. Raises arrcoc errors on bad input.
+
+        backend: one of the served backends (ARRCOC_BACKENDS); None means ARRCOC_BACKEND.
+        """
 
     @abstractmethod
     def submit_batch(

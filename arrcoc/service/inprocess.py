@@ -34,10 +34,12 @@ class InProcessExecutor(Executor):
         """Build and warm the engine now instead of on the first request."""
         _ = self.runtime.pipeline
 
-    def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0) -> RelevanceResult:
+    def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0,
+              backend: str | None = None) -> RelevanceResult:  # fmt: skip
         pil = validate_image(image, self.settings)
         text = validate_query_text(query, self.settings)
-        return self.runtime.infer(pil, text, controls or Controls(), timeout)
+        self.runtime.backend_name(backend)  # an unserved backend is a clear error, before any work
+        return self.runtime.infer(pil, text, controls or Controls(), timeout, backend)
 
     def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None) -> str:
         job_id, chunks = jobs.create_batch_job(archive, query, controls, self.settings, self.store)

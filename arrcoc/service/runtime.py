@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..errors import ArrcocError
+from ..engine import create_backend
+from ..errors import ArrcocError, InvalidInputError
 from ..images import ImageLimits, decode, read_bytes
 from ..pipeline import Controls, RelevancePipeline
 from ..query import validate_query
@@ -58,32 +59,55 @@ def controls_from_dict(d: dict[str, Any] | None) -> Controls:
 class Runtime:
     def __init__(self, settings: Settings, pipeline: RelevancePipeline | None = None):
         self.settings = settings
-        self._pipeline = pipeline
-        self._build_lock = threading.Lock()
-        self._batcher: DynamicBatcher | None = None
+        # one pipeline and one batcher per backend served; they share the model and the encoder
+        self._pipelines: dict[str, RelevancePipeline] = {}
+        if pipeline is not None:
+            self._pipelines[pipeline.backend.name] = pipeline
+        self._build_lock = threading.RLock()
+        self._batchers: dict[str, DynamicBatcher] = {}
         self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
         self.exclusive_note: dict[str, Any] = {}  # what waited while the device was held
 
     # -- the engine ------------------------------------------------------------------------
     @property
     def pipeline(self) -> RelevancePipeline:
-        if self._pipeline is None:
-            with self._build_lock:
-                if self._pipeline is None:
-                    self._pipeline = self._build()
-        return self._pipeline
+        """The pipeline of the default backend (ARRCOC_BACKEND)."""
+        return self.pipeline_for(None)
 
-    def _build(self) -> RelevancePipeline:
+    def backend_name(self, backend: str | None) -> str:
+        name = backend or self.settings.backend
+        if name not in self.settings.backends:
+            raise InvalidInputError(f"This server does not serve the {name!r} backend; it serves"
+                                    f" {', '.join(self.settings.backends)} (ARRCOC_BACKENDS).")  # fmt: skip
+        return name
+
+    def pipeline_for(self, backend: str | None) -> RelevancePipeline:
+        name = self.backend_name(backend)
+        pipe = self._pipelines.get(name)
+        if pipe is None:
+            with self._build_lock:
+                pipe = self._pipelines.get(name)
+                if pipe is None:
+                    pipe = self._pipelines[name] = self._build(name)
+        return pipe
+
+    def _build(self, backend: str) -> RelevancePipeline:
         from ..query import QueryEncoder
 
         s = self.settings
         t0 = time.perf_counter()
-        pipe = RelevancePipeline(
-            s.variant, s.weights or "default", s.backend, s.device,
-            query_encoder=QueryEncoder(s.query_encoder, s.query_cache_size, s.max_query_chars),
-            limits=image_limits(s), buckets=s.buckets, cache_dir=s.cache_dir,
-            dtype=_DTYPES.get(s.dtype, torch.float32),
-        )  # fmt: skip
+        dtype = _DTYPES.get(s.dtype, torch.float32)
+        first = next(iter(self._pipelines.values()), None)
+        if first is None:
+            pipe = RelevancePipeline(
+                s.variant, s.weights or "default", backend, s.device,
+                query_encoder=QueryEncoder(s.query_encoder, s.query_cache_size, s.max_query_chars),
+                limits=image_limits(s), buckets=s.buckets, cache_dir=s.cache_dir, dtype=dtype,
+            )  # fmt: skip
+        else:  # another backend over the same model and query encoder
+            engine = create_backend(backend, first.model, first.device, s.buckets, dtype, s.cache_dir)
+            pipe = RelevancePipeline(s.variant, backend=engine, device=str(first.device),
+                                     query_encoder=first.encoder, limits=image_limits(s))  # fmt: skip
         pipe.warmup()
         pipe.encoder.encode("warm up")  # load the query encoder now, not on the first request
         log.info("engine %s/%s on %s ready in %.1f s", s.variant, pipe.backend.name, pipe.device,
@@ -99,9 +123,11 @@ class Runtime:
             size = min(size, CPU_MAX_BATCH)
         return max(1, min(size, max(self.settings.buckets)))
 
-    def run_batch(self, items: Sequence[tuple[Image.Image, str, Controls]]) -> list[RelevanceResult | Exception]:
+    def run_batch(
+        self, items: Sequence[tuple[Image.Image, str, Controls]], backend: str | None = None
+    ) -> list[RelevanceResult | Exception]:
         """Decoded images + queries + controls -> one result or one error per item."""
-        pipe = self.pipeline
+        pipe = self.pipeline_for(backend)
         with self.device_lock:
             try:
                 return list(pipe.infer([i[0] for i in items], [i[1] for i in items], [i[2] for i in items]))
@@ -119,18 +145,32 @@ class Runtime:
     # -- interactive requests: through the batcher -----------------------------------------
     @property
     def batcher(self) -> DynamicBatcher:
-        if self._batcher is None:
-            size = self.max_batch  # builds the engine first (it takes _build_lock itself)
-            with self._build_lock:
-                if self._batcher is None:
-                    self._batcher = DynamicBatcher(
-                        self.run_batch, size, self.settings.batch_max_delay_ms / 1e3, "arrcoc-batcher"
-                    )
-        return self._batcher
+        return self.batcher_for(None)
 
-    def infer(self, image: Image.Image, query: str, controls: Controls, timeout: float) -> RelevanceResult:
+    def batcher_for(self, backend: str | None) -> DynamicBatcher:
+        name = self.backend_name(backend)
+        batcher = self._batchers.get(name)
+        if batcher is None:
+            self.pipeline_for(name)  # build and warm the engine first
+            size = self.max_batch
+            with self._build_lock:
+                batcher = self._batchers.get(name)
+                if batcher is None:
+                    run = lambda items: self.run_batch(items, name)  # noqa: E731
+                    batcher = self._batchers[name] = DynamicBatcher(
+                        run, size, self.settings.batch_max_delay_ms / 1e3, f"arrcoc-batcher-{name}"
+                    )
+        return batcher
+
+    @property
+    def submitted(self) -> int:
+        return sum(b.submitted for b in self._batchers.values())
+
+    def infer(
+        self, image: Image.Image, query: str, controls: Controls, timeout: float, backend: str | None = None
+    ) -> RelevanceResult:
         deadline = time.monotonic() + timeout
-        fut = self.batcher.submit((image, query, controls), deadline)
+        fut = self.batcher_for(backend).submit((image, query, controls), deadline)
         try:
             return fut.result(timeout=timeout)
         except TimeoutError:
@@ -144,7 +184,7 @@ class Runtime:
     def exclusive(self) -> Iterator[dict[str, Any]]:
         """Hold the device: interactive batches and batch chunks wait until the block ends."""
         t0 = time.perf_counter()
-        before = self._batcher.submitted if self._batcher else 0
+        before = self.submitted
         with self.device_lock:
             note: dict[str, Any] = {"waited_for_device_ms": round((time.perf_counter() - t0) * 1e3, 1)}
             t1 = time.perf_counter()
@@ -152,11 +192,11 @@ class Runtime:
                 yield note
             finally:
                 note["held_ms"] = round((time.perf_counter() - t1) * 1e3, 1)
-                after = self._batcher.submitted if self._batcher else 0
+                after = self.submitted
                 note["interactive_requests_waited"] = after - before
 
     def close(self) -> None:
-        if self._batcher is not None:
-            self._batcher.close()
-        if self._pipeline is not None:
-            self._pipeline.backend.close()
+        for batcher in self._batchers.values():
+            batcher.close()
+        for pipe in self._pipelines.values():
+            pipe.backend.close()

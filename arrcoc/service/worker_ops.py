@@ -99,7 +99,8 @@ class WorkerState:
         pipe.expire(key, self.settings.visibility_timeout_s * (self.settings.max_redeliveries + 1))
         return int(pipe.execute()[0])
 
-    def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None) -> dict[str, Any]:
+    def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None,
+              backend: str | None = None) -> dict[str, Any]:  # fmt: skip
         s = self.settings
         try:
             n = self.attempts(task_id)
@@ -115,7 +116,7 @@ class WorkerState:
             from .runtime import validate_image
 
             pil = validate_image(data, s)
-            result = self.runtime().infer(pil, query, controls_from_dict(controls), timeout)
+            result = self.runtime().infer(pil, query, controls_from_dict(controls), timeout, backend)
             doc = {"result": result_to_wire(result)}
         except ArrcocError as e:
             doc = {"error": error_to_wire(e)}
