@@ -24,6 +24,8 @@ def add_parser(sub) -> None:
     q.add_argument("--token-budget", type=int)
     q.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
     q.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here")
+    q.add_argument("--backend", choices=("eager", "compiled", "onnx"),
+                   help="one the workers serve (ARRCOC_BACKENDS); default their ARRCOC_BACKEND")  # fmt: skip
     q.add_argument("--timeout", type=float, default=120.0)
     q.set_defaults(func=run_infer)
 
@@ -69,7 +71,8 @@ def run_infer(args) -> int:
 
     ex = executor(args.broker)
     try:
-        result = ex.infer(args.image.read_bytes(), args.query, _controls(args), timeout=args.timeout)
+        result = ex.infer(args.image.read_bytes(), args.query, _controls(args), timeout=args.timeout,
+                          backend=args.backend)  # fmt: skip
     finally:
         ex.close()
     doc = result.to_json()
