@@ -30,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--query-encoder", default=None, help="all-MiniLM-L6-v2 HF id or local path")
     p.add_argument("--no-compile", action="store_true", help="CUDA: train eagerly")
     p.add_argument("--no-bf16", action="store_true", help="CUDA: train in fp32 (TF32)")
+    p.add_argument("--init", type=Path, default=None, help="fine-tune from these weights")
     p.add_argument("--evaluate-only", action="store_true",
                    help="score the weights at --out on the held-out set and rewrite their report")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -62,7 +63,7 @@ def run(args) -> int:
 
         report = reevaluate(args.out, cfg, cache, args.query_encoder, progress=not args.quiet)
     else:
-        report = run_training(cfg, args.out, cache, args.query_encoder, progress=not args.quiet)
+        report = run_training(cfg, args.out, cache, args.query_encoder, progress=not args.quiet, init=args.init)
     acc = report["accuracy"]
     print(f"wrote {args.out} ({report['weights_version']}) and {report_paths(args.out)[1].name}")
     print(f"pointing game on held-out scenes/phrasings: trained {acc['trained']['overall']:.3f},"

@@ -35,14 +35,21 @@ def _subset(data: Dataset, n: int) -> Dataset:
 
 
 def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, encoder_source: str | None = None,
-                 progress: bool = True) -> dict:  # fmt: skip
-    """Train cfg.variant, write weights to `out` and the report beside it; return the report."""
+                 progress: bool = True, init: Path | None = None) -> dict:  # fmt: skip
+    """Train cfg.variant, write weights to `out` and the report beside it; return the report.
+
+    init: start from these weights (fine-tuning) instead of a seeded random initialisation.
+    """
     t0 = time.perf_counter()
     device = torch.device(cfg.device)
     if device.type == "cpu":
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     model = create_model(cfg.variant, weights=None, device=device)
+    baseline = model
+    if init is not None:
+        model = create_model(cfg.variant, weights=init, device=device)
+    init_version = getattr(model, "weights_version", "untrained") if init is not None else None
     encoder = QueryEncoder(encoder_source, cache_size=64, device=str(device))
     train_data = build_dataset(model, encoder, cfg.scenes, cfg.seed, SceneConfig(), cache_dir=cache_dir,
                                desc="training scenes", workers=cfg.workers, progress=progress)  # fmt: skip
@@ -53,7 +60,7 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
     eval_seen = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET, SceneConfig(),
                               cache_dir=cache_dir, desc="held-out scenes", workers=cfg.workers, progress=progress)  # fmt: skip
     t_data = time.perf_counter() - t0
-    untrained = evaluate(model, eval_data.to(device))
+    untrained = evaluate(baseline, eval_data.to(device))
     log = train(model, train_data, cfg, progress=progress)
     model = model.cpu().float()
     trained = evaluate(model, eval_data)
@@ -80,6 +87,7 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
         "settings": {"train": asdict(cfg), "scenes": asdict(SceneConfig())},
         "seed": cfg.seed,
         "trained_on": DATA_VERSION,
+        "initialised_from": init_version or "seeded random initialisation",
         "environment": {"torch": torch.__version__, "python": platform.python_version(),
                         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
                         "precision": _precision(cfg, device)},  # fmt: skip
