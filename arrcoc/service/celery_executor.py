@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from ..errors import ArrcocError, InvalidInputError
@@ -28,7 +27,7 @@ from .celery_config import (
     client_app,
 )
 from .codec import error_from_wire, result_from_wire
-from .executor import BenchRequest, Executor, JobState, JobStatus, ServiceUnavailableError
+from .executor import BenchRequest, Executor, JobState, ServiceUnavailableError
 from .runtime import controls_to_dict, validate_image, validate_query_text
 from .store import RedisJobStore, redis_client
 from .worker_ops import image_key
@@ -41,7 +40,7 @@ def _unavailable(e: BaseException, what: str) -> ServiceUnavailableError:
                                    "Check that Redis and a worker are running, then retry.")  # fmt: skip
 
 
-class CeleryExecutor(Executor):
+class CeleryExecutor(jobs.StoredJobs, Executor):
     def __init__(self, settings: Settings | None = None):
         import redis
 
@@ -116,20 +115,6 @@ class CeleryExecutor(Executor):
         job_id = jobs.create_bench_job(request, self.settings, self.store)
         self._send(TASK_BENCH, [job_id], self.settings.queue_bench, 0)
         return job_id
-
-    def status(self, job_id: str) -> JobStatus:
-        jobs.job_dir(self.settings, job_id)  # checks the id's form
-        return self.store.status(job_id)
-
-    def cancel(self, job_id: str) -> JobStatus:
-        jobs.cancel_job(job_id, self.store)
-        return self.store.status(job_id)
-
-    def batch_results(self, job_id: str) -> Path:
-        return jobs.results_zip(job_id, self.store, self.settings)
-
-    def bench_report(self, job_id: str) -> dict[str, Any]:
-        return jobs.bench_report(job_id, self.store, self.settings)
 
     def close(self) -> None:
         for closer in (self.raw.close, self.store.r.close, self.app.close):

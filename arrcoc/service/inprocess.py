@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 from ..pipeline import Controls, RelevancePipeline
 from ..result import RelevanceResult
 from ..settings import Settings, get_settings
 from . import jobs
-from .executor import BenchRequest, Executor, JobStatus
+from .executor import BenchRequest, Executor
 from .runtime import Runtime, validate_image, validate_query_text
 from .store import MemoryJobStore
 
 log = logging.getLogger(__name__)
 
 
-class InProcessExecutor(Executor):
+class InProcessExecutor(jobs.StoredJobs, Executor):
     def __init__(self, settings: Settings | None = None, pipeline: RelevancePipeline | None = None):
         self.settings = settings or get_settings()
         self.runtime = Runtime(self.settings, pipeline)
@@ -64,19 +62,6 @@ class InProcessExecutor(Executor):
         job_id = jobs.create_bench_job(request, self.settings, self.store)
         self._jobs.submit(jobs.run_bench_job, job_id, self.runtime, self.store, self.settings)
         return job_id
-
-    def status(self, job_id: str) -> JobStatus:
-        return self.store.status(job_id)
-
-    def cancel(self, job_id: str) -> JobStatus:
-        jobs.cancel_job(job_id, self.store)
-        return self.store.status(job_id)
-
-    def batch_results(self, job_id: str) -> Path:
-        return jobs.results_zip(job_id, self.store, self.settings)
-
-    def bench_report(self, job_id: str) -> dict[str, Any]:
-        return jobs.bench_report(job_id, self.store, self.settings)
 
     def close(self) -> None:
         self._jobs.shutdown(wait=False, cancel_futures=True)

@@ -32,7 +32,7 @@ from ..render import overlay
 from ..settings import Settings
 from .archive import Item, load_items, unpack
 from .codec import error_to_wire
-from .executor import BenchRequest, JobKind, JobState
+from .executor import BenchRequest, JobKind, JobState, JobStatus
 from .runtime import Runtime, controls_from_dict, controls_to_dict, validate_image
 from .store import JobStore
 
@@ -331,3 +331,24 @@ def bench_report(job_id: str, store: JobStore, settings: Settings) -> dict[str, 
     if state != JobState.DONE or "report" not in rec:
         raise JobError(f"Benchmark job {job_id} is {state.value}; its report is not ready yet.")
     return json.loads(rec["report"])
+
+
+class StoredJobs:
+    """Job status, cancel and results read from the job store: the same for every executor."""
+
+    settings: Settings
+    store: JobStore
+
+    def status(self, job_id: str) -> JobStatus:
+        job_dir(self.settings, job_id)  # checks the id's form
+        return self.store.status(job_id)
+
+    def cancel(self, job_id: str) -> JobStatus:
+        cancel_job(job_id, self.store)
+        return self.store.status(job_id)
+
+    def batch_results(self, job_id: str) -> Path:
+        return results_zip(job_id, self.store, self.settings)
+
+    def bench_report(self, job_id: str) -> dict[str, Any]:
+        return bench_report(job_id, self.store, self.settings)
