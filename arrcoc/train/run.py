@@ -163,6 +163,11 @@ def markdown_report(r: dict) -> str:
         "", "## Settings", "",
         f"- seed {r['seed']}; {s['scenes']} training scenes ({r['data']['train_captions']} captions),"
         f" {s['steps']} steps of batch {s['batch']}, AdamW lr {s['lr']}, logit scale {s['logit_scale']}",
+        f"- initialised from {r.get('initialised_from', 'a seeded random initialisation')};"
+        f" trained on scene generator {r.get('trained_on', '?')}",
+        *([f"- base weights {r['base']['version']}: `{r['base']['trained_by']}` on {r['base']['device']}"
+           f" (generator {r['base']['trained_on']}); held-out {r['base']['heldout_accuracy_same_eval_set']:.3f}"
+           " on this evaluation set before fine-tuning"] if "base" in r else []),
         f"- device {r['environment']['device']} ({r['environment']['precision']}), torch {r['environment']['torch']}",
         f"- time: data {r['time_s']['data']} s, training {r['time_s']['train']} s, total {r['time_s']['total']} s",
         f"- weights `{r['weights_file']}`, sha256 `{r['sha256']}`",
