@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..engine import create_backend
+from ..engine import create_backend, resolve_device
 from ..errors import ArrcocError, InvalidInputError
 from ..images import ImageLimits, decode, read_bytes
 from ..pipeline import Controls, RelevancePipeline
@@ -97,15 +97,16 @@ class Runtime:
         s = self.settings
         t0 = time.perf_counter()
         dtype = _DTYPES.get(s.dtype, torch.float32)
+        buckets = self.buckets
         first = next(iter(self._pipelines.values()), None)
         if first is None:
             pipe = RelevancePipeline(
                 s.variant, s.weights or "default", backend, s.device,
                 query_encoder=QueryEncoder(s.query_encoder, s.query_cache_size, s.max_query_chars),
-                limits=image_limits(s), buckets=s.buckets, cache_dir=s.cache_dir, dtype=dtype,
+                limits=image_limits(s), buckets=buckets, cache_dir=s.cache_dir, dtype=dtype,
             )  # fmt: skip
         else:  # another backend over the same model and query encoder
-            engine = create_backend(backend, first.model, first.device, s.buckets, dtype, s.cache_dir)
+            engine = create_backend(backend, first.model, first.device, buckets, dtype, s.cache_dir)
             pipe = RelevancePipeline(s.variant, backend=engine, device=str(first.device),
                                      query_encoder=first.encoder, limits=image_limits(s))  # fmt: skip
         pipe.warmup()
@@ -115,13 +116,22 @@ class Runtime:
         return pipe
 
     @property
+    def buckets(self) -> tuple[int, ...]:
+        """The engine's buckets. On a CPU, unless ARRCOC_BUCKETS is set, only those up to the CPU
+        batch cap: larger ones are never used there, and each costs a compile on `compiled`."""
+        s = self.settings
+        if "buckets" in s.model_fields_set or resolve_device(s.device).type != "cpu":
+            return s.buckets
+        return tuple(b for b in s.buckets if b <= CPU_MAX_BATCH) or s.buckets[:1]
+
+    @property
     def max_batch(self) -> int:
         """Largest batch the engine runs: ARRCOC_BATCH_MAX_SIZE if set, else 32 on a GPU and 8 on a
         CPU, where larger batches cost more per image (benchmarks/batching-cpu-*.md)."""
         size = self.settings.batch_max_size
         if "batch_max_size" not in self.settings.model_fields_set and self.pipeline.device.type == "cpu":
             size = min(size, CPU_MAX_BATCH)
-        return max(1, min(size, max(self.settings.buckets)))
+        return max(1, min(size, max(self.buckets)))
 
     def run_batch(
         self, items: Sequence[tuple[Image.Image, str, Controls]], backend: str | None = None
