@@ -139,10 +139,16 @@ def _read_report(path: Path) -> dict[str, Any] | None:
 
 
 def stored_reports(folder: Path | None = None) -> list[str]:
-    """File names of the benchmark reports under benchmarks/, newest first."""
+    """File names of the benchmark reports under benchmarks/: newest day first, and within a day
+    the most complete report (most result rows) first. File times mean nothing after a clone."""
     folder = BENCH_DIR if folder is None else folder
-    files = sorted(folder.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name), reverse=True) if folder.is_dir() else []
-    return [f.name for f in files if _read_report(f) is not None]
+    reports = [(f, _read_report(f)) for f in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+
+    def rank(item: tuple[Path, dict[str, Any]]) -> tuple[str, int, str]:
+        f, rep = item
+        return (str(rep.get("env", {}).get("date", ""))[:10], len(rep.get("results", [])), f.name)
+
+    return [f.name for f, rep in sorted((r for r in reports if r[1] is not None), key=rank, reverse=True)]
 
 
 def stored_report(name: str, folder: Path | None = None) -> dict[str, Any] | None:
