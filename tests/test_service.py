@@ -138,6 +138,21 @@ def test_store_contract(store):
         store.status("batch-00000000000000ff")
 
 
+def test_store_reports_queue_position_of_pending_jobs(store):
+    ids = [f"batch-00000000000001{i:02d}" for i in range(3)]
+    for job_id in ids:
+        store.create(job_id, JobKind.BATCH, 1, 60, {})
+        time.sleep(0.01)
+    store.create("bench-0000000000000100", JobKind.BENCH, 1, 60, {})  # another queue
+    assert [store.status(j).queue_position for j in ids] == [0, 1, 2]
+    store.set_state(ids[0], JobState.RUNNING)
+    assert [store.status(j).queue_position for j in ids] == [None, 1, 2]  # a running job is no longer queued
+    store.set_state(ids[0], JobState.DONE)
+    store.set_state(ids[1], JobState.CANCELLED)
+    assert store.status(ids[2]).queue_position == 0
+    assert store.status("bench-0000000000000100").queue_position == 0
+
+
 def test_store_reports_expired_not_pending(store):
     store.create("batch-0000000000000002", JobKind.BATCH, 1, 1, {})
     assert store.status("batch-0000000000000002").state == JobState.PENDING

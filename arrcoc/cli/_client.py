@@ -20,6 +20,8 @@ def describe(st) -> str:
     line = f"{st.job_id}: {st.state.value}"
     if st.kind.value == "batch":
         line += f"  {st.done} done, {st.failed} failed of {st.total}"
+    if st.queue_position is not None:
+        line += f"  ({st.queue_position} job(s) ahead)"
     return line + (f"  ({st.message})" if st.message else "")
 
 

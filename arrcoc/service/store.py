@@ -57,6 +57,10 @@ class JobStore(ABC):
     def attempt(self, job_id: str, index: int) -> int:
         """Count one more attempt at an item (redeliveries after a worker died); returns the count."""
 
+    @abstractmethod
+    def jobs_ahead(self, job_id: str, kind: JobKind, created_at: float) -> int:
+        """Unfinished jobs of this kind created before this one: its place in the queue."""
+
     def record(self, job_id: str) -> dict[str, str]:
         """The job's fields; {"state": "expired"} past its TTL; JobError for an unknown id."""
         fields = self._fields(job_id)
@@ -73,10 +77,12 @@ class JobStore(ABC):
         f = self.record(job_id)
         state = JobState(f["state"])
         done, failed = self.counts(job_id) if state != JobState.EXPIRED else (0, 0)
+        kind, created = JobKind(f.get("kind", "batch")), float(f.get("created_at", 0))
+        position = self.jobs_ahead(job_id, kind, created) if state == JobState.PENDING else None
         return JobStatus(
-            job_id=job_id, kind=JobKind(f.get("kind", "batch")), state=state,
+            job_id=job_id, kind=kind, state=state,
             total=int(f.get("total", 0)), done=done, failed=failed, message=f.get("message", ""),
-            created_at=float(f.get("created_at", 0)), updated_at=float(f.get("updated_at", 0)),
+            queue_position=position, created_at=created, updated_at=float(f.get("updated_at", 0)),
         )  # fmt: skip
 
 
@@ -153,6 +159,15 @@ class MemoryJobStore(JobStore):
             job = self._live(job_id)
             return dict(job["failed"]) if job else {}
 
+    def jobs_ahead(self, job_id, kind, created_at):
+        unfinished = {JobState.PENDING.value, JobState.RUNNING.value}
+        with self._lock:
+            return sum(
+                1 for other, job in list(self._jobs.items())
+                if other != job_id and self._live(other) and job["fields"]["kind"] == kind.value
+                and job["fields"]["state"] in unfinished and float(job["fields"]["created_at"]) < created_at
+            )  # fmt: skip
+
     def attempt(self, job_id, index):
         with self._lock:
             job = self._live(job_id)
@@ -211,6 +226,10 @@ class RedisJobStore(JobStore):
     def index_key(self) -> str:
         return f"{self.prefix}:jobs"
 
+    def queue_key(self, kind: JobKind) -> str:
+        """Sorted set of unfinished jobs of a kind, scored by creation time."""
+        return f"{self.prefix}:queue:{kind.value}"
+
     def _call(self, fn, *args, **kwargs):
         import redis
 
@@ -232,6 +251,8 @@ class RedisJobStore(JobStore):
         pipe.expire(self.key(job_id), ttl_s)
         pipe.zadd(self.index_key, {job_id: now + ttl_s})
         pipe.zremrangebyscore(self.index_key, "-inf", now - TOMBSTONE_S)
+        pipe.zadd(self.queue_key(kind), {job_id: now})
+        pipe.zremrangebyscore(self.queue_key(kind), "-inf", now - ttl_s)  # jobs that expired unfinished
         self._call(pipe.execute)
 
     def _fields(self, job_id):
@@ -249,7 +270,14 @@ class RedisJobStore(JobStore):
     def set_state(self, job_id, state, message=None, expect=None):
         keep = "" if message is None else "=" + message
         args = [state.value, str(time.time()), keep] + [e.value for e in (expect or ())]
-        return bool(self._call(self._set_state, keys=[self.key(job_id)], args=args))
+        changed = bool(self._call(self._set_state, keys=[self.key(job_id)], args=args))
+        if changed and state.finished:
+            for kind in JobKind:
+                self._call(self.r.zrem, self.queue_key(kind), job_id)
+        return changed
+
+    def jobs_ahead(self, job_id, kind, created_at):
+        return int(self._call(self.r.zcount, self.queue_key(kind), "-inf", f"({created_at!r}"))
 
     def mark_item(self, job_id, index, error=None):
         keys = [self.key(job_id, "done"), self.key(job_id, "failed")]
