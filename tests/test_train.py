@@ -96,3 +96,29 @@ def test_run_training_writes_weights_and_report(tmp_path: Path, query_encoder, m
     assert (tmp_path / "cache" / "train").is_dir(), "scene tensors are cached"
     again = reevaluate(out, cfg, cache_dir=tmp_path / "cache", progress=False)  # `arrcoc train --evaluate-only`
     assert again["accuracy"]["trained"] == report["accuracy"]["trained"] and "evaluated" in again
+
+
+def test_extended_training_phrasings_stay_clear_of_the_heldout_ones() -> None:
+    import re
+
+    from arrcoc.train.scenes import RELATIONS, SHAPE_WORDS, SIZE_WORDS
+
+    base = make_scenes(8, 5)
+    extended = make_scenes(8, 5, SceneConfig(extra_phrasings=3))
+    # the extra captions come from their own generator: same scenes, same first captions
+    assert all(np.array_equal(a.image, b.image) and b.captions[: len(a.captions)] == a.captions
+               for a, b in zip(base, extended, strict=True))  # fmt: skip
+    assert sum(len(s.captions) for s in extended) > 2 * sum(len(s.captions) for s in base)
+    # and the held-out set does not depend on it
+    held = SceneConfig(heldout_phrasing=True)
+    assert [s.captions for s in make_scenes(6, 9, held)] == [
+        s.captions for s in make_scenes(6, 9, SceneConfig(heldout_phrasing=True, extra_phrasings=2))
+    ]
+    words = [h for table in (SHAPE_WORDS, SIZE_WORDS, RELATIONS) for _, held_words in table.values() for h in held_words]
+    words += ["the biggest one", "the largest thing", "the tiniest shape", "the smallest thing"]
+    captions = [c for s in make_scenes(150, 11, SceneConfig(extra_phrasings=3)) for c, _, _ in s.captions]
+    for w in words:
+        pattern = r"\bplus\b(?! (sign|symbol|mark))" if w == "plus" else rf"\b{re.escape(w)}\b"
+        assert not any(re.search(pattern, c) for c in captions), w
+    prefixes = tuple(f.split("{d}")[0] for f in HELDOUT_FRAMES if f.split("{d}")[0])
+    assert not any(c.startswith(prefixes) or c.endswith(", please") for c in captions)

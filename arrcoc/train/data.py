@@ -72,7 +72,10 @@ def _chunk(args: tuple[int, int, SceneConfig]) -> tuple[np.ndarray, list[tuple[i
 
 
 def cache_key(n: int, seed: int, config: SceneConfig, model_config: object) -> str:
-    spec = json.dumps([DATA_VERSION, n, seed, asdict(config), repr(model_config)], sort_keys=True)
+    scene_spec = asdict(config)
+    if not scene_spec["extra_phrasings"]:  # added after scenes/7 without changing its data: keys stay valid
+        del scene_spec["extra_phrasings"]
+    spec = json.dumps([DATA_VERSION, n, seed, scene_spec, repr(model_config)], sort_keys=True)
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 

@@ -51,7 +51,8 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
         model = create_model(cfg.variant, weights=init, device=device)
     init_version = getattr(model, "weights_version", "untrained") if init is not None else None
     encoder = QueryEncoder(encoder_source, cache_size=64, device=str(device))
-    train_data = build_dataset(model, encoder, cfg.scenes, cfg.seed, SceneConfig(), cache_dir=cache_dir,
+    train_scenes = SceneConfig(extra_phrasings=cfg.extra_phrasings)
+    train_data = build_dataset(model, encoder, cfg.scenes, cfg.seed, train_scenes, cache_dir=cache_dir,
                                desc="training scenes", workers=cfg.workers, progress=progress)  # fmt: skip
     eval_data = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET,
                               SceneConfig(heldout_phrasing=True), cache_dir=cache_dir, desc="held-out scenes",
@@ -84,7 +85,7 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
         "heldout_scenes_training_phrasings": seen_phrasing,
         "data": {"train_scenes": cfg.scenes, "train_captions": len(train_data),
                  "eval_scenes": cfg.eval_scenes, "eval_captions": len(eval_data)},  # fmt: skip
-        "settings": {"train": asdict(cfg), "scenes": asdict(SceneConfig())},
+        "settings": {"train": asdict(cfg), "scenes": asdict(train_scenes)},
         "seed": cfg.seed,
         "trained_on": DATA_VERSION,
         "initialised_from": init_version or "seeded random initialisation",
@@ -162,7 +163,8 @@ def markdown_report(r: dict) -> str:
     lines += [
         "", "## Settings", "",
         f"- seed {r['seed']}; {s['scenes']} training scenes ({r['data']['train_captions']} captions),"
-        f" {s['steps']} steps of batch {s['batch']}, AdamW lr {s['lr']}, logit scale {s['logit_scale']}",
+        f" {s['steps']} steps of batch {s['batch']}, AdamW lr {s['lr']}, logit scale {s['logit_scale']},"
+        f" query noise {s.get('query_noise', '?')}, extra phrasings per object {s.get('extra_phrasings', 0)}",
         f"- initialised from {r.get('initialised_from', 'a seeded random initialisation')};"
         f" trained on scene generator {r.get('trained_on', '?')}",
         *([f"- base weights {r['base']['version']}: `{r['base']['trained_by']}` on {r['base']['device']}"

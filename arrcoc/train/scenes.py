@@ -53,6 +53,48 @@ TRAIN_FRAMES = ("{d}", "{d}", "{d}", "find {d}", "where is {d}", "look at {d}", 
                 "spot {d}", "focus on {d}", "{d} in the picture", "is there {d}?", "mark {d}", "where's {d}?",
                 "give me {d}", "the part of the image with {d}")  # fmt: skip
 HELDOUT_FRAMES = ("point to {d}", "{d}, please", "can you locate {d}?", "highlight {d}", "I want {d}")
+# Extended training vocabulary (`SceneConfig.extra_phrasings`): more frames, synonyms and word
+# orders for paraphrase robustness. Training only, and none of it is a held-out phrasing (tested):
+# the held-out frames and synonyms above stay unseen.
+EXTRA_FRAMES = ("please find {d}", "can you find {d}?", "find me {d}", "where can I see {d}?", "where exactly is {d}?",
+                "show {d}", "pick {d}", "tap on {d}", "indicate {d}", "identify {d}", "I'm looking for {d}",
+                "look for {d}", "search for {d}", "{d}?", "{d}.", "show me where {d} is", "could you show me {d}?",
+                "help me find {d}", "I need {d}", "now find {d}", "which one is {d}?", "zoom in on {d}",
+                "attend to {d}", "get {d}", "go to {d}", "check out {d}", "there is {d} somewhere, find it",
+                "in this image, find {d}", "{d} — where is it?", "find {d} for me")  # fmt: skip
+EXTRA_SHAPE_WORDS = {
+    "circle": ["ball", "round object", "circle shape", "round blob", "circle figure", "orb"],
+    "square": ["rectangle", "cube", "square tile", "four-sided figure", "quadrilateral", "square figure"],
+    "triangle": ["pyramid", "wedge", "three-sided figure", "triangle figure", "triangle icon"],
+    "hexagon": ["six-sided figure"],
+    "star": ["starburst", "star figure", "star icon", "pointy star", "star symbol"],
+    "diamond": ["lozenge", "diamond figure", "rhombus shape", "diamond icon", "tilted square"],
+    "cross": ["plus symbol", "cross figure", "cross symbol", "plus mark"],
+    TEXT: ["script", "characters", "text block", "paragraph", "written words", "inscription", "typed text"],
+}
+EXTRA_SIZE_WORDS = {"small": ["smaller", "mini", "petite", "small-sized"],
+                    "large": ["larger", "giant", "bigger", "massive", "enormous", "large-sized"],
+                    "medium": ["mid-sized"]}  # fmt: skip
+EXTRA_RELATIONS = {"left of": ["just left of", "located left of", "at the left of", "leftward of"],
+                   "right of": ["just right of", "located right of", "at the right of", "rightward of"],
+                   "above": ["higher than", "up from", "further up than", "on top of"],
+                   "below": ["lower than", "down from", "further down than"]}  # fmt: skip
+EXTRA_POSITION_WORDS = {  # alternatives to POSITION_WORDS' phrase, with their own preposition
+    ("top", "left"): ["in the upper left", "in the top-left corner", "at the upper left"],
+    ("top", "centre"): ["at the top middle", "near the top", "up top"],
+    ("top", "right"): ["in the upper right", "in the top-right corner", "at the upper right"],
+    ("middle", "left"): ["at the left", "on the left-hand side", "at the left edge"],
+    ("middle", "centre"): ["in the middle", "in the center", "at the centre"],
+    ("middle", "right"): ["at the right", "on the right-hand side", "at the right edge"],
+    ("bottom", "left"): ["in the lower left", "in the bottom-left corner", "at the lower left"],
+    ("bottom", "centre"): ["at the bottom middle", "near the bottom", "down at the bottom"],
+    ("bottom", "right"): ["in the lower right", "in the bottom-right corner", "at the lower right"],
+}
+EXTRA_NOUNS = ["item", "figure", "piece", "mark"]  # "the red item", "the red figure", ...
+EXTRA_SUPERLATIVES = {"largest": ["the biggest object", "the largest item", "the largest figure",
+                                  "the most massive shape", "the shape that is largest", "the biggest item"],
+                      "smallest": ["the smallest item", "the smallest figure", "the littlest object",
+                                   "the shape that is smallest", "the most petite shape"]}  # fmt: skip
 CAPTION_KINDS = ("colour_shape", "shape", "colour", "size", "position", "superlative", "relation", "text")
 
 
@@ -64,6 +106,9 @@ class SceneConfig:
     text_prob: float = 0.45  # chance of one text-like mark in a scene
     captions_per_scene: int = 3
     heldout_phrasing: bool = False  # evaluation: held-out frames and synonyms
+    # training only: extra captions per captioned object, re-phrased with the extended vocabulary
+    # (EXTRA_*) by an independent generator, so the scenes and their first captions are unchanged
+    extra_phrasings: int = 0
 
 
 @dataclass
@@ -204,13 +249,19 @@ def _new_object(rng, objs, s, kind=None, colour=None, size=None, want=None) -> S
 # ----------------------------------------------------------------------------- captions
 
 
+_EXTRA_TABLES = {id(SHAPE_WORDS): EXTRA_SHAPE_WORDS, id(SIZE_WORDS): EXTRA_SIZE_WORDS, id(RELATIONS): EXTRA_RELATIONS}
+
+
 class _Words:
-    def __init__(self, rng: np.random.Generator, heldout: bool):
+    def __init__(self, rng: np.random.Generator, heldout: bool, extended: bool = False):
         self.rng, self.heldout = rng, heldout
+        self.extended = extended and not heldout  # the extended vocabulary is for training only
 
     def pick(self, table: dict, key: str) -> str:
         train, held = table[key]
         pool = train + held if self.heldout else train
+        if self.extended:
+            pool = train + _EXTRA_TABLES[id(table)].get(key, [])
         # held-out runs use a held-out word half the time, so eval really tests new phrasings
         if self.heldout and held and self.rng.random() < 0.5:
             pool = held
@@ -218,12 +269,30 @@ class _Words:
 
     def frame(self, d: str) -> str:
         frames = HELDOUT_FRAMES if self.heldout else TRAIN_FRAMES
+        if self.extended:
+            frames = TRAIN_FRAMES + EXTRA_FRAMES
+            superlative = d.split(" ")[1].endswith("est") or d.startswith(("the most ", "the shape that"))
+            if not superlative and self.rng.random() < 0.3:  # article variety: "a red circle", "red circle"
+                d = ("a " + d[4:]) if d.startswith("the ") and self.rng.random() < 0.5 else d.removeprefix("the ")
         return frames[self.rng.integers(len(frames))].format(d=d)
+
+    def choose(self, options: list[str]) -> str:
+        return options[self.rng.integers(len(options))]
+
+    def look(self, colour: str, o: SceneObject) -> str:
+        """'red circle'; extended: also 'circle that is red', 'red-coloured circle', 'circle in red'."""
+        shape = self.shape(o)
+        if self.extended and self.rng.random() < 0.35:
+            return self.choose([f"{shape} that is {colour}", f"{colour}-coloured {shape}", f"{colour} coloured {shape}",
+                                f"{shape} in {colour}", f"{colour}ish {shape}" if colour != "white" else f"white {shape}"])  # fmt: skip
+        return f"{colour} {shape}"
 
     def shape(self, o: SceneObject) -> str:
         return self.pick(SHAPE_WORDS, o.kind)
 
     def position(self, o: SceneObject) -> str:
+        if self.extended and self.rng.random() < 0.5:
+            return self.choose(EXTRA_POSITION_WORDS[o.region])
         where = POSITION_WORDS[o.region]
         if where in ("top", "bottom"):
             return f"at the {where}"
@@ -245,26 +314,42 @@ def describe(objs: list[SceneObject], t: int, kind: str, words: _Words) -> str |
     if o.kind == TEXT:
         return None
     if kind == "colour_shape" and _count(objs, kind=o.kind, colour=o.colour) == 1:
+        if words.extended:
+            return f"the {words.look(o.colour, o)}"
         return f"the {o.colour} {words.shape(o)}"
     if kind == "shape" and _count(objs, kind=o.kind) == 1:
         return f"the {words.shape(o)}"
     if kind == "colour" and _count(shapes, colour=o.colour) == 1:
         noun = ("shape", "object", "one")[words.rng.integers(3)]
+        if words.extended:
+            noun = words.choose(["shape", "object", "one", *EXTRA_NOUNS])
+            if words.rng.random() < 0.25:
+                return words.choose([f"the {noun} that is {o.colour}", f"the {o.colour}-coloured {noun}",
+                                     f"the {noun} coloured {o.colour}", f"the one in {o.colour}"])  # fmt: skip
         return f"the {o.colour} {noun}"
     if kind == "size" and o.size != "medium":
         same = [x for x in objs if x.kind == o.kind and x.colour == o.colour]
         if len(same) >= 2 and sum(x.size == o.size for x in same) == 1:
+            if words.extended:
+                return f"the {words.pick(SIZE_WORDS, o.size)} {words.look(o.colour, o)}"
             return f"the {words.pick(SIZE_WORDS, o.size)} {o.colour} {words.shape(o)}"
     if kind == "position":
         same = [x for x in objs if x.kind == o.kind and x.colour == o.colour]
         if sum(x.region == o.region for x in same) == 1:
+            if words.extended:
+                return f"the {words.look(o.colour, o)} {words.position(o)}"
             return f"the {o.colour} {words.shape(o)} {words.position(o)}"
     if kind == "superlative" and len(shapes) >= 2:
         areas = sorted(x.area for x in shapes)
         if o.area == areas[-1] and areas[-1] > 1.6 * areas[-2]:
+            if words.extended:
+                return words.choose(["the largest shape", "the biggest shape", "the largest object",
+                                     *EXTRA_SUPERLATIVES["largest"]])  # fmt: skip
             return ("the largest shape", "the biggest shape", "the largest object")[words.rng.integers(3)] \
                 if not words.heldout else ("the biggest one", "the largest thing")[words.rng.integers(2)]
         if o.area == areas[0] and areas[1] > 1.6 * areas[0]:
+            if words.extended:
+                return words.choose(["the smallest shape", "the smallest object", *EXTRA_SUPERLATIVES["smallest"]])
             return ("the smallest shape", "the smallest object")[words.rng.integers(2)] \
                 if not words.heldout else ("the tiniest shape", "the smallest thing")[words.rng.integers(2)]
     if kind == "relation":
@@ -283,6 +368,8 @@ def _relation(objs: list[SceneObject], t: int, words: _Words) -> str | None:
         rivals = [x for i, x in enumerate(objs) if i not in (t, a) and x.kind == o.kind and x.colour == o.colour]
         if any(_relation_of(x, anchor) == rel for x in rivals):
             continue
+        if words.extended:
+            return f"the {words.look(o.colour, o)} {words.pick(RELATIONS, rel)} the {words.look(anchor.colour, anchor)}"
         return f"the {o.colour} {words.shape(o)} {words.pick(RELATIONS, rel)} the {anchor.colour} {words.shape(anchor)}"
     return None
 
@@ -333,8 +420,14 @@ def _design(rng: np.random.Generator, kind: str, s: int) -> list[SceneObject]:
     return objs
 
 
-def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig()) -> Scene:
-    """One scene with up to `captions_per_scene` captions, each naming one object uniquely."""
+def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig(),
+               aux: np.random.Generator | None = None) -> Scene:  # fmt: skip
+    """One scene with up to `captions_per_scene` captions, each naming one object uniquely.
+
+    With config.extra_phrasings (training only) each captioned object gets that many more
+    captions of the same kind from the extended vocabulary, drawn from `aux`: `rng` draws exactly
+    what it draws without them, so the scenes and their first captions do not change.
+    """
     s = config.size
     words = _Words(rng, config.heldout_phrasing)
     focus = CAPTION_KINDS[rng.integers(len(CAPTION_KINDS))]
@@ -363,6 +456,15 @@ def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig()) ->
                 scene.captions.append((words.frame(d), int(t), kind))
                 used.add(int(t))
                 break
+    if config.extra_phrasings > 0 and not config.heldout_phrasing:
+        if aux is None:
+            raise ValueError("extra_phrasings needs an independent generator (aux)")
+        extended = _Words(aux, heldout=False, extended=True)
+        for _, t, kind in list(scene.captions):
+            for _ in range(config.extra_phrasings):
+                d = describe(objs, t, kind, extended)
+                if d is not None:
+                    scene.captions.append((extended.frame(d), t, kind))
     return scene
 
 
@@ -406,9 +508,10 @@ def render(rng: np.random.Generator, objs: list[SceneObject], s: int) -> tuple[n
 def make_scenes(n: int, seed: int, config: SceneConfig = SceneConfig()) -> list[Scene]:
     """n scenes from one seed; scenes with no caption are redrawn (same seed, same list)."""
     rng = np.random.default_rng(seed)
+    aux = np.random.default_rng([seed, 0xE7]) if config.extra_phrasings > 0 else None
     out: list[Scene] = []
     while len(out) < n:
-        scene = make_scene(rng, config)
+        scene = make_scene(rng, config, aux)
         if scene.captions:
             out.append(scene)
     return out

@@ -32,6 +32,7 @@ class TrainConfig:
     warmup: int = 100
     weight_decay: float = 0.05
     query_noise: float = 0.02  # Gaussian noise on the (unit) query embeddings: paraphrase robustness
+    extra_phrasings: int = 2  # extra training captions per object from the extended vocabulary (scenes.py)
     logit_scale: float = 20.0  # maps are in [0, 1]: scale them to softmax logits in the loss
     seed: int = 0
     threads: int = 2  # CPU threads: the machine is shared
