@@ -61,6 +61,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "visibility_timeout": settings.visibility_timeout_s,
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
             "unacked_restore_throttle": 1,
+            # a worker SIGKILLed while it held the restore mutex would block every redelivery for
+            # kombu's default 300 s; tasks are idempotent, so a short mutex is safe
+            "unacked_mutex_expire": max(2, min(300, settings.visibility_timeout_s // 2)),
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
             "priority_steps": list(range(10)),
