@@ -42,7 +42,8 @@ def minmax(x: Tensor, eps: float = 1e-8) -> Tensor:
     """Min-max normalise each map over its last two dims. x: (B, C, H, W) or (B, H, W)."""
     lo = x.amin(dim=(-2, -1), keepdim=True)
     hi = x.amax(dim=(-2, -1), keepdim=True)
-    return (x - lo) / (hi - lo + eps)
+    # clamp, not "+ eps": ONNX export folds "+ 1e-8" away as adding zero (np.allclose's atol)
+    return (x - lo) / (hi - lo).clamp_min(eps)
 
 
 def rgb_to_lab(rgb: Tensor, rgb_to_xyz: Tensor, white: Tensor) -> Tensor:
@@ -59,7 +60,9 @@ def sobel(grey: Tensor, kernels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """grey (B, 1, H, W) -> gx, gy, magnitude, each (B, 1, H, W). Replicate padding."""
     g = F.conv2d(F.pad(grey, (1, 1, 1, 1), mode="replicate"), kernels)
     gx, gy = g[:, 0:1], g[:, 1:2]
-    return gx, gy, torch.sqrt(gx * gx + gy * gy + 1e-8)
+    # = sqrt(gx^2 + gy^2 + 1e-8), written so that the ONNX exporter cannot drop the 1e-8 as
+    # "adding zero" (it did: ONNX Runtime's flat-region magnitudes came out 1e-4 lower)
+    return gx, gy, 1e-4 * torch.sqrt((gx * gx + gy * gy) * 1e8 + 1.0)
 
 
 def position_channels(grid: int, device: torch.device | None = None) -> Tensor:
@@ -119,7 +122,7 @@ def texture_from_float(rgb: Tensor, consts: TextureConstants, grid: int, compat:
         small = F.adaptive_avg_pool2d(full, grid)
         edges = minmax(small[:, 5:8])
         variance = cell_variance(lightness, grid)
-        extra = torch.cat((small[:, 8:9], minmax(torch.sqrt(variance + 1e-12))), dim=1)
+        extra = torch.cat((small[:, 8:9], minmax(torch.sqrt(variance.clamp_min(1e-12)))), dim=1)
     pos = consts.positions.unsqueeze(0).expand(b, -1, -1, -1)
     return torch.cat((small[:, 0:5], edges, pos, extra), dim=1), grey
 

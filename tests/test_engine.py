@@ -94,7 +94,7 @@ def test_parity_with_eager(request, eager, model, backend, kind, batch):
     assert c["finite"]
     assert c["max_abs_diff"] <= TOL[torch.float32], c["diff_by_map"]
     assert c["topk_agreement_ties"] == 1.0
-    assert c["texture_max_diff"] <= 2e-3
+    assert c["texture_max_diff"] <= 1e-4
 
 
 @pytest.mark.slow
@@ -195,3 +195,15 @@ def test_cuda_graph_backends_match_eager_on_gpu(backend):
     if backend == "compiled":
         assert be.recompiles == 0
     be.close()
+
+
+def test_onnx_keeps_small_epsilons_on_flat_images(eager, onnx, model):
+    """Regression: the ONNX exporter folded `+ 1e-8` away as adding zero, so on flat regions the
+    edge magnitude (and every map after it) differed from eager by up to 1e-3."""
+    images = torch.full((1, 3, 512, 512), 90, dtype=torch.uint8)
+    images[:, :, :, 300:] = 200  # one vertical edge; everything else is perfectly flat
+    query = random_queries(1, model.config.query_dim, CPU, seed=3)
+    ref, out = eager.run(images, query), onnx.run(images, query)
+    assert torch.isfinite(out.texture).all()
+    assert (ref.texture - out.texture).abs().max() <= 1e-5
+    assert (ref.relevance - out.relevance).abs().max() <= 1e-4
