@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -15,16 +16,33 @@ from .weights import load_weights
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 
+class VariantConfig(Protocol):
+    """What the registry needs from a variant's model config (image size and cell grid)."""
+
+    @property
+    def image_size(self) -> int: ...
+
+    @property
+    def grid(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
-    build: Callable[[], nn.Module]
-    image_size: int
-    grid: int
+    build: Callable[[VariantConfig], nn.Module]
+    config: VariantConfig  # the model config the builder takes; image size and grid come from it
     description: str
     weights_file: str | None = None  # file under arrcoc/weights/, shipped with the package
     benchmark_only: bool = False  # random weights: timing only, never meaningful output
     tags: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def image_size(self) -> int:
+        return self.config.image_size
+
+    @property
+    def grid(self) -> int:
+        return self.config.grid
 
 
 _VARIANTS: dict[str, Variant] = {}
@@ -67,7 +85,7 @@ def create_model(
     The returned module carries `weights_version` ("untrained" when none were loaded).
     """
     variant = get_variant(name)
-    model = variant.build()
+    model = variant.build(variant.config)
     model.variant_name = name
     model.weights_version = "untrained"
     path = default_weights_path(name) if weights == "default" else weights

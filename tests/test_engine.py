@@ -38,20 +38,21 @@ def eager(model):
     return be
 
 
-@pytest.fixture(scope="module")
-def compiled(model):
-    be = create_backend("compiled", model, CPU, BUCKETS, cache_dir=CACHE / "compiled")
+def warmed(name, model):
+    be = create_backend(name, model, CPU, BUCKETS, cache_dir=CACHE / name)
     be.warmup()
     yield be
     be.close()
+
+
+@pytest.fixture(scope="module")
+def compiled(model):
+    yield from warmed("compiled", model)
 
 
 @pytest.fixture(scope="module")
 def onnx(model):
-    be = create_backend("onnx", model, CPU, BUCKETS, cache_dir=CACHE / "onnx")
-    be.warmup()
-    yield be
-    be.close()
+    yield from warmed("onnx", model)
 
 
 def test_bucket_table_maps_every_size_and_splits():
