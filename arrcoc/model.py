@@ -40,7 +40,7 @@ class TextureModelConfig:
     cell: int = 16  # pixels per cell side; G = S / cell = 32
     compat: bool = False  # arr-coc-0-1's texture channels 11-12 and bilinear sampling
     information: str = "entropy"  # "entropy" (luminance histogram) | "softmax" (arr-coc-0-1)
-    hidden: int = 32  # participatory conv width: small, the grid is only 32 x 32 (and CPU training)
+    hidden: int = 64  # participatory conv width (the grid is only 32 x 32; 32 was too narrow for shapes)
     embed_dim: int = 64  # joint cell/query space
     query_dim: int = 384  # all-MiniLM-L6-v2
     k: int = 200  # cells selected by default (of 1024)

@@ -81,7 +81,8 @@ def main() -> int:
     summary["p99_ratio_on_over_off"] = round(summary["on"]["p99_ms"] / summary["off"]["p99_ms"], 3)
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("ARRCOC_COMMIT") or subprocess.run(  # the GPU machine's copy has no .git
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     doc = {"schema": "arrcoc.batching-bench/1", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": "python " + " ".join([str(Path(sys.argv[0]).relative_to(REPO) if Path(sys.argv[0]).is_absolute() else sys.argv[0]), *sys.argv[1:]]),
            "commit": commit, "device": args.device, "cpus": os.cpu_count(), "platform": platform.platform(),

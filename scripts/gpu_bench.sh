@@ -4,27 +4,16 @@
 #   scripts/gpu_bench.sh check              versions, ORT providers, smoke parity on every bucket
 #   scripts/gpu_bench.sh bench VARIANT...   the benchmark (all backends, all buckets) -> $OUT
 #   scripts/gpu_bench.sh startup VARIANT... cold/warm start of compiled and onnx -> $OUT
+#   scripts/gpu_bench.sh batching           dynamic batching on/off through Celery (carried
+#                                           .whl celery/redis wheels and .redis server) -> $OUT
 #
-# onnxruntime-gpu comes from ../shared/tools/ort-gpu-chunks: five carried chunks leave
-# /tmp/ort.part on the warm machine; this script installs it (once) into /tmp/ortsite.
+# Carried packages (onnxruntime-gpu chunks, wheels): see scripts/device_env.sh.
 # ARRCOC_COMMIT names the commit under test (the device copy has no .git).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/artifacts}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
-export TORCHINDUCTOR_COMPILE_THREADS="${TORCHINDUCTOR_COMPILE_THREADS:-16}"
-WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
-if [ -f /tmp/ort.part ] && [ ! -d /tmp/ortsite/onnxruntime ]; then
-  cp /tmp/ort.part "/tmp/$WHEEL" && python3 -m pip install -q --no-index --no-deps --target /tmp/ortsite "/tmp/$WHEEL"
-fi
-[ -d /tmp/ortsite/onnxruntime ] && export PYTHONPATH="/tmp/ortsite:$PYTHONPATH"
-# pydantic-settings and tqdm may be missing there; carried wheels in .whl/ fill the gap
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-fi
-[ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-PY="${PY:-python3}"
+source scripts/device_env.sh
 stage="${1:-check}"; shift || true
 VARIANTS=("${@:-arrcoc-texture arrcoc-vit-b16}")
 case "$stage" in
@@ -54,6 +43,10 @@ EOF
       --warmup-iters 10 --out "$OUT" --name bench-vit-b16-bf16 2>&1 | tee "$OUT/bf16.log" | grep -E "^\||rror"
     $PY -m arrcoc.bench --startup-only --variants arrcoc-vit-b16 --backends compiled --out "$OUT" \
       --name startup-vit 2>&1 | grep -E "^\||rror"
+    ;;
+  batching)
+    $PY scripts/batching_bench.py --device cuda --clients 32 --max-batch 32 --requests 512 --rounds 2 --out "$OUT" \
+      2>&1 | tee "$OUT/batching.log" | grep -vE "Warning|warn\("
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

@@ -110,7 +110,8 @@ class RedisServer(Proc):
 def worker_env(broker: str, data_dir: Path, **settings: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"ARRCOC_BROKER_URL": broker, "ARRCOC_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)})  # fmt: skip
+                "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))})  # fmt: skip
     env.update({f"ARRCOC_{k.upper()}": v for k, v in settings.items()})
     return env
 
