@@ -18,7 +18,7 @@ import torch
 from .engine import Backend, create_backend, resolve_device
 from .errors import InvalidInputError
 from .images import ImageLike, ImageLimits, load_image, to_tensor
-from .query import QueryEncoder
+from .query import QueryEncoder, validate_query
 from .registry import create_model, get_variant
 from .result import RelevanceResult
 
@@ -52,6 +52,17 @@ class Controls:
     def as_row(self) -> list[float]:
         return [self.scale_information, self.scale_perspectival, self.scale_participatory,
                 float(self.k), float(self.token_budget)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """One request checked and resized, ready to join a batch (see RelevancePipeline.prepare)."""
+
+    pixels: torch.Tensor  # uint8 (3, S, S)
+    size: tuple[int, int]  # the original (width, height): heatmaps are drawn back at this size
+    query: str  # validated, whitespace normalised
+    controls: Controls  # validated, defaults filled in
+    prepare_ms: float
 
 
 class RelevancePipeline:
@@ -103,28 +114,44 @@ class RelevancePipeline:
         controls = [controls or Controls()] * n if not isinstance(controls, list) else controls
         if len(controls) != n:
             raise InvalidInputError(f"{n} images but {len(controls)} control sets.")
+        return self.run([self.prepare(im, q, c) for im, q, c in zip(images, queries, controls, strict=True)])
+
+    def prepare(self, image: ImageLike, query: str, controls: Controls | None = None) -> PreparedRequest:
+        """Everything per request that needs no model: checks, decoding, resizing.
+
+        Servers call this in the request's own thread, so a batch waits only for the engine
+        (Pillow releases the GIL while it decodes and resizes: requests prepare in parallel).
+        """
         t0 = time.perf_counter()
         cfg = self.model.config
-        cells = cfg.grid * cfg.grid
-        checked = [c.validated(cells, cfg.k, cfg.token_budget) for c in controls]
-        query_vecs = self.encoder.encode(queries)
-        pil = [load_image(im, self.limits) for im in images]
-        batch = torch.stack([to_tensor(im, self.variant.image_size) for im in pil])
-        control_rows = torch.tensor([c.as_row() for c in checked], dtype=torch.float32)
-        t1 = time.perf_counter()
+        checked = (controls or Controls()).validated(cfg.grid * cfg.grid, cfg.k, cfg.token_budget)
+        text = validate_query(query, self.encoder.max_chars)
+        pil = load_image(image, self.limits)
+        pixels = to_tensor(pil, self.variant.image_size)
+        return PreparedRequest(pixels, pil.size, text, checked, (time.perf_counter() - t0) * 1e3)
+
+    def run(self, requests: list[PreparedRequest]) -> list[RelevanceResult]:
+        """Prepared requests -> one engine call (queries encoded together) -> one result each."""
+        if not requests:
+            raise InvalidInputError("No images given.")
+        t0 = time.perf_counter()
+        query_vecs = self.encoder.encode([r.query for r in requests])
+        batch = torch.stack([r.pixels for r in requests])
+        control_rows = torch.tensor([r.controls.as_row() for r in requests], dtype=torch.float32)
         out = self.backend.run(batch, query_vecs, control_rows)
         out = type(out)(*(t.detach().cpu() for t in out))
-        t2 = time.perf_counter()
-        timings = {"preprocess_ms": (t1 - t0) * 1e3, "model_ms": (t2 - t1) * 1e3}
-        return [self._result(out, i, queries[i], checked[i], pil[i].size, timings) for i in range(n)]
+        model_ms = (time.perf_counter() - t0) * 1e3
+        return [self._result(out, i, r, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms})
+                for i, r in enumerate(requests)]  # fmt: skip
 
-    def _result(self, out, i: int, query: str, c: Controls, size: tuple[int, int], timings) -> RelevanceResult:
+    def _result(self, out, i: int, r: PreparedRequest, timings: dict[str, float]) -> RelevanceResult:
+        c = r.controls
         k = int(c.k)
         return RelevanceResult(
             variant=self.variant.name,
             weights_version=self.weights_version,
             backend=self.backend.name,
-            query=" ".join(query.split()),
+            query=r.query,
             relevance=out.relevance[i].numpy(),
             information=out.information[i].numpy(),
             perspectival=out.perspectival[i].numpy(),
@@ -135,7 +162,7 @@ class RelevancePipeline:
             budgets=out.budgets[i, :k].numpy().astype(np.int64),
             budget_map=out.budget_map[i].numpy(),
             texture=out.texture[i].numpy(),
-            image_size=size,
+            image_size=r.size,
             token_budget=int(c.token_budget),
             benchmark_only=self.variant.benchmark_only,
             bucket=self.backend.bucket_for(out.relevance.shape[0]),

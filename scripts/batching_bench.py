@@ -11,6 +11,7 @@ clients calling CeleryExecutor.infer, and writes benchmarks/batching-<device>-<d
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -30,8 +31,14 @@ from arrcoc.service.testing import RedisServer, Worker, worker_env  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; the warm-up request included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
-    settings = {"device": args.device, "batch_max_size": str(args.max_batch if mode == "on" else 1),
+    settings = {"device": args.device, "backend": args.backend, "backends": args.backend, "batch_max_size": str(args.max_batch if mode == "on" else 1),
                 "batch_max_delay_ms": str(args.delay_ms), "worker_threads": str(args.clients + 4)}  # fmt: skip
     env = worker_env(redis.url, root / "data", **settings)
     worker = Worker(env, root / f"worker-{mode}-{time.time():.0f}.log")
@@ -39,13 +46,17 @@ def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
         worker.ready(300)
         from arrcoc.service.celery_executor import CeleryExecutor
 
-        ex = CeleryExecutor(default_settings(broker_url=redis.url, data_dir=root / "data"))
+        make_executor = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=root / "data"))
         load0 = os.getloadavg()[0]
-        report = run_load(ex, args.image.read_bytes(), LOADTEST_QUERIES, args.clients, args.requests, args.timeout)
+        cpu0 = process_cpu_s(worker.p.pid)
+        report = run_load(make_executor, args.image.read_bytes(), LOADTEST_QUERIES, args.clients, args.requests,
+                          args.timeout, args.client_processes)  # fmt: skip
+        report["worker_cpu_ms_per_request"] = round((process_cpu_s(worker.p.pid) - cpu0) * 1e3 / max(report["ok"], 1), 2)
         report.update(mode=mode, max_batch=int(settings["batch_max_size"]), delay_ms=args.delay_ms,
                       loadavg_1m_before=round(load0, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))  # fmt: skip
-        ex.close()
-        print(json.dumps({k: report[k] for k in ("mode", "throughput_rps", "p50_ms", "p99_ms", "buckets")}), flush=True)
+        keys = ("mode", "throughput_rps", "p50_ms", "p99_ms", "buckets", "client_cpu_ms_per_request",
+                "worker_cpu_ms_per_request")  # fmt: skip
+        print(json.dumps({k: report[k] for k in keys}), flush=True)
         return report
     finally:
         worker.stop()
@@ -58,7 +69,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="off/on pairs, interleaved")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--delay-ms", type=float, default=5.0)
+    p.add_argument("--client-processes", type=int, default=1,
+                   help="processes the clients are spread over: one Python process's GIL caps its threads")  # fmt: skip
     p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", default="eager", help="the backend the worker serves")
     p.add_argument("--image", type=Path, default=REPO / "arrcoc" / "examples" / "coffee.jpg")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks")
@@ -87,7 +101,7 @@ def main() -> int:
            "command": "python " + " ".join([str(Path(sys.argv[0]).relative_to(REPO) if Path(sys.argv[0]).is_absolute() else sys.argv[0]), *sys.argv[1:]]),
            "commit": commit, "device": args.device, "cpus": os.cpu_count(), "platform": platform.platform(),
            "torch": torch.__version__, "clients": args.clients, "requests_per_round": args.requests,
-           "max_batch": args.max_batch, "delay_ms": args.delay_ms, "image": args.image.name,
+           "backend": args.backend, "client_processes": args.client_processes, "max_batch": args.max_batch, "delay_ms": args.delay_ms, "image": args.image.name,
            "summary": summary, "rounds": rounds}  # fmt: skip
     stem = args.out / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}-b{args.max_batch}"
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -102,8 +116,9 @@ def markdown(doc: dict) -> str:
         f"# Dynamic batching on {doc['device']}: {doc['clients']} concurrent clients through Celery",
         "",
         f"{doc['date']}, commit {doc['commit']}, {doc['cpus']} CPUs ({doc['platform']}), torch {doc['torch']}.",
-        f"Each round: a fresh `arrcoc worker` ({doc['clients'] + 4} threads, eager backend) on its own redis-server;",
-        f"{doc['requests_per_round']} requests of `{doc['image']}` from {doc['clients']} client threads calling",
+        f"Each round: a fresh `arrcoc worker` ({doc['clients'] + 4} threads, {doc.get('backend', 'eager')} backend) on its own redis-server;",
+        f"{doc['requests_per_round']} requests of `{doc['image']}` from {doc['clients']} client threads"
+        f" (in {doc.get('client_processes', 1)} processes) calling",
         "`CeleryExecutor.infer` back to back. Off = `ARRCOC_BATCH_MAX_SIZE=1`; on = max batch"
         f" {doc['max_batch']}, max queue delay {doc['delay_ms']} ms. Medians over the rounds.",
         "",
@@ -115,9 +130,10 @@ def markdown(doc: dict) -> str:
         "",
         "Rounds (batch size histogram is the engine bucket each result reports):",
         "",
-        "| # | batching | req/s | p50 | p99 | buckets | load avg before/after |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| # | batching | req/s | p50 | p99 | buckets | CPU ms/request client, worker | load avg before/after |",
+        "|---|---|---:|---:|---:|---|---|---|",
         *(f"| {i} | {r['mode']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} | {r['buckets']} |"
+          f" {r.get('client_cpu_ms_per_request', '–')}, {r.get('worker_cpu_ms_per_request', '–')} |"
           f" {r['loadavg_1m_before']}/{r['loadavg_1m_after']} |" for i, r in enumerate(doc["rounds"], 1)),
         "",
         "Reproduce:",

@@ -45,7 +45,8 @@ EOF
       --name startup-vit 2>&1 | grep -E "^\||rror"
     ;;
   batching)
-    $PY scripts/batching_bench.py --device cuda --clients 32 --max-batch 32 --requests 512 --rounds 2 --out "$OUT" \
+    $PY scripts/batching_bench.py --device cuda --clients 32 --client-processes 8 --max-batch 32 --requests 1024 \
+      --rounds 2 --out "$OUT" "$@" \
       2>&1 | tee "$OUT/batching.log" | grep -vE "Warning|warn\("
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;

@@ -55,6 +55,8 @@ def add_parser(sub) -> None:
     t.add_argument("--image", type=Path, default=EXAMPLES / "coffee.jpg")
     t.add_argument("--json", dest="json_out", type=Path)
     t.add_argument("--timeout", type=float, default=300.0)
+    t.add_argument("--processes", type=int, default=1,
+                   help="client processes the clients are spread over (one process's GIL caps its threads)")  # fmt: skip
     t.set_defaults(func=run_loadtest)
 
 
@@ -133,14 +135,13 @@ def run_bench(args) -> int:
 
 
 def run_loadtest(args) -> int:
+    import functools
+
     from ..service.loadtest import run_load
     from ._client import executor
 
-    ex = executor(args.broker)
-    try:
-        report = run_load(ex, args.image.read_bytes(), LOADTEST_QUERIES, args.clients, args.requests, args.timeout)
-    finally:
-        ex.close()
+    report = run_load(functools.partial(executor, args.broker), args.image.read_bytes(), LOADTEST_QUERIES,
+                      args.clients, args.requests, args.timeout, args.processes)  # fmt: skip
     text = json.dumps(report, indent=2)
     if args.json_out:
         args.json_out.write_text(text)

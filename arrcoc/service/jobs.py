@@ -175,17 +175,20 @@ def run_chunk(
 
 def _run_group(job_id, jd, group, controls, runtime, store, settings) -> int:
     decoded: list[tuple[Item, Image.Image]] = []
-    for it in group:
+    prepared = []
+    for it in group:  # a bad image or query fails its item, not the group
         try:
-            decoded.append((it, validate_image((jd / it.path).read_bytes(), settings)))
+            img = validate_image((jd / it.path).read_bytes(), settings)
+            prepared.append(runtime.prepare(img, it.query, controls))
+            decoded.append((it, img))
         except ArrcocError as e:
             _fail_item(jd, store, job_id, it, str(e))
     if not decoded:
         return 0
     step = runtime.max_batch
     results = []
-    for i in range(0, len(decoded), step):
-        results += runtime.run_batch([(img, it.query, controls) for it, img in decoded[i : i + step]])
+    for i in range(0, len(prepared), step):
+        results += runtime.run_batch(prepared[i : i + step])
     for (it, img), res in zip(decoded, results, strict=True):
         if isinstance(res, BaseException):
             _fail_item(jd, store, job_id, it, error_to_wire(res)["message"])

@@ -20,7 +20,7 @@ from PIL import Image
 from ..engine import create_backend, resolve_device
 from ..errors import ArrcocError, InvalidInputError
 from ..images import ImageLimits, decode, read_bytes
-from ..pipeline import Controls, RelevancePipeline
+from ..pipeline import Controls, PreparedRequest, RelevancePipeline
 from ..query import validate_query
 from ..result import RelevanceResult
 from ..settings import Settings
@@ -133,21 +133,23 @@ class Runtime:
             size = min(size, CPU_MAX_BATCH)
         return max(1, min(size, max(self.buckets)))
 
-    def run_batch(
-        self, items: Sequence[tuple[Image.Image, str, Controls]], backend: str | None = None
-    ) -> list[RelevanceResult | Exception]:
-        """Decoded images + queries + controls -> one result or one error per item."""
+    def prepare(self, image: Image.Image, query: str, controls: Controls, backend: str | None = None) -> PreparedRequest:
+        """Check and resize one request in the caller's thread (see RelevancePipeline.prepare)."""
+        return self.pipeline_for(backend).prepare(image, query, controls)
+
+    def run_batch(self, items: Sequence[PreparedRequest], backend: str | None = None) -> list[RelevanceResult | Exception]:
+        """Prepared requests -> one result or one error per item."""
         pipe = self.pipeline_for(backend)
         with self.device_lock:
             try:
-                return list(pipe.infer([i[0] for i in items], [i[1] for i in items], [i[2] for i in items]))
+                return list(pipe.run(list(items)))
             except ArrcocError:
                 if len(items) == 1:
                     raise
             out: list[RelevanceResult | Exception] = []
-            for item in items:  # one bad item (query, controls) must not fail its neighbours
+            for item in items:  # one bad item must not fail its neighbours
                 try:
-                    out.extend(pipe.infer([item[0]], [item[1]], [item[2]]))
+                    out.extend(pipe.run([item]))
                 except ArrcocError as e:
                     out.append(e)
             return out
@@ -180,7 +182,8 @@ class Runtime:
         self, image: Image.Image, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
         deadline = time.monotonic() + timeout
-        fut = self.batcher_for(backend).submit((image, query, controls), deadline)
+        batcher = self.batcher_for(backend)
+        fut = batcher.submit(self.prepare(image, query, controls, backend), deadline)
         try:
             return fut.result(timeout=timeout)
         except TimeoutError:
