@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+BACKENDS = ("eager", "compiled", "onnx")
 
 
 class Settings(BaseSettings):
@@ -17,8 +21,9 @@ class Settings(BaseSettings):
     weights: str | None = None  # None: the weights bundled for the variant
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     backend: str = "eager"  # eager | compiled | onnx: what interactive requests use
-    backends: tuple[str, ...] = ("eager", "compiled", "onnx")  # what a worker may serve
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    # lists: "eager,onnx" or JSON '["eager","onnx"]'
+    backends: Annotated[tuple[str, ...], NoDecode] = BACKENDS  # what a worker may serve
+    buckets: Annotated[tuple[int, ...], NoDecode] = (1, 2, 4, 8, 16, 32, 64)
     dtype: str = "float32"  # float32 | bfloat16
     query_encoder: str | None = None  # None: bundled all-MiniLM-L6-v2; else HF id or path
     query_cache_size: int = 1024
@@ -53,11 +58,33 @@ class Settings(BaseSettings):
     max_archive_ratio: int = 200  # uncompressed / compressed per entry above this: a zip bomb
     worker_threads: int | None = None  # None: batch_max_size + 4 (threads pool: batching needs them)
 
+    @field_validator("backends", "buckets", mode="before")
+    @classmethod
+    def _list_from_env(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = v.strip()
+            return json.loads(v) if v.startswith("[") else [x.strip() for x in v.split(",") if x.strip()]
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        if v not in BACKENDS:
+            raise ValueError(f"ARRCOC_BACKEND must be one of {', '.join(BACKENDS)}")
+        return v
+
+    @field_validator("backends")
+    @classmethod
+    def _known_backends(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v or any(b not in BACKENDS for b in v):
+            raise ValueError(f"ARRCOC_BACKENDS must name some of {', '.join(BACKENDS)}, e.g. eager,onnx")
+        return v
+
     @field_validator("buckets")
     @classmethod
     def _buckets_sorted(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v or any(b < 1 for b in v):
-            raise ValueError("ARRCOC_BUCKETS must be positive batch sizes, e.g. [1,2,4,8]")
+            raise ValueError("ARRCOC_BUCKETS must be positive batch sizes, e.g. 1,2,4,8")
         return tuple(sorted(set(v)))
 
     @property

@@ -251,3 +251,17 @@ def test_inprocess_serves_each_backend_it_is_allowed(settings):
         assert ex.runtime.pipeline_for("onnx").model is ex.runtime.pipeline_for("eager").model
     finally:
         ex.close()
+
+
+def test_list_settings_read_from_the_environment_as_commas_or_json(monkeypatch):
+    from pydantic import ValidationError
+
+    from arrcoc.settings import Settings
+
+    monkeypatch.setenv("ARRCOC_BACKENDS", "eager, onnx")
+    monkeypatch.setenv("ARRCOC_BUCKETS", "[8, 1, 2]")
+    s = Settings()
+    assert s.backends == ("eager", "onnx") and s.buckets == (1, 2, 8)
+    monkeypatch.setenv("ARRCOC_BACKENDS", "eager,tensorrt")
+    with pytest.raises(ValidationError, match="ARRCOC_BACKENDS must name some of eager, compiled, onnx"):
+        Settings()
