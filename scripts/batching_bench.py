@@ -38,28 +38,33 @@ def process_cpu_s(pid: int) -> float:
 
 
 def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
-    settings = {"device": args.device, "backend": args.backend, "backends": args.backend, "batch_max_size": str(args.max_batch if mode == "on" else 1),
-                "batch_max_delay_ms": str(args.delay_ms), "worker_threads": str(args.clients + 4)}  # fmt: skip
+    threads = -(-args.clients // args.workers) + 4  # every client's request can be in flight
+    settings = {"device": args.device, "backend": args.backend, "backends": args.backend,
+                "batch_max_size": str(args.max_batch if mode == "on" else 1),
+                "batch_max_delay_ms": str(args.delay_ms), "worker_threads": str(threads)}  # fmt: skip
     env = worker_env(redis.url, root / "data", **settings)
-    worker = Worker(env, root / f"worker-{mode}-{time.time():.0f}.log")
+    workers = [Worker(env, root / f"worker-{mode}-{i}-{time.time():.0f}.log") for i in range(args.workers)]
     try:
-        worker.ready(300)
+        for w in workers:
+            w.ready(300)
         from arrcoc.service.celery_executor import CeleryExecutor
 
         make_executor = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=root / "data"))
         load0 = os.getloadavg()[0]
-        cpu0 = process_cpu_s(worker.p.pid)
+        cpu0 = sum(process_cpu_s(w.p.pid) for w in workers)
         report = run_load(make_executor, args.image.read_bytes(), LOADTEST_QUERIES, args.clients, args.requests,
                           args.timeout, args.client_processes)  # fmt: skip
-        report["worker_cpu_ms_per_request"] = round((process_cpu_s(worker.p.pid) - cpu0) * 1e3 / max(report["ok"], 1), 2)
-        report.update(mode=mode, max_batch=int(settings["batch_max_size"]), delay_ms=args.delay_ms,
+        cpu = sum(process_cpu_s(w.p.pid) for w in workers) - cpu0
+        report["worker_cpu_ms_per_request"] = round(cpu * 1e3 / max(report["ok"], 1), 2)
+        report.update(mode=mode, workers=args.workers, max_batch=int(settings["batch_max_size"]), delay_ms=args.delay_ms,
                       loadavg_1m_before=round(load0, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))  # fmt: skip
         keys = ("mode", "throughput_rps", "p50_ms", "p99_ms", "buckets", "client_cpu_ms_per_request",
                 "worker_cpu_ms_per_request")  # fmt: skip
         print(json.dumps({k: report[k] for k in keys}), flush=True)
         return report
     finally:
-        worker.stop()
+        for w in workers:
+            w.stop()
 
 
 def main() -> int:
@@ -73,6 +78,8 @@ def main() -> int:
                    help="processes the clients are spread over: one Python process's GIL caps its threads")  # fmt: skip
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default="eager", help="the backend the worker serves")
+    p.add_argument("--workers", type=int, default=1,
+                   help="`arrcoc worker` processes on the one device (each batches its own requests)")  # fmt: skip
     p.add_argument("--image", type=Path, default=REPO / "arrcoc" / "examples" / "coffee.jpg")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks")
@@ -101,9 +108,9 @@ def main() -> int:
            "command": "python " + " ".join([str(Path(sys.argv[0]).relative_to(REPO) if Path(sys.argv[0]).is_absolute() else sys.argv[0]), *sys.argv[1:]]),
            "commit": commit, "device": args.device, "cpus": os.cpu_count(), "platform": platform.platform(),
            "torch": torch.__version__, "clients": args.clients, "requests_per_round": args.requests,
-           "backend": args.backend, "client_processes": args.client_processes, "max_batch": args.max_batch, "delay_ms": args.delay_ms, "image": args.image.name,
+           "backend": args.backend, "workers": args.workers, "client_processes": args.client_processes, "max_batch": args.max_batch, "delay_ms": args.delay_ms, "image": args.image.name,
            "summary": summary, "rounds": rounds}  # fmt: skip
-    stem = args.out / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}-b{args.max_batch}"
+    stem = args.out / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}-b{args.max_batch}" + (f"-w{args.workers}" if args.workers > 1 else "")
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(doc))
     print(json.dumps(summary, indent=2))
@@ -116,7 +123,8 @@ def markdown(doc: dict) -> str:
         f"# Dynamic batching on {doc['device']}: {doc['clients']} concurrent clients through Celery",
         "",
         f"{doc['date']}, commit {doc['commit']}, {doc['cpus']} CPUs ({doc['platform']}), torch {doc['torch']}.",
-        f"Each round: a fresh `arrcoc worker` ({doc['clients'] + 4} threads, {doc.get('backend', 'eager')} backend) on its own redis-server;",
+        f"Each round: {doc.get('workers', 1)} fresh `arrcoc worker` process(es) ({doc.get('backend', 'eager')} backend,"
+        f" threads pool) on one redis-server;",
         f"{doc['requests_per_round']} requests of `{doc['image']}` from {doc['clients']} client threads"
         f" (in {doc.get('client_processes', 1)} processes) calling",
         "`CeleryExecutor.infer` back to back. Off = `ARRCOC_BATCH_MAX_SIZE=1`; on = max batch"

@@ -201,6 +201,21 @@ def test_cli_submit_infer_and_batch(env, worker, tmp_path):
     assert json.loads(status.stdout)["state"] == "done"
 
 
+def test_cli_loadtest_spreads_clients_over_processes(env, worker, tmp_path):
+    """The load generator used for the batching figures: every request answered, from 2 processes."""
+    root, settings = env
+    out = tmp_path / "load.json"
+    proc = subprocess.run([sys.executable, "-m", "arrcoc", "submit", "loadtest", "--clients", "6", "--requests", "12",
+                           "--processes", "2", "--json", str(out), "--timeout", "120"],
+                          env=worker_env(BROKER, root / "data", **settings), capture_output=True, text=True,
+                          timeout=300, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert (report["ok"], report["client_processes"], report["errors"]) == (12, 2, [])
+    assert sum(report["buckets"].values()) == 12 and report["throughput_rps"] > 0
+    assert 0 < report["client_cpu_ms_per_request"] and report["p50_ms"] <= report["p99_ms"]
+
+
 def test_prefork_worker_builds_the_engine_in_the_child_only(env, tmp_path):
     from arrcoc.service.celery_executor import CeleryExecutor
 
