@@ -110,7 +110,8 @@ def main() -> int:
            "torch": torch.__version__, "clients": args.clients, "requests_per_round": args.requests,
            "backend": args.backend, "workers": args.workers, "client_processes": args.client_processes, "max_batch": args.max_batch, "delay_ms": args.delay_ms, "image": args.image.name,
            "summary": summary, "rounds": rounds}  # fmt: skip
-    stem = args.out / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}-b{args.max_batch}" + (f"-w{args.workers}" if args.workers > 1 else "")
+    suffix = f"-w{args.workers}" if args.workers > 1 else ""
+    stem = args.out / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}-b{args.max_batch}{suffix}"
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(doc))
     print(json.dumps(summary, indent=2))
