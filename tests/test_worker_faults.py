@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 import zipfile
 
 import pytest
 
+from arrcoc.errors import ArrcocError
 from arrcoc.service.executor import JobState, ServiceUnavailableError
 from arrcoc.service.testing import RedisServer, Worker, make_zip, png_bytes, seeded_weights, worker_env
 from arrcoc.settings import default_settings
@@ -39,7 +41,8 @@ def rig(tmp_path_factory):
                                                weights=settings["weights"], **fields))  # fmt: skip
 
     try:
-        yield {"root": root, "redis": servers, "start_worker": start_worker, "executor": executor}
+        yield {"root": root, "redis": servers, "start_worker": start_worker, "executor": executor,
+               "env": env, "workers": started}
     finally:
         for w in started:
             w.stop()
@@ -107,4 +110,43 @@ def test_redis_restart_mid_job_resumes_and_no_call_hangs(rig):
         assert_every_item_exactly_once(ex, job, total)
     else:
         assert st.state == JobState.FAILED and st.message, st
+    ex.close()
+
+
+def test_interactive_request_that_keeps_killing_workers_fails_with_a_reason(rig):
+    """acks_late + reject-on-worker-lost give a request whose worker died to the next worker; after
+    ARRCOC_MAX_REDELIVERIES (3) deaths the next delivery answers with a reason instead of running it."""
+    import redis as redis_py
+
+    for w in rig["workers"]:  # nobody else may take the request
+        w.stop()
+    r = redis_py.Redis.from_url(rig["redis"][-1].url)
+    # one request waits 5 s in the batcher for company: a window to kill its worker in
+    slow = rig["env"] | {"ARRCOC_BATCH_MAX_DELAY_MS": "5000", "ARRCOC_BATCH_MAX_SIZE": "4"}
+    ex = rig["executor"]()
+    outcome: dict[str, object] = {}
+
+    def call() -> None:
+        try:
+            outcome["result"] = ex.infer(png_bytes(7), "the sky", timeout=300)
+        except Exception as e:  # noqa: BLE001 -- asserted below
+            outcome["error"] = e
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    for delivery in (1, 2, 3):
+        w = Worker(slow, rig["root"] / f"crash{delivery}.log", concurrency=3)
+        rig["workers"].append(w)
+        w.ready()
+        t0 = time.monotonic()
+        while not any(int(r.get(k) or 0) >= delivery for k in r.scan_iter("arrcoc:attempts:*")):
+            assert time.monotonic() - t0 < 90, f"delivery {delivery} never reached a worker"
+            time.sleep(0.1)
+        w.kill(signal.SIGKILL)
+        w.p.wait(10)
+    rig["start_worker"]()
+    caller.join(150)
+    assert not caller.is_alive(), "the caller never heard back"
+    err = outcome.get("error")
+    assert isinstance(err, ArrcocError) and "stopped the worker 3 times" in str(err), outcome
     ex.close()

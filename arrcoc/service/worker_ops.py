@@ -96,7 +96,8 @@ class WorkerState:
         key = self._attempts_key(task_id)
         pipe = self.store().r.pipeline()
         pipe.incr(key)
-        pipe.expire(key, self.settings.visibility_timeout_s * (self.settings.max_redeliveries + 1))
+        # only for cleanup: it must outlive every redelivery, however slow workers are to restart
+        pipe.expire(key, max(3600, self.settings.visibility_timeout_s * (self.settings.max_redeliveries + 2)))
         return int(pipe.execute()[0])
 
     def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None,
