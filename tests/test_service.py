@@ -202,6 +202,16 @@ def test_inprocess_infer_and_batch_job(inprocess):
     assert r.to_json()["selected"] == r2.to_json()["selected"]
 
 
+def test_a_bad_query_in_a_manifest_fails_its_item_only(inprocess):
+    manifest = "file,query\na.png,the sky\nb.png," + "sky " * 200 + "\nc.png,???\n"
+    files = {"a.png": png_bytes(1), "b.png": png_bytes(2), "c.png": png_bytes(3), "manifest.csv": manifest.encode()}
+    job = inprocess.submit_batch(make_zip(files))
+    st = wait_finished(inprocess, job)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, 1, 2), st
+    failed = inprocess.store.failed_items(job)
+    assert "the limit is 500" in failed[1] and "no letters or digits" in failed[2]
+
+
 def test_inprocess_cancel_and_bench(inprocess):
     gate = threading.Event()
     inprocess._jobs.submit(gate.wait)  # hold the job thread so the cancel lands before any chunk
