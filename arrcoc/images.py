@@ -142,9 +142,8 @@ def _array_to_pil(arr: np.ndarray) -> Image.Image:
 def to_tensor(img: Image.Image, size: int) -> torch.Tensor:
     """RGB PIL image -> uint8 [3, size, size] (bilinear resize, as arr-coc-0-1)."""
     resized = img.resize((size, size), Image.Resampling.BILINEAR)
-    # HWC -> CHW in numpy: servers call this from many request threads at once, and a torch copy
-    # there would start an OpenMP team per thread (dozens of threads spinning on a GPU worker)
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1)))
+    arr = np.asarray(resized, dtype=np.uint8)
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
 
 
 def prepare_batch(
