@@ -112,6 +112,10 @@ def main() -> int:
            "summary": summary, "rounds": rounds}  # fmt: skip
     suffix = f"-w{args.workers}" if args.workers > 1 else ""
     stem = args.out / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}-b{args.max_batch}{suffix}"
+    n = 1
+    while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():  # never overwrite a report
+        n += 1
+        stem = stem.with_name(f"{stem.name.rsplit('-run', 1)[0]}-run{n}")
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(doc))
     print(json.dumps(summary, indent=2))
