@@ -41,7 +41,7 @@ def env(tmp_path_factory):
     tag = uuid.uuid4().hex[:8]
     settings = {"weights": str(seeded_weights(root / "w.safetensors")), "buckets": "[1,2,4,8]",
                 "redis_prefix": f"arrcoc-test-{tag}", "queue_gpu": f"gpu-{tag}", "queue_bench": f"bench-{tag}",
-                "batch_max_delay_ms": "20"}  # fmt: skip
+                "batch_max_delay_ms": "20", "batch_max_size": "8"}  # fmt: skip
     yield root, settings
     import redis
 
@@ -65,6 +65,7 @@ def make_settings(env, **overrides):
     root, s = env
     fields = {k: json.loads(v) if k == "buckets" else v for k, v in s.items()}
     fields["batch_max_delay_ms"] = float(fields["batch_max_delay_ms"])
+    fields["batch_max_size"] = int(fields["batch_max_size"])
     fields.update(broker_url=BROKER, data_dir=root / "data", redis_timeout_s=3.0)
     return default_settings(**(fields | overrides))
 

@@ -28,7 +28,10 @@ from .batching import DynamicBatcher
 
 log = logging.getLogger(__name__)
 
-CPU_MAX_BATCH = 8
+# On a CPU a batch costs more per image than one image does (2-core dev machine, eager: 77 images/s
+# at batch 1, 40 at batch 8; compiled 128 and 68: benchmarks/2026-11-22-cpu-2core-buckets.md), so
+# there requests run one at a time unless ARRCOC_BATCH_MAX_SIZE says otherwise.
+CPU_MAX_BATCH = 1
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -122,15 +125,20 @@ class Runtime:
         s = self.settings
         if "buckets" in s.model_fields_set or resolve_device(s.device).type != "cpu":
             return s.buckets
-        return tuple(b for b in s.buckets if b <= CPU_MAX_BATCH) or s.buckets[:1]
+        return tuple(b for b in s.buckets if b <= self._cpu_batch_cap) or s.buckets[:1]
+
+    @property
+    def _cpu_batch_cap(self) -> int:
+        s = self.settings
+        return s.batch_max_size if "batch_max_size" in s.model_fields_set else CPU_MAX_BATCH
 
     @property
     def max_batch(self) -> int:
-        """Largest batch the engine runs: ARRCOC_BATCH_MAX_SIZE if set, else 32 on a GPU and 8 on a
-        CPU, where larger batches cost more per image (benchmarks/batching-cpu-*.md)."""
+        """Largest batch the engine runs: ARRCOC_BATCH_MAX_SIZE if set, else 32 on a GPU and 1 on a
+        CPU (see CPU_MAX_BATCH)."""
         size = self.settings.batch_max_size
-        if "batch_max_size" not in self.settings.model_fields_set and self.pipeline.device.type == "cpu":
-            size = min(size, CPU_MAX_BATCH)
+        if self.pipeline.device.type == "cpu":
+            size = min(size, self._cpu_batch_cap)
         return max(1, min(size, max(self.buckets)))
 
     def prepare(self, image: Image.Image, query: str, controls: Controls, backend: str | None = None) -> PreparedRequest:
