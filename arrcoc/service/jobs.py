@@ -27,7 +27,7 @@ from typing import Any
 from PIL import Image
 
 from ..errors import ArrcocError, JobError
-from ..pipeline import Controls
+from ..pipeline import Controls, PreparedRequest
 from ..render import overlay
 from ..settings import Settings
 from .archive import Item, load_items, unpack
@@ -174,22 +174,20 @@ def run_chunk(
 
 
 def _run_group(job_id, jd, group, controls, runtime, store, settings) -> int:
-    decoded: list[tuple[Item, Image.Image]] = []
-    prepared = []
+    ready: list[tuple[Item, Image.Image, PreparedRequest]] = []
     for it in group:  # a bad image or query fails its item, not the group
         try:
             img = validate_image((jd / it.path).read_bytes(), settings)
-            prepared.append(runtime.prepare(img, it.query, controls))
-            decoded.append((it, img))
+            ready.append((it, img, runtime.prepare(img, it.query, controls)))
         except ArrcocError as e:
             _fail_item(jd, store, job_id, it, str(e))
-    if not decoded:
+    if not ready:
         return 0
     step = runtime.max_batch
     results = []
-    for i in range(0, len(prepared), step):
-        results += runtime.run_batch(prepared[i : i + step])
-    for (it, img), res in zip(decoded, results, strict=True):
+    for i in range(0, len(ready), step):
+        results += runtime.run_batch([r[2] for r in ready[i : i + step]])
+    for (it, img, _), res in zip(ready, results, strict=True):
         if isinstance(res, BaseException):
             _fail_item(jd, store, job_id, it, error_to_wire(res)["message"])
             continue
@@ -197,7 +195,7 @@ def _run_group(job_id, jd, group, controls, runtime, store, settings) -> int:
                "result": res.to_json(), "_relevance": res.relevance}  # fmt: skip
         _write_item(jd, it, img, row)
         store.mark_item(job_id, it.index)
-    return len(decoded)
+    return len(ready)
 
 
 # -- finishing ------------------------------------------------------------------------------------
