@@ -134,14 +134,17 @@ class RelevancePipeline:
         """Prepared requests -> one engine call (queries encoded together) -> one result each."""
         if not requests:
             raise InvalidInputError("No images given.")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         query_vecs = self.encoder.encode([r.query for r in requests])
         batch = torch.stack([r.pixels for r in requests])
         control_rows = torch.tensor([r.controls.as_row() for r in requests], dtype=torch.float32)
         out = self.backend.run(batch, query_vecs, control_rows)
         out = type(out)(*(t.detach().cpu() for t in out))
         model_ms = (time.perf_counter() - t0) * 1e3
-        return [self._result(out, i, r, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms})
+        # this thread's CPU for the batch, shared out: with the server's own CPU per request it
+        # shows where a worker's CPU goes (scripts/batching_bench.py)
+        cpu_ms = (time.thread_time() - cpu0) * 1e3 / len(requests)
+        return [self._result(out, i, r, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms, "batch_cpu_ms": cpu_ms})
                 for i, r in enumerate(requests)]  # fmt: skip
 
     def _result(self, out, i: int, r: PreparedRequest, timings: dict[str, float]) -> RelevanceResult:

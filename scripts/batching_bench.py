@@ -59,7 +59,7 @@ def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
         report.update(mode=mode, workers=args.workers, max_batch=int(settings["batch_max_size"]), delay_ms=args.delay_ms,
                       loadavg_1m_before=round(load0, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))  # fmt: skip
         keys = ("mode", "throughput_rps", "p50_ms", "p99_ms", "buckets", "client_cpu_ms_per_request",
-                "worker_cpu_ms_per_request")  # fmt: skip
+                "worker_cpu_ms_per_request", "timings_ms_mean")  # fmt: skip
         print(json.dumps({k: report[k] for k in keys}), flush=True)
         return report
     finally:
@@ -143,10 +143,12 @@ def markdown(doc: dict) -> str:
         "",
         "Rounds (batch size histogram is the engine bucket each result reports):",
         "",
-        "| # | batching | req/s | p50 | p99 | buckets | CPU ms/request client, worker | load avg before/after |",
+        "| # | batching | req/s | p50 | p99 | buckets | CPU ms/request client, worker (task thread, batch thread) |"
+        " load avg before/after |",
         "|---|---|---:|---:|---:|---|---|---|",
         *(f"| {i} | {r['mode']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} | {r['buckets']} |"
-          f" {r.get('client_cpu_ms_per_request', '–')}, {r.get('worker_cpu_ms_per_request', '–')} |"
+          f" {r.get('client_cpu_ms_per_request', '–')}, {r.get('worker_cpu_ms_per_request', '–')}"
+          f" ({r.get('timings_ms_mean', {}).get('task_cpu_ms', '–')}, {r.get('timings_ms_mean', {}).get('batch_cpu_ms', '–')}) |"
           f" {r['loadavg_1m_before']}/{r['loadavg_1m_after']} |" for i, r in enumerate(doc["rounds"], 1)),
         "",
         "Reproduce:",

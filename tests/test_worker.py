@@ -215,6 +215,7 @@ def test_cli_loadtest_spreads_clients_over_processes(env, worker, tmp_path):
     assert (report["ok"], report["client_processes"], report["errors"]) == (12, 2, [])
     assert sum(report["buckets"].values()) == 12 and report["throughput_rps"] > 0
     assert 0 < report["client_cpu_ms_per_request"] and report["p50_ms"] <= report["p99_ms"]
+    assert report["timings_ms_mean"]["task_cpu_ms"] > 0 and report["timings_ms_mean"]["batch_cpu_ms"] > 0
 
 
 def test_prefork_worker_builds_the_engine_in_the_child_only(env, tmp_path):

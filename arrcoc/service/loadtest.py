@@ -34,6 +34,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 class _Sample:
     latencies: list[float] = field(default_factory=list)  # ms
     buckets: Counter[int] = field(default_factory=Counter)
+    timings: Counter[str] = field(default_factory=Counter)  # sums of the results' timings_ms
     errors: list[str] = field(default_factory=list)
     start: float = 0.0  # time.time() of the first request and after the last answer
     end: float = 0.0
@@ -63,6 +64,7 @@ def _drive(ex: Executor, image: bytes, queries: Sequence[str], clients: int, req
             with lock:
                 out.latencies.append(dt * 1e3)
                 out.buckets[int(r.bucket or 0)] += 1
+                out.timings.update(r.timings_ms)
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     cpu0 = _cpu_seconds()
@@ -128,6 +130,7 @@ def run_load(
 def _report(samples: list[_Sample], clients: int, requests: int, processes: int) -> dict[str, Any]:
     latencies = [x for s in samples for x in s.latencies]
     buckets = sum((s.buckets for s in samples), Counter())
+    timings = sum((s.timings for s in samples), Counter())
     ran = [s for s in samples if s.end]
     wall = max(s.end for s in ran) - min(s.start for s in ran) if ran else float("nan")
     return {
@@ -140,6 +143,8 @@ def _report(samples: list[_Sample], clients: int, requests: int, processes: int)
         "buckets": {str(k): v for k, v in sorted(buckets.items())},
         # if this approaches processes x 1000 ms per second of wall time, the clients are the bottleneck
         "client_cpu_ms_per_request": round(sum(s.cpu_s for s in samples) * 1e3 / max(len(latencies), 1), 2),
+        # the server's own accounting, mean per request (e.g. task_cpu_ms, batch_cpu_ms, model_ms)
+        "timings_ms_mean": {k: round(v / max(len(latencies), 1), 3) for k, v in sorted(timings.items())},
     }  # fmt: skip
 
 

@@ -8,6 +8,7 @@ built lazily after any fork. The functions return JSON-safe documents: {"result"
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import socket
 import threading
@@ -103,6 +104,7 @@ class WorkerState:
     def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None,
               backend: str | None = None) -> dict[str, Any]:  # fmt: skip
         s = self.settings
+        cpu0 = time.thread_time()
         try:
             n = self.attempts(task_id)
             if n > s.max_redeliveries:
@@ -118,6 +120,8 @@ class WorkerState:
 
             pil = validate_image(data, s)
             result = self.runtime().infer(pil, query, controls_from_dict(controls), timeout, backend)
+            task_cpu_ms = (time.thread_time() - cpu0) * 1e3  # this task thread's own CPU, waits excluded
+            result = dataclasses.replace(result, timings_ms=result.timings_ms | {"task_cpu_ms": task_cpu_ms})
             doc = {"result": result_to_wire(result)}
         except ArrcocError as e:
             doc = {"error": error_to_wire(e)}
