@@ -19,7 +19,9 @@ if [ -f /tmp/mlm.part ] && [ ! -d /tmp/mlmsite ]; then
 fi
 [ -d /tmp/mlmsite ] && export PYTHONPATH="$PYTHONPATH:/tmp/mlmsite"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  _install /tmp/site .whl/*.whl
+  # reinstall when the carried set changed since this warm machine last installed it
+  [ "$(ls .whl)" = "$(cat /tmp/site/.carried 2>/dev/null)" ] || rm -rf /tmp/site
+  _install /tmp/site .whl/*.whl && ls .whl > /tmp/site/.carried
 fi
 [ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 if [ -x .redis/redis-server ]; then

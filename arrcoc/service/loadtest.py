@@ -81,14 +81,17 @@ def _drive(ex: Executor, image: bytes, queries: Sequence[str], clients: int, req
 def _client_process(make_executor: ExecutorFactory, image: bytes, queries: Sequence[str], clients: int,
                     requests: int, timeout: float, ready, go, results) -> None:  # fmt: skip
     ex = make_executor()
+    signalled = False
     try:
         ex.infer(image, queries[0], timeout=timeout)  # connections up before the clock starts
         ready.put(True)
+        signalled = True
         go.wait()
         results.put(_drive(ex, image, queries, clients, requests, timeout))
     except BaseException as e:  # noqa: BLE001 -- the parent reports it
         results.put(_Sample(errors=[f"client process: {type(e).__name__}: {e}"]))
-        ready.put(False)
+        if not signalled:
+            ready.put(False)
     finally:
         ex.close()
 

@@ -34,6 +34,17 @@ def _subset(data: Dataset, n: int) -> Dataset:
                    data.captions[: len(keep)], {k: v[: len(keep)] for k, v in data.meta.items()})  # fmt: skip
 
 
+def heldout_sets(model, encoder, cfg: TrainConfig, cache_dir: Path | None, progress: bool) -> tuple[Dataset, Dataset]:
+    """The held-out scenes (another seed) captioned with held-out phrasings, and the same scenes
+    captioned with training phrasings: the pair separates new scenes from new words."""
+    seed = cfg.seed + EVAL_SEED_OFFSET
+    return tuple(
+        build_dataset(model, encoder, cfg.eval_scenes, seed, scenes, cache_dir=cache_dir, desc="held-out scenes",
+                      workers=cfg.workers, progress=progress)
+        for scenes in (SceneConfig(heldout_phrasing=True), SceneConfig())
+    )  # fmt: skip
+
+
 def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, encoder_source: str | None = None,
                  progress: bool = True, init: Path | None = None) -> dict:  # fmt: skip
     """Train cfg.variant, write weights to `out` and the report beside it; return the report.
@@ -54,12 +65,7 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
     train_scenes = SceneConfig(extra_phrasings=cfg.extra_phrasings)
     train_data = build_dataset(model, encoder, cfg.scenes, cfg.seed, train_scenes, cache_dir=cache_dir,
                                desc="training scenes", workers=cfg.workers, progress=progress)  # fmt: skip
-    eval_data = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET,
-                              SceneConfig(heldout_phrasing=True), cache_dir=cache_dir, desc="held-out scenes",
-                              workers=cfg.workers, progress=progress)  # fmt: skip
-    # the same held-out scenes captioned with training phrasings: separates new scenes from new words
-    eval_seen = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET, SceneConfig(),
-                              cache_dir=cache_dir, desc="held-out scenes", workers=cfg.workers, progress=progress)  # fmt: skip
+    eval_data, eval_seen = heldout_sets(model, encoder, cfg, cache_dir, progress)
     t_data = time.perf_counter() - t0
     untrained = evaluate(baseline, eval_data.to(device))
     log = train(model, train_data, cfg, progress=progress)
@@ -109,11 +115,7 @@ def reevaluate(weights: Path, cfg: TrainConfig, cache_dir: Path | None = None, e
     untrained_model = create_model(cfg.variant, weights=None)
     model = create_model(cfg.variant, weights=weights)
     encoder = QueryEncoder(encoder_source, cache_size=64)
-    eval_data = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET,
-                              SceneConfig(heldout_phrasing=True), cache_dir=cache_dir, desc="held-out scenes",
-                              workers=cfg.workers, progress=progress)  # fmt: skip
-    eval_seen = build_dataset(model, encoder, cfg.eval_scenes, cfg.seed + EVAL_SEED_OFFSET, SceneConfig(),
-                              cache_dir=cache_dir, desc="held-out scenes", workers=cfg.workers, progress=progress)  # fmt: skip
+    eval_data, eval_seen = heldout_sets(model, encoder, cfg, cache_dir, progress)
     js, md = report_paths(weights)
     report = json.loads(js.read_text()) if js.is_file() else {"variant": cfg.variant, "settings": {}}
     report.update({
