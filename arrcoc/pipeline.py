@@ -65,6 +65,24 @@ class PreparedRequest:
     prepare_ms: float
 
 
+def prepare_request(
+    image: ImageLike, query: str, controls: Controls | None, config, image_size: int, max_chars: int,
+    limits: ImageLimits,
+) -> PreparedRequest:  # fmt: skip
+    """Everything per request that needs no model: checks, decoding, resizing.
+
+    Servers call this in the request's own thread (or process), so a batch waits only for the
+    engine (Pillow releases the GIL while it decodes and resizes: requests prepare in parallel).
+    `config` is the variant's model config (grid, k, token_budget).
+    """
+    t0 = time.perf_counter()
+    checked = (controls or Controls()).validated(config.grid * config.grid, config.k, config.token_budget)
+    text = validate_query(query, max_chars)
+    pil = load_image(image, limits)
+    pixels = to_tensor(pil, image_size)
+    return PreparedRequest(pixels, pil.size, text, checked, (time.perf_counter() - t0) * 1e3)
+
+
 class RelevancePipeline:
     def __init__(
         self,
@@ -117,18 +135,9 @@ class RelevancePipeline:
         return self.run([self.prepare(im, q, c) for im, q, c in zip(images, queries, controls, strict=True)])
 
     def prepare(self, image: ImageLike, query: str, controls: Controls | None = None) -> PreparedRequest:
-        """Everything per request that needs no model: checks, decoding, resizing.
-
-        Servers call this in the request's own thread, so a batch waits only for the engine
-        (Pillow releases the GIL while it decodes and resizes: requests prepare in parallel).
-        """
-        t0 = time.perf_counter()
-        cfg = self.model.config
-        checked = (controls or Controls()).validated(cfg.grid * cfg.grid, cfg.k, cfg.token_budget)
-        text = validate_query(query, self.encoder.max_chars)
-        pil = load_image(image, self.limits)
-        pixels = to_tensor(pil, self.variant.image_size)
-        return PreparedRequest(pixels, pil.size, text, checked, (time.perf_counter() - t0) * 1e3)
+        """Everything per request that needs no model (see `prepare_request`)."""
+        return prepare_request(image, query, controls, self.model.config, self.variant.image_size,
+                               self.encoder.max_chars, self.limits)  # fmt: skip
 
     def run(self, requests: list[PreparedRequest]) -> list[RelevanceResult]:
         """Prepared requests -> one engine call (queries encoded together) -> one result each."""

@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     max_archive_bytes: int = 1024 * 1024 * 1024  # batch zip upload
     max_archive_ratio: int = 200  # uncompressed / compressed per entry above this: a zip bomb
     worker_threads: int | None = None  # None: batch_max_size + 4 (threads pool: batching needs them)
+    # Celery processes per device sharing one engine process (docs/service.md: one process takes
+    # ~135 messages/s; several feed one batcher). 1: the engine runs inside the worker process.
+    worker_processes: int = 1
+    # set by `arrcoc worker --processes N` for its Celery processes: where their engine listens
+    engine_socket: str | None = None
+    engine_authkey: str | None = None
 
     @field_validator("backends", "buckets", mode="before")
     @classmethod

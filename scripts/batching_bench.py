@@ -32,16 +32,22 @@ from arrcoc.settings import default_settings  # noqa: E402
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc; the warm-up request included)."""
+    """User + system CPU seconds of a process and its live descendants (a worker group's engine and
+    Celery processes) so far (Linux /proc; the warm-up request included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own + sum(process_cpu_s(int(c)) for c in children)
 
 
 def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
-    threads = -(-args.clients // args.workers) + 4  # every client's request can be in flight
+    threads = (
+        -(-args.clients // (args.workers * args.processes)) + 4
+    )  # every client's request can be in flight
     settings = {"device": args.device, "backend": args.backend, "backends": args.backend,
                 "batch_max_size": str(args.max_batch if mode == "on" else 1),
-                "batch_max_delay_ms": str(args.delay_ms), "worker_threads": str(threads)}  # fmt: skip
+                "batch_max_delay_ms": str(args.delay_ms), "worker_threads": str(threads),
+                "worker_processes": str(args.processes)}  # fmt: skip
     env = worker_env(redis.url, root / "data", **settings)
     workers = [Worker(env, root / f"worker-{mode}-{i}-{time.time():.0f}.log") for i in range(args.workers)]
     try:
@@ -49,14 +55,16 @@ def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
             w.ready(300)
         from arrcoc.service.celery_executor import CeleryExecutor
 
-        make_executor = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=root / "data"))
+        make_executor = functools.partial(
+            CeleryExecutor, default_settings(broker_url=redis.url, data_dir=root / "data")
+        )
         load0 = os.getloadavg()[0]
         cpu0 = sum(process_cpu_s(w.p.pid) for w in workers)
         report = run_load(make_executor, args.image.read_bytes(), LOADTEST_QUERIES, args.clients, args.requests,
                           args.timeout, args.client_processes)  # fmt: skip
         cpu = sum(process_cpu_s(w.p.pid) for w in workers) - cpu0
         report["worker_cpu_ms_per_request"] = round(cpu * 1e3 / max(report["ok"], 1), 2)
-        report.update(mode=mode, workers=args.workers, max_batch=int(settings["batch_max_size"]), delay_ms=args.delay_ms,
+        report.update(mode=mode, workers=args.workers, processes=args.processes, max_batch=int(settings["batch_max_size"]), delay_ms=args.delay_ms,
                       loadavg_1m_before=round(load0, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))  # fmt: skip
         keys = ("mode", "throughput_rps", "p50_ms", "p99_ms", "buckets", "client_cpu_ms_per_request",
                 "worker_cpu_ms_per_request", "timings_ms_mean")  # fmt: skip
@@ -80,6 +88,8 @@ def main() -> int:
     p.add_argument("--backend", default="eager", help="the backend the worker serves")
     p.add_argument("--workers", type=int, default=1,
                    help="`arrcoc worker` processes on the one device (each batches its own requests)")  # fmt: skip
+    p.add_argument("--processes", type=int, default=1,
+                   help="Celery processes per worker sharing its engine process (`arrcoc worker --processes`)")  # fmt: skip
     p.add_argument("--image", type=Path, default=REPO / "arrcoc" / "examples" / "coffee.jpg")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks")
@@ -97,25 +107,37 @@ def main() -> int:
     summary = {}
     for mode in ("off", "on"):
         rs = [r for r in rounds if r["mode"] == mode]
-        summary[mode] = {k: round(statistics.median(r[k] for r in rs), 2) for k in ("throughput_rps", "p50_ms", "p99_ms")}
+        summary[mode] = {
+            k: round(statistics.median(r[k] for r in rs), 2) for k in ("throughput_rps", "p50_ms", "p99_ms")
+        }
     summary["throughput_ratio"] = round(summary["on"]["throughput_rps"] / summary["off"]["throughput_rps"], 2)
     summary["p99_ratio_on_over_off"] = round(summary["on"]["p99_ms"] / summary["off"]["p99_ms"], 3)
     import torch
 
-    commit = os.environ.get("ARRCOC_COMMIT") or subprocess.run(  # the GPU machine's copy has no .git
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = (
+        os.environ.get("ARRCOC_COMMIT")
+        or subprocess.run(  # the GPU machine's copy has no .git
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    )
     doc = {"schema": "arrcoc.batching-bench/1", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": "python " + " ".join([str(Path(sys.argv[0]).relative_to(REPO) if Path(sys.argv[0]).is_absolute() else sys.argv[0]), *sys.argv[1:]]),
            "commit": commit, "device": args.device, "cpus": os.cpu_count(), "platform": platform.platform(),
            "torch": torch.__version__, "clients": args.clients, "requests_per_round": args.requests,
-           "backend": args.backend, "workers": args.workers, "client_processes": args.client_processes, "max_batch": args.max_batch, "delay_ms": args.delay_ms, "image": args.image.name,
+           "backend": args.backend, "workers": args.workers, "processes": args.processes, "client_processes": args.client_processes, "max_batch": args.max_batch, "delay_ms": args.delay_ms, "image": args.image.name,
            "summary": summary, "rounds": rounds}  # fmt: skip
-    suffix = f"-w{args.workers}" if args.workers > 1 else ""
-    stem = args.out / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}-b{args.max_batch}{suffix}"
+    suffix = (f"-w{args.workers}" if args.workers > 1 else "") + (
+        f"-p{args.processes}" if args.processes > 1 else ""
+    )
+    stem = (
+        args.out
+        / f"batching-{args.device}-{time.strftime('%Y%m%d', time.gmtime())}-b{args.max_batch}{suffix}"
+    )
     n = 1
     while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():  # never overwrite a report
         n += 1
         stem = stem.with_name(f"{stem.name.rsplit('-run', 1)[0]}-run{n}")
+    args.out.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(doc))
     print(json.dumps(summary, indent=2))
@@ -128,8 +150,9 @@ def markdown(doc: dict) -> str:
         f"# Dynamic batching on {doc['device']}: {doc['clients']} concurrent clients through Celery",
         "",
         f"{doc['date']}, commit {doc['commit']}, {doc['cpus']} CPUs ({doc['platform']}), torch {doc['torch']}.",
-        f"Each round: {doc.get('workers', 1)} fresh `arrcoc worker` process(es) ({doc.get('backend', 'eager')} backend,"
-        f" threads pool) on one redis-server;",
+        f"Each round: {doc.get('workers', 1)} fresh `arrcoc worker --processes {doc.get('processes', 1)}`"
+        f" ({doc.get('backend', 'eager')} backend, threads pool"
+        + (", Celery processes sharing one engine process" if doc.get("processes", 1) > 1 else "") + ") on one redis-server;",
         f"{doc['requests_per_round']} requests of `{doc['image']}` from {doc['clients']} client threads"
         f" (in {doc.get('client_processes', 1)} processes) calling",
         "`CeleryExecutor.infer` back to back. Off = `ARRCOC_BATCH_MAX_SIZE=1`; on = max batch"

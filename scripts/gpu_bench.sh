@@ -44,7 +44,7 @@ EOF
     $PY -m arrcoc.bench --startup-only --variants arrcoc-vit-b16 --backends compiled --out "$OUT" \
       --name startup-vit 2>&1 | grep -E "^\||rror"
     ;;
-  batching)
+  batching)  # extra arguments go to batching_bench.py, e.g. --processes 4
     $PY scripts/batching_bench.py --device cuda --clients 32 --client-processes 8 --max-batch 32 --requests 1024 \
       --rounds 2 --out "$OUT" "$@" \
       2>&1 | tee "$OUT/batching.log" | grep -vE "Warning|warn\("

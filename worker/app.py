@@ -26,7 +26,7 @@ def _warm_child(**_) -> None:  # prefork child: after the fork, before the first
     from .tasks import state
 
     state.reset()
-    state.runtime().pipeline  # noqa: B018 -- build and warm now
+    state.runtime().warm()
 
 
 _pool = {"name": ""}
@@ -44,7 +44,7 @@ def _warm_main(**_) -> None:  # threads/solo: tasks run in this process, so warm
         return  # children build their own (worker_process_init); this parent must stay CUDA-free
     from .tasks import state
 
-    threading.Thread(target=lambda: state.runtime().pipeline, name="arrcoc-warmup", daemon=True).start()
+    threading.Thread(target=lambda: state.runtime().warm(), name="arrcoc-warmup", daemon=True).start()
 
 
 @signals.worker_shutdown.connect

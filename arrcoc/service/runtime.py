@@ -11,7 +11,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from ..query import validate_query
 from ..result import RelevanceResult
 from ..settings import Settings
 from .batching import DynamicBatcher
+from .executor import BenchRequest
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +142,15 @@ class Runtime:
             size = min(size, self._cpu_batch_cap)
         return max(1, min(size, max(self.buckets)))
 
-    def prepare(self, image: Image.Image, query: str, controls: Controls, backend: str | None = None) -> PreparedRequest:
+    def prepare(
+        self, image: Image.Image, query: str, controls: Controls, backend: str | None = None
+    ) -> PreparedRequest:
         """Check and resize one request in the caller's thread (see RelevancePipeline.prepare)."""
         return self.pipeline_for(backend).prepare(image, query, controls)
 
-    def run_batch(self, items: Sequence[PreparedRequest], backend: str | None = None) -> list[RelevanceResult | Exception]:
+    def run_batch(
+        self, items: Sequence[PreparedRequest], backend: str | None = None
+    ) -> list[RelevanceResult | Exception]:
         """Prepared requests -> one result or one error per item."""
         pipe = self.pipeline_for(backend)
         with self.device_lock:
@@ -189,16 +194,26 @@ class Runtime:
     def infer(
         self, image: Image.Image, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
-        deadline = time.monotonic() + timeout
-        batcher = self.batcher_for(backend)
-        fut = batcher.submit(self.prepare(image, query, controls, backend), deadline)
+        return self.infer_prepared(self.prepare(image, query, controls, backend), timeout, backend)
+
+    def infer_prepared(
+        self, request: PreparedRequest, timeout: float, backend: str | None = None
+    ) -> RelevanceResult:
+        """One prepared request through the batcher: waits at most `timeout` seconds."""
+        fut = self.batcher_for(backend).submit(request, time.monotonic() + timeout)
         try:
             return fut.result(timeout=timeout)
         except TimeoutError:
             fut.cancel()
             from .batching import DeadlineExceeded
 
-            raise DeadlineExceeded(f"No result within {timeout:.0f} s; the engine is busy. Try again.") from None
+            raise DeadlineExceeded(
+                f"No result within {timeout:.0f} s; the engine is busy. Try again."
+            ) from None
+
+    def warm(self) -> None:
+        """Build and warm the default backend's engine and batcher now, not on the first request."""
+        self.batcher_for(None)
 
     # -- benchmarks: the device held exclusively -------------------------------------------
     @contextlib.contextmanager
@@ -215,6 +230,18 @@ class Runtime:
                 note["held_ms"] = round((time.perf_counter() - t1) * 1e3, 1)
                 after = self.submitted
                 note["interactive_requests_waited"] = after - before
+
+    def benchmark(
+        self, request: BenchRequest, progress: Callable[[float, str], None] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The harness's report with the device held throughout, and what waited meanwhile."""
+        from .benchrun import run_benchmark
+
+        with self.exclusive() as note:
+            if progress:
+                progress(0.0, "starting")
+            report = run_benchmark(request, self, self.settings, progress)
+        return report, note
 
     def close(self) -> None:
         for batcher in self._batchers.values():

@@ -124,13 +124,21 @@ class Worker(Proc):
         argv = [sys.executable, "-m", "arrcoc", "worker", "-l", "info", "-n", self.name, "-P", pool]
         if concurrency:
             argv += ["-c", str(concurrency)]
+        self.env = env
         super().__init__(argv, env, log)
 
     def ready(self, timeout: float = 120.0) -> Worker:
+        """Until the engine is warm and, in a group (ARRCOC_WORKER_PROCESSES), every Celery process
+        has reached it."""
+        processes = int(self.env.get("ARRCOC_WORKER_PROCESSES", "1"))
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             text = self.text()
-            if "engine " in text and " ready in " in text:
+            if (
+                "engine " in text
+                and " ready in " in text
+                and (processes == 1 or text.count("serves this worker") >= processes)
+            ):
                 return self
             if not self.alive():
                 raise RuntimeError(f"the worker exited: {text[-2000:]}")
@@ -156,5 +164,7 @@ def seeded_weights(path: Path, variant: str = "arrcoc-texture", seed: int = 0) -
 
         meta = {"format": FORMAT, "variant": variant, "version": f"test-seed{seed}",
                 "architecture": architecture_hash(model)}  # fmt: skip
-        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
+        save_file(
+            {k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta
+        )
     return path

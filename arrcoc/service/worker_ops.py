@@ -15,10 +15,13 @@ import threading
 import time
 from typing import Any
 
+import torch
+
 from ..errors import ArrcocError
 from ..settings import Settings, get_settings
 from . import jobs
 from .codec import error_to_wire, result_to_wire
+from .engine_process import EngineClient
 from .executor import ServiceUnavailableError
 from .runtime import Runtime, controls_from_dict
 from .store import RedisJobStore, redis_client
@@ -49,7 +52,7 @@ class WorkerState:
 
     def reset(self) -> None:
         self._settings: Settings | None = None
-        self._runtime: Runtime | None = None
+        self._runtime: Runtime | EngineClient | None = None
         self._store: RedisJobStore | None = None
         self._raw = None
         self.chunk_gate = threading.Semaphore(1)  # one batch chunk at a time; interactive work interleaves
@@ -60,10 +63,18 @@ class WorkerState:
             self._settings = get_settings()
         return self._settings
 
-    def runtime(self) -> Runtime:
+    def runtime(self) -> Runtime | EngineClient:
+        """The engine in this process, or the group's engine process (`arrcoc worker --processes N`)."""
         with self._lock:
             if self._runtime is None:
-                self._runtime = Runtime(self.settings)
+                s = self.settings
+                if s.engine_socket and s.engine_authkey:
+                    # no model runs here: torch's CPU work is small copies, and each calling thread
+                    # would otherwise keep its own team of spinning OpenMP threads on every core
+                    torch.set_num_threads(1)
+                    self._runtime = EngineClient(s, s.engine_socket, bytes.fromhex(s.engine_authkey))
+                else:
+                    self._runtime = Runtime(s)
         return self._runtime
 
     def store(self) -> RedisJobStore:
@@ -72,7 +83,9 @@ class WorkerState:
                 from .celery_config import broker_url
 
                 url = broker_url(self.settings)
-                self._store = RedisJobStore(redis_client(url, self.settings.redis_timeout_s), self.settings.redis_prefix)
+                self._store = RedisJobStore(
+                    redis_client(url, self.settings.redis_timeout_s), self.settings.redis_prefix
+                )
                 import redis
 
                 self._raw = redis.Redis.from_url(url, socket_timeout=self.settings.redis_timeout_s,
@@ -115,7 +128,9 @@ class WorkerState:
                 raise ArrcocError("The request waited past its deadline in the queue; try again.")
             data = self.raw.get(key)
             if data is None:
-                raise ArrcocError("The image expired before a worker picked it up (queue too long); submit again.")
+                raise ArrcocError(
+                    "The image expired before a worker picked it up (queue too long); submit again."
+                )
             from .runtime import validate_image
 
             pil = validate_image(data, s)
@@ -145,7 +160,9 @@ class WorkerState:
         def device_lock():
             lock = store.r.lock(name, timeout=s.task_time_limit_s, blocking_timeout=s.task_time_limit_s)
             if not lock.acquire():
-                raise ArrcocError(f"The device stayed busy for {s.task_time_limit_s} s; the benchmark gave up.")
+                raise ArrcocError(
+                    f"The device stayed busy for {s.task_time_limit_s} s; the benchmark gave up."
+                )
             try:
                 yield
             finally:
@@ -153,4 +170,6 @@ class WorkerState:
                     lock.release()
 
         with self.chunk_gate:
-            return _riding_out_redis(lambda: jobs.run_bench_job(job_id, self.runtime(), store, s, device_lock))
+            return _riding_out_redis(
+                lambda: jobs.run_bench_job(job_id, self.runtime(), store, s, device_lock)
+            )

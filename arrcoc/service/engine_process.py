@@ -1,0 +1,250 @@
+"""The engine in a process of its own, fed by several Celery worker processes on the same device.
+
+Why: one Celery process takes its messages through one consumer thread under one GIL (receive,
+acks_late bookkeeping, task events, results), ~135 requests/s on the H100 host, so batching in
+that process cannot go faster than that (docs/service.md). `arrcoc worker --processes N` runs N
+Celery processes that check, decode and resize requests in parallel and send them here, where one
+Runtime (engine + dynamic batcher) serves them all: vLLM splits its API server from its engine
+core for the same reason.
+
+Wire: pickled tuples over a local socket (`multiprocessing.connection`, AF_UNIX, an auth key the
+supervisor makes per group). One connection per client thread; a request is `(op, *args)`, the
+reply `("ok", value)` or `("err", ArrcocError)`, with `("progress", fraction, message)` before a
+benchmark's reply. Pixels travel as numpy arrays (plain pickle, one copy), never as torch tensors
+(torch's own pickling for multiprocessing expects shared-memory handles).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
+
+import torch
+
+from ..errors import ArrcocError, EngineError
+from ..pipeline import Controls, PreparedRequest, prepare_request
+from ..registry import get_variant
+from ..result import RelevanceResult
+from ..settings import Settings, get_settings
+from .executor import BenchRequest, ServiceUnavailableError
+from .runtime import Runtime, image_limits
+
+log = logging.getLogger(__name__)
+
+
+class EngineUnavailableError(ServiceUnavailableError):
+    """The engine process did not answer (it stopped, or is restarting with its worker group)."""
+
+
+def _send(conn: Connection, msg: Any) -> None:
+    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+def _to_wire(r: PreparedRequest) -> PreparedRequest:
+    return dataclasses.replace(r, pixels=r.pixels.numpy())
+
+
+def _from_wire(r: PreparedRequest) -> PreparedRequest:
+    return dataclasses.replace(r, pixels=torch.from_numpy(r.pixels))
+
+
+def _wire_error(e: BaseException) -> ArrcocError:
+    """What crosses back: our errors as they are, anything else (a bug, the device) as EngineError."""
+    return e if isinstance(e, ArrcocError) else EngineError(f"The engine failed: {type(e).__name__}: {e}")
+
+
+# -- the server: in the engine process ------------------------------------------------------------
+class EngineServer:
+    """Serves one Runtime to local clients: a thread per connection, all sharing its batcher."""
+
+    def __init__(self, runtime: Runtime, address: str, authkey: bytes):
+        self.runtime = runtime
+        self.listener = Listener(address, family="AF_UNIX", authkey=authkey)
+
+    def serve_forever(self) -> None:
+        while True:
+            try:
+                conn = self.listener.accept()
+            except OSError:  # the listener closed: shutting down
+                return
+            except Exception as e:  # noqa: BLE001 -- a client with the wrong key: refuse it, keep serving
+                log.warning("refused a connection: %s", e)
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="arrcoc-engine-conn", daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _serve(self, conn: Connection) -> None:
+        with conn:
+            while True:
+                try:
+                    op, *args = _recv(conn)
+                except (EOFError, OSError):
+                    return  # the client thread or its process went away
+                try:
+                    handler = getattr(self, f"_op_{op}", None)
+                    if handler is None:
+                        raise EngineError(f"Unknown engine operation {op!r}.")
+                    reply = ("ok", handler(conn, *args))
+                except Exception as e:  # noqa: BLE001 -- every error goes back to the caller
+                    reply = ("err", _wire_error(e))
+                try:
+                    _send(conn, reply)
+                except (OSError, ValueError):
+                    return
+
+    def _op_info(self, conn: Connection) -> dict[str, Any]:
+        return {
+            "max_batch": self.runtime.max_batch,
+            "pid": os.getpid(),
+            "device": str(self.runtime.pipeline.device),
+        }
+
+    def _op_infer(
+        self, conn: Connection, request: PreparedRequest, timeout: float, backend: str | None
+    ) -> RelevanceResult:
+        return self.runtime.infer_prepared(_from_wire(request), timeout, backend)
+
+    def _op_run(self, conn: Connection, items: list[PreparedRequest], backend: str | None) -> list[Any]:
+        out = self.runtime.run_batch([_from_wire(r) for r in items], backend)
+        return [_wire_error(r) if isinstance(r, BaseException) else r for r in out]
+
+    def _op_bench(self, conn: Connection, request: BenchRequest) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.runtime.benchmark(request, lambda f, m: _send(conn, ("progress", f, m)))
+
+
+# -- the client: in each Celery worker process ------------------------------------------------------
+class EngineClient:
+    """What a Celery worker process needs of a Runtime, with the engine in the engine process.
+
+    Requests are checked, decoded and resized here (in the task's thread), so only the engine's
+    work is serialised in the engine process.
+    """
+
+    def __init__(self, settings: Settings, address: str, authkey: bytes):
+        self.settings = settings
+        self._address = address
+        self._authkey = authkey
+        self._variant = get_variant(settings.variant)
+        self._limits = image_limits(settings)
+        self._local = threading.local()  # one connection per thread: replies never interleave
+        self._info: dict[str, Any] | None = None
+
+    def _conn(self) -> Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = Client(self._address, family="AF_UNIX", authkey=self._authkey)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _call(self, msg: tuple, timeout: float | None = None,
+              on_progress: Callable[[float, str], None] | None = None) -> Any:  # fmt: skip
+        try:
+            conn = self._conn()
+            _send(conn, msg)
+            while True:
+                if not conn.poll(timeout):  # the reply may still come: this connection is out of step now
+                    self._drop()
+                    from .batching import DeadlineExceeded
+
+                    raise DeadlineExceeded(
+                        f"No result within {timeout:.0f} s; the engine is busy. Try again."
+                    )
+                kind, *payload = _recv(conn)
+                if kind != "progress":
+                    break
+                if on_progress:
+                    on_progress(*payload)
+        except (EOFError, OSError) as e:
+            self._drop()
+            raise EngineUnavailableError(f"The engine process is not answering ({type(e).__name__}); the worker"
+                                         " group restarts when it stops. Try again.") from None  # fmt: skip
+        if kind == "err":
+            raise payload[0]
+        return payload[0]
+
+    @property
+    def info(self) -> dict[str, Any]:
+        if self._info is None:
+            self._info = self._call(("info",), timeout=self.settings.redis_timeout_s * 6)
+        return self._info
+
+    def warm(self) -> None:
+        log.info("engine process %s on %s serves this worker (max batch %d)", self.info["pid"], self.info["device"],
+                 self.max_batch)  # fmt: skip
+
+    @property
+    def max_batch(self) -> int:
+        return int(self.info["max_batch"])
+
+    def prepare(
+        self, image: Any, query: str, controls: Controls, backend: str | None = None
+    ) -> PreparedRequest:
+        return prepare_request(image, query, controls, self._variant.config, self._variant.image_size,
+                               self.settings.max_query_chars, self._limits)  # fmt: skip
+
+    def infer(
+        self, image: Any, query: str, controls: Controls, timeout: float, backend: str | None = None
+    ) -> RelevanceResult:
+        request = _to_wire(self.prepare(image, query, controls, backend))
+        # the engine keeps the deadline; the extra second is for the reply to arrive
+        return self._call(("infer", request, timeout, backend), timeout=timeout + 1.0)
+
+    def run_batch(
+        self, items: Sequence[PreparedRequest], backend: str | None = None
+    ) -> list[RelevanceResult | Exception]:
+        return self._call(("run", [_to_wire(r) for r in items], backend))
+
+    def benchmark(self, request: BenchRequest, progress: Callable[[float, str], None] | None = None
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+        return self._call(("bench", request), on_progress=progress)
+
+    def close(self) -> None:
+        self._drop()
+
+
+# -- the engine process's entry point ------------------------------------------------------------------
+def main() -> int:
+    """`python -m arrcoc.service.engine_process`: started by `arrcoc worker --processes N`."""
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/engine] %(message)s")
+    settings = get_settings()
+    if not settings.engine_socket or not settings.engine_authkey:
+        print("ARRCOC_ENGINE_SOCKET and ARRCOC_ENGINE_AUTHKEY must be set (arrcoc worker --processes N sets them)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    runtime = Runtime(settings)
+    runtime.warm()
+    # listening only once warm: a client that connects is served at once
+    server = EngineServer(runtime, settings.engine_socket, bytes.fromhex(settings.engine_authkey))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # out of accept(), through the finally below
+    log.info("engine process %d listening on %s", os.getpid(), settings.engine_socket)
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+        runtime.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""`arrcoc worker --processes N`: one engine process and N Celery worker processes on one device.
+
+This supervisor never touches the device. It starts the engine process, waits until it listens,
+then starts the Celery processes pointed at it (see engine_process.py for why). The group lives
+and dies together: if any member exits, the others are stopped and the supervisor exits non-zero
+(compose or systemd restarts it; unacknowledged tasks are redelivered). Members get SIGKILL from
+the kernel if the supervisor itself is killed, so a killed worker leaves no orphans behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Client
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux)
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _wait_listening(engine: subprocess.Popen, address: str, authkey: bytes, timeout: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if engine.poll() is not None:
+            raise RuntimeError(f"the engine process exited with code {engine.returncode} before it was ready")
+        if os.path.exists(address):
+            with contextlib.suppress(OSError):
+                Client(address, family="AF_UNIX", authkey=authkey).close()
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the engine process did not listen within {timeout:.0f} s")
+
+
+def node_name(hostname: str, i: int) -> str:
+    """Celery node names of the group's processes: arrcoc@%h -> arrcoc-1@%h, ..."""
+    name, at, host = hostname.partition("@")
+    return f"{name}-{i}{at}{host}"
+
+
+def run_group(processes: int, front_args: list[str], hostname: str, ready_timeout: float = 1800.0) -> int:
+    """Run the group until a signal or a member's exit; returns the exit code."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="arrcoc-engine-"))
+    address = str(sock_dir / "engine.sock")
+    authkey = secrets.token_bytes(16)
+    env = dict(os.environ, ARRCOC_ENGINE_SOCKET=address, ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
+               ARRCOC_WORKER_PROCESSES="1")  # fmt: skip
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    members: list[subprocess.Popen] = []
+    code = 0
+    try:
+        engine = subprocess.Popen([sys.executable, "-m", "arrcoc.service.engine_process"], env=env,
+                                  preexec_fn=_die_with_parent)  # fmt: skip
+        members.append(engine)
+        _wait_listening(engine, address, authkey, ready_timeout)
+        for i in range(1, processes + 1):
+            argv = [sys.executable, "-m", "arrcoc", "worker", *front_args, "-n", node_name(hostname, i)]
+            members.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))
+        log.info(
+            "worker group: engine process %d, Celery processes %s", engine.pid, [p.pid for p in members[1:]]
+        )
+        while not stop.wait(0.5):
+            ended = next((p for p in members if p.poll() is not None), None)
+            if ended is not None:
+                log.error(
+                    "worker group: process %d exited with code %s; stopping the group",
+                    ended.pid,
+                    ended.returncode,
+                )
+                code = ended.returncode or 1
+                break
+    except RuntimeError as e:
+        log.error("worker group: %s", e)
+        code = 1
+    finally:
+        _stop_all(members)
+        with contextlib.suppress(OSError):
+            os.unlink(address)
+            sock_dir.rmdir()
+    return code
+
+
+def _stop_all(members: list[subprocess.Popen], timeout: float = 20.0) -> None:
+    """Celery processes first (a warm shutdown lets running tasks finish), the engine last."""
+    engine, fronts = members[:1], members[1:]
+    for group in (fronts, engine):
+        for p in group:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in group:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout)
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
