@@ -59,6 +59,12 @@ def run_group(processes: int, front_args: list[str], hostname: str, ready_timeou
     authkey = secrets.token_bytes(16)
     env = dict(os.environ, ARRCOC_ENGINE_SOCKET=address, ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
                ARRCOC_WORKER_PROCESSES="1")  # fmt: skip
+    # OpenMP (torch's CPU threads) reads these at start-up. Idle OpenMP threads spin by default,
+    # burning cores the other processes need; the Celery processes run no model, only small
+    # copies, so one thread each (torch.set_num_threads would apply to the calling thread only).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    front_env = dict(env)
+    front_env.setdefault("OMP_NUM_THREADS", "1")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -71,7 +77,7 @@ def run_group(processes: int, front_args: list[str], hostname: str, ready_timeou
         _wait_listening(engine, address, authkey, ready_timeout)
         for i in range(1, processes + 1):
             argv = [sys.executable, "-m", "arrcoc", "worker", *front_args, "-n", node_name(hostname, i)]
-            members.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))
+            members.append(subprocess.Popen(argv, env=front_env, preexec_fn=_die_with_parent))
         log.info(
             "worker group: engine process %d, Celery processes %s", engine.pid, [p.pid for p in members[1:]]
         )

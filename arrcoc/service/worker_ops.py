@@ -15,8 +15,6 @@ import threading
 import time
 from typing import Any
 
-import torch
-
 from ..errors import ArrcocError
 from ..settings import Settings, get_settings
 from . import jobs
@@ -69,9 +67,6 @@ class WorkerState:
             if self._runtime is None:
                 s = self.settings
                 if s.engine_socket and s.engine_authkey:
-                    # no model runs here: torch's CPU work is small copies, and each calling thread
-                    # would otherwise keep its own team of spinning OpenMP threads on every core
-                    torch.set_num_threads(1)
                     self._runtime = EngineClient(s, s.engine_socket, bytes.fromhex(s.engine_authkey))
                 else:
                     self._runtime = Runtime(s)
