@@ -148,7 +148,7 @@ class RelevancePipeline:
         batch = torch.stack([r.pixels for r in requests])
         control_rows = torch.tensor([r.controls.as_row() for r in requests], dtype=torch.float32)
         out = self.backend.run(batch, query_vecs, control_rows)
-        out = type(out)(*(t.detach().cpu() for t in out))
+        out = type(out)(*(t.detach().cpu().numpy() for t in out))  # one copy per output, sliced per item below
         model_ms = (time.perf_counter() - t0) * 1e3
         # this thread's CPU for the batch, shared out: with the server's own CPU per request it
         # shows where a worker's CPU goes (scripts/batching_bench.py)
@@ -157,6 +157,7 @@ class RelevancePipeline:
                 for i, r in enumerate(requests)]  # fmt: skip
 
     def _result(self, out, i: int, r: PreparedRequest, timings: dict[str, float]) -> RelevanceResult:
+        """Item i of a batch's outputs (numpy arrays) as its result."""
         c = r.controls
         k = int(c.k)
         return RelevanceResult(
@@ -164,16 +165,16 @@ class RelevancePipeline:
             weights_version=self.weights_version,
             backend=self.backend.name,
             query=r.query,
-            relevance=out.relevance[i].numpy(),
-            information=out.information[i].numpy(),
-            perspectival=out.perspectival[i].numpy(),
-            participatory=out.participatory[i].numpy(),
-            balance=out.balance[i].numpy(),
-            tensions=out.tensions[i].numpy(),
-            selected=out.order[i, :k].numpy(),
-            budgets=out.budgets[i, :k].numpy().astype(np.int64),
-            budget_map=out.budget_map[i].numpy(),
-            texture=out.texture[i].numpy(),
+            relevance=out.relevance[i],
+            information=out.information[i],
+            perspectival=out.perspectival[i],
+            participatory=out.participatory[i],
+            balance=out.balance[i],
+            tensions=out.tensions[i],
+            selected=out.order[i, :k],
+            budgets=out.budgets[i, :k].astype(np.int64),
+            budget_map=out.budget_map[i],
+            texture=out.texture[i],
             image_size=r.size,
             token_budget=int(c.token_budget),
             benchmark_only=self.variant.benchmark_only,

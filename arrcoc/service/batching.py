@@ -2,8 +2,9 @@
 
 Callers `submit()` an item from any thread and wait on the returned Future. One batching thread
 takes the first waiting item, then keeps collecting until `max_batch` items are in hand or
-`max_delay_s` has passed since that first item, and runs them as one batch. Under load the
-backlog fills a batch at once (no delay); when idle a request waits at most `max_delay_s`.
+`max_delay_s` has passed since that first item arrived, and runs them as one batch. Under load
+the backlog that queued during the last batch runs at once; when idle a request waits at most
+`max_delay_s`.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ class DynamicBatcher:
 
     def _collect(self, first: _Request) -> list[_Request]:
         batch = [first]
-        until = time.monotonic() + self.max_delay_s
+        # the delay counts from when the first request arrived (Triton's max queue delay): one that
+        # already waited out a running batch goes with whatever else queued meanwhile, at once
+        until = first.enqueued + self.max_delay_s
         while len(batch) < self.max_batch:
             remaining = until - time.monotonic()
             try:

@@ -8,6 +8,7 @@ prefork parent can import this module and fork safely.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -200,7 +201,8 @@ class Runtime:
         self, request: PreparedRequest, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
         """One prepared request through the batcher: waits at most `timeout` seconds."""
-        fut = self.batcher_for(backend).submit(request, time.monotonic() + timeout)
+        batcher = self.batcher_for(backend)
+        fut = batcher.submit(self._staged(request, backend), time.monotonic() + timeout)
         try:
             return fut.result(timeout=timeout)
         except TimeoutError:
@@ -210,6 +212,16 @@ class Runtime:
             raise DeadlineExceeded(
                 f"No result within {timeout:.0f} s; the engine is busy. Try again."
             ) from None
+
+    def _staged(self, request: PreparedRequest, backend: str | None) -> PreparedRequest:
+        """On a GPU, copy the pixels to the device as the request arrives (pinned, asynchronous,
+        in the caller's thread), so the batch thread stacks them there instead of copying 0.8 MB
+        per image from pageable memory while the batch waits (2 + 1.7 ms at batch 16 on the H100)."""
+        device = self.pipeline_for(backend).device
+        if device.type != "cuda" or request.pixels.device == device:
+            return request
+        pixels = request.pixels.pin_memory().to(device, non_blocking=True)
+        return dataclasses.replace(request, pixels=pixels)
 
     def warm(self) -> None:
         """Build and warm the default backend's engine and batcher now, not on the first request."""
