@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Container healthchecks. `arrcoc-healthcheck worker`: this container's worker answers a ping
-over the broker. `arrcoc-healthcheck demo`: the demo answers HTTP on its port."""
+"""Container healthchecks. `arrcoc-healthcheck worker`: each of this container's worker processes
+answers a ping over the broker. `arrcoc-healthcheck demo`: the demo answers HTTP on its port."""
 
 import os
 import socket
@@ -13,9 +13,12 @@ def worker() -> int:
 
     app = Celery(broker=os.environ.get("ARRCOC_BROKER_URL", "redis://redis:6379/0"))
     app.conf.update(accept_content=["json"], task_serializer="json", result_serializer="json")
-    name = f"arrcoc@{socket.gethostname()}"
-    replies = app.control.ping(destination=[name], timeout=5.0)
-    return 0 if replies else 1
+    # `arrcoc worker --processes N` names its Celery processes arrcoc-1@host ... arrcoc-N@host
+    n = int(os.environ.get("ARRCOC_WORKER_PROCESSES", "1"))
+    host = socket.gethostname()
+    names = [f"arrcoc@{host}"] if n <= 1 else [f"arrcoc-{i}@{host}" for i in range(1, n + 1)]
+    replies = app.control.ping(destination=names, timeout=5.0)
+    return 0 if len(replies) == len(names) else 1
 
 
 def demo() -> int:

@@ -1,0 +1,146 @@
+"""`arrcoc worker --processes N` for real: two Celery processes feeding one engine process, on
+their own redis-server. Results equal the in-process ones, batches mix both processes' requests,
+benchmarks run in the engine process, and the group lives and dies as one."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from arrcoc.errors import InvalidInputError
+from arrcoc.pipeline import Controls
+from arrcoc.service.executor import BenchRequest, JobState
+from arrcoc.service.testing import REPO, RedisServer, Worker, make_zip, png_bytes, seeded_weights, worker_env
+from arrcoc.settings import default_settings
+
+SETTINGS = {"buckets": "[1,2,4,8]", "batch_max_size": "8", "batch_max_delay_ms": "50", "worker_processes": "2"}
+
+
+def members(pid: int) -> list[int]:
+    """The supervisor's children: the engine process first, then the Celery processes."""
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent has not collected it yet
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    root = tmp_path_factory.mktemp("group")
+    redis = RedisServer(root / "redis")
+    settings = SETTINGS | {"weights": str(seeded_weights(root / "w.safetensors"))}
+    env = worker_env(redis.url, root / "data", **settings)
+    workers: list[Worker] = []
+
+    def start() -> Worker:
+        w = Worker(env, root / f"group{len(workers)}.log")
+        workers.append(w)
+        return w.ready(180)
+
+    def settings_for(**overrides):
+        fields = {k: json.loads(v) if k == "buckets" else v for k, v in settings.items()}
+        fields.update(batch_max_size=8, batch_max_delay_ms=50.0, worker_processes=2)
+        return default_settings(**(fields | {"broker_url": redis.url, "data_dir": root / "data"} | overrides))
+
+    try:
+        yield {"start": start, "settings": settings_for, "worker": start()}
+    finally:
+        for w in workers:
+            w.stop()
+        redis.stop()
+
+
+@pytest.fixture(scope="module")
+def celery_ex(rig):
+    from arrcoc.service.celery_executor import CeleryExecutor
+
+    ex = CeleryExecutor(rig["settings"]())
+    yield ex
+    ex.close()
+
+
+def test_results_equal_inprocess_and_batches_span_both_processes(rig, celery_ex):
+    from arrcoc.service.inprocess import InProcessExecutor
+
+    local = InProcessExecutor(rig["settings"](broker_url=None))
+    try:
+        image = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
+        controls = Controls(k=16, token_budget=2048, scale_perspectival=0.5)
+        remote, here = celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls)
+        a, b = remote.to_json(), here.to_json()
+        for key in ("timings_ms", "bucket"):
+            a.pop(key), b.pop(key)
+        assert a == b
+        assert np.array_equal(remote.texture, here.texture)
+    finally:
+        local.close()
+    with pytest.raises(InvalidInputError, match="K must be"):  # checked in a Celery process, told to the caller
+        celery_ex.infer(png_bytes(0), "q", Controls(k=0))
+
+    image = png_bytes(3)
+    with cf.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: celery_ex.infer(image, "the sky", timeout=120), range(32)))
+    assert max(r.bucket for r in results) > 1, [r.bucket for r in results]
+    # both Celery processes took requests: they share the one engine (and its batches)
+    stats = celery_ex.app.control.inspect(timeout=3.0).stats() or {}
+    served = {node: s.get("total", {}).get("arrcoc.infer", 0) for node, s in stats.items()}
+    assert len(served) == 2 and all(n > 0 for n in served.values()), served
+
+
+def test_batch_job_and_benchmark_through_the_group(celery_ex):
+    files = {f"p{i:02d}.png": png_bytes(200 + i) for i in range(12)} | {"broken.png": b"\x89PNG\r\n\x1a\n cut"}
+    job = celery_ex.submit_batch(make_zip(files), "the sky")
+    t0 = time.monotonic()
+    while not (st := celery_ex.status(job)).state.finished and time.monotonic() - t0 < 120:
+        time.sleep(0.2)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, 12, 1), st
+    with zipfile.ZipFile(celery_ex.batch_results(job)) as zf:
+        assert len(zf.read("results.jsonl").splitlines()) == 13
+
+    bench = celery_ex.submit_bench(BenchRequest(variants=("arrcoc-texture",), backends=("eager",), buckets=(1,),
+                                                iterations=2, warmup=1, device="cpu"))  # fmt: skip
+    t0 = time.monotonic()
+    while not (st := celery_ex.status(bench)).state.finished and time.monotonic() - t0 < 120:
+        time.sleep(0.2)
+    assert st.state == JobState.DONE, st.message
+    report = celery_ex.bench_report(bench)
+    assert report["results"] and report["device_exclusive"]["held_ms"] > 0
+
+
+def test_engine_killed_stops_the_whole_group(rig):
+    w = rig["worker"]
+    engine, *fronts = members(w.p.pid)
+    assert len(fronts) == 2
+    os.kill(engine, signal.SIGKILL)
+    w.p.wait(60)  # the supervisor stops the Celery processes and exits: compose restarts the group
+    assert w.p.returncode != 0
+    wait_until(lambda: not any(alive(p) for p in fronts), 10, "Celery processes gone")
+
+
+def test_killed_supervisor_leaves_no_orphans(rig):
+    w = rig["start"]()
+    group = members(w.p.pid)
+    os.kill(w.p.pid, signal.SIGKILL)  # only the supervisor: the kernel takes its members down with it
+    wait_until(lambda: not any(alive(p) for p in group), 10, f"members {group} gone")
