@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
@@ -163,22 +164,24 @@ class EngineClient:
             conn = self._conn()
             _send(conn, msg)
             while True:
-                if not conn.poll(timeout):  # the reply may still come: this connection is out of step now
-                    self._drop()
+                if not conn.poll(timeout):
                     from .batching import DeadlineExceeded
 
-                    raise DeadlineExceeded(
-                        f"No result within {timeout:.0f} s; the engine is busy. Try again."
-                    )
+                    raise DeadlineExceeded(f"No result within {timeout:.0f} s; the engine is busy. Try again.")
                 kind, *payload = _recv(conn)
                 if kind != "progress":
                     break
                 if on_progress:
                     on_progress(*payload)
-        except (EOFError, OSError) as e:
+        except (EOFError, OSError, AuthenticationError) as e:
             self._drop()
+            if isinstance(e, ArrcocError):  # DeadlineExceeded is a TimeoutError, hence an OSError
+                raise
             raise EngineUnavailableError(f"The engine process is not answering ({type(e).__name__}); the worker"
                                          " group restarts when it stops. Try again.") from None  # fmt: skip
+        except BaseException:  # a reply may still come: this connection is out of step now
+            self._drop()
+            raise
         if kind == "err":
             raise payload[0]
         return payload[0]

@@ -1,0 +1,73 @@
+"""The engine-process wire (arrcoc/service/engine_process.py) without Celery: a real EngineServer
+over a CPU Runtime on a Unix socket, and the EngineClient the Celery processes of a group use."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from arrcoc.errors import InvalidInputError
+from arrcoc.pipeline import Controls
+from arrcoc.service.batching import DeadlineExceeded
+from arrcoc.service.engine_process import EngineClient, EngineServer, EngineUnavailableError, _to_wire
+from arrcoc.service.runtime import Runtime
+from arrcoc.service.testing import REPO, png_bytes
+from arrcoc.settings import default_settings
+
+KEY = b"0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    settings = default_settings(device="cpu", buckets=(1, 2, 4), batch_max_size=4, batch_max_delay_ms=20.0,
+                                backends=("eager",))  # fmt: skip
+    runtime = Runtime(settings)
+    runtime.warm()
+    address = str(tmp_path_factory.mktemp("engine") / "engine.sock")
+    server = EngineServer(runtime, address, KEY)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = EngineClient(settings, address, KEY)
+    yield runtime, client, address, settings
+    client.close()
+    server.close()
+    runtime.close()
+
+
+def test_results_through_the_socket_equal_the_runtimes(served):
+    runtime, client, _, _ = served
+    from PIL import Image
+
+    image = Image.open(REPO / "arrcoc" / "examples" / "coffee.jpg")
+    controls = Controls(k=8, token_budget=1024)
+    remote = client.infer(image, "the cup", controls, timeout=60)
+    local = runtime.infer(image, "the cup", controls, timeout=60)
+    assert remote.to_json() | {"timings_ms": None} == local.to_json() | {"timings_ms": None}
+    assert np.array_equal(remote.texture, local.texture)
+    assert client.max_batch == 4
+    # errors raised in the engine reach the caller as themselves
+    with pytest.raises(InvalidInputError, match="eager"):
+        client.infer(image, "the cup", controls, timeout=60, backend="onnx")
+    batch = client.run_batch([client.prepare(png_bytes(i), "the sky", Controls()) for i in range(3)])
+    assert [r.bucket for r in batch] == [4, 4, 4]
+
+
+def test_a_late_reply_never_reaches_the_next_call(served):
+    runtime, client, _, _ = served
+    first = client.prepare(png_bytes(1), "a face", Controls())
+    second = client.prepare(png_bytes(2), "the sky", Controls())
+    with runtime.exclusive():  # the engine is busy: the reply to the first request comes late
+        with pytest.raises(DeadlineExceeded):
+            client._call(("infer", _to_wire(first), 30.0, None), timeout=0.3)
+    result = client.infer(png_bytes(2), "the sky", Controls(), timeout=60)
+    assert result.query == "the sky"  # not the first request's late answer
+    assert np.array_equal(result.relevance, runtime.infer_prepared(second, 60).relevance)
+
+
+def test_wrong_key_or_no_engine_is_unavailable_not_a_hang(served):
+    _, _, address, settings = served
+    with pytest.raises(EngineUnavailableError):
+        EngineClient(settings, address, b"not-the-key-0000").warm()
+    with pytest.raises(EngineUnavailableError):
+        EngineClient(settings, address + ".missing", KEY).warm()
