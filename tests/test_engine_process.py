@@ -13,7 +13,7 @@ from arrcoc.pipeline import Controls
 from arrcoc.service.batching import DeadlineExceeded
 from arrcoc.service.engine_process import EngineClient, EngineServer, EngineUnavailableError, _to_wire
 from arrcoc.service.runtime import Runtime
-from arrcoc.service.testing import REPO, png_bytes
+from arrcoc.service.testing import REPO, assert_same_result, png_bytes
 from arrcoc.settings import default_settings
 
 KEY = b"0123456789abcdef"
@@ -43,8 +43,7 @@ def test_results_through_the_socket_equal_the_runtimes(served):
     controls = Controls(k=8, token_budget=1024)
     remote = client.infer(image, "the cup", controls, timeout=60)
     local = runtime.infer(image, "the cup", controls, timeout=60)
-    assert remote.to_json() | {"timings_ms": None} == local.to_json() | {"timings_ms": None}
-    assert np.array_equal(remote.texture, local.texture)
+    assert_same_result(remote, local)
     assert client.max_batch == 4
     # errors raised in the engine reach the caller as themselves
     with pytest.raises(InvalidInputError, match="eager"):

@@ -11,14 +11,21 @@ import time
 import uuid
 import zipfile
 
-import numpy as np
 import pytest
 
 from arrcoc.errors import ImageError, InvalidInputError, JobError
 from arrcoc.pipeline import Controls
 from arrcoc.service.celery_config import TASKS
 from arrcoc.service.executor import BenchRequest, JobState
-from arrcoc.service.testing import REPO, Worker, make_zip, png_bytes, seeded_weights, worker_env
+from arrcoc.service.testing import (
+    REPO,
+    Worker,
+    assert_same_result,
+    make_zip,
+    png_bytes,
+    seeded_weights,
+    worker_env,
+)
 from arrcoc.settings import default_settings
 
 BROKER = "redis://127.0.0.1:6379/13"
@@ -98,12 +105,7 @@ def test_infer_round_trip_equals_inprocess(env, celery_ex):
     try:
         image = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
         for controls in (None, Controls(k=16, token_budget=2048, scale_perspectival=0.5)):
-            remote, here = celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls)
-            a, b = remote.to_json(), here.to_json()
-            for key in ("timings_ms", "bucket"):
-                a.pop(key), b.pop(key)
-            assert a == b
-            assert np.array_equal(remote.texture, here.texture)
+            assert_same_result(celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls))
     finally:
         local.close()
     with pytest.raises(ImageError):  # refused on the submitting side: nothing queued

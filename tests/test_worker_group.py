@@ -12,13 +12,21 @@ import time
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from arrcoc.errors import InvalidInputError
 from arrcoc.pipeline import Controls
 from arrcoc.service.executor import BenchRequest, JobState
-from arrcoc.service.testing import REPO, RedisServer, Worker, make_zip, png_bytes, seeded_weights, worker_env
+from arrcoc.service.testing import (
+    REPO,
+    RedisServer,
+    Worker,
+    assert_same_result,
+    make_zip,
+    png_bytes,
+    seeded_weights,
+    worker_env,
+)
 from arrcoc.settings import default_settings
 
 SETTINGS = {"buckets": "[1,2,4,8]", "batch_max_size": "8", "batch_max_delay_ms": "50", "worker_processes": "2"}
@@ -88,12 +96,7 @@ def test_results_equal_inprocess_and_batches_span_both_processes(rig, celery_ex)
     try:
         image = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
         controls = Controls(k=16, token_budget=2048, scale_perspectival=0.5)
-        remote, here = celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls)
-        a, b = remote.to_json(), here.to_json()
-        for key in ("timings_ms", "bucket"):
-            a.pop(key), b.pop(key)
-        assert a == b
-        assert np.array_equal(remote.texture, here.texture)
+        assert_same_result(celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls))
     finally:
         local.close()
     with pytest.raises(InvalidInputError, match="K must be"):  # checked in a Celery process, told to the caller

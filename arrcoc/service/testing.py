@@ -168,3 +168,16 @@ def seeded_weights(path: Path, variant: str = "arrcoc-texture", seed: int = 0) -
             {k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta
         )
     return path
+
+
+def assert_same_result(a, b) -> None:
+    """Two RelevanceResults for the same request are the same answer (its JSON and its texture),
+    whichever path served them: only the timings and the bucket may differ."""
+    import numpy as np
+
+    ja, jb = a.to_json(), b.to_json()
+    for key in ("timings_ms", "bucket"):
+        ja.pop(key, None), jb.pop(key, None)
+    assert ja == jb
+    assert np.array_equal(a.texture, b.texture)
+
