@@ -23,7 +23,6 @@ ImageLike = Union[str, Path, bytes, bytearray, Image.Image, np.ndarray]
 DEFAULT_MAX_BYTES = 25 * 1024 * 1024
 DEFAULT_MAX_PIXELS = 40_000_000
 MIN_SIDE = 16
-_ORIENTATION = 0x0112  # the EXIF tag
 
 
 @dataclass(frozen=True)
@@ -93,10 +92,8 @@ def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
 
 
 def to_rgb(img: Image.Image, limits: ImageLimits = ImageLimits()) -> Image.Image:
-    """Upright 8-bit RGB: EXIF orientation applied, alpha composited on white, 16-bit scaled.
-    An image that is already upright RGB comes back as it is (no copy: servers call this twice)."""
-    if img.getexif().get(_ORIENTATION, 1) != 1:
-        img = ImageOps.exif_transpose(img)
+    """Upright 8-bit RGB: EXIF orientation applied, alpha composited on white, 16-bit scaled."""
+    img = ImageOps.exif_transpose(img)
     w, h = img.size
     if min(w, h) < limits.min_side:
         raise ImageError(f"The image is {w}x{h}; each side must be at least {limits.min_side} px.")
@@ -109,7 +106,7 @@ def to_rgb(img: Image.Image, limits: ImageLimits = ImageLimits()) -> Image.Image
         rgba = img.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         img = Image.alpha_composite(background, rgba)
-    return img if img.mode == "RGB" else img.convert("RGB")
+    return img.convert("RGB")
 
 
 def load_image(source: ImageLike, limits: ImageLimits = ImageLimits()) -> Image.Image:

@@ -55,9 +55,7 @@ def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
             w.ready(300)
         from arrcoc.service.celery_executor import CeleryExecutor
 
-        make_executor = functools.partial(
-            CeleryExecutor, default_settings(broker_url=redis.url, data_dir=root / "data")
-        )
+        make_executor = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=root / "data"))
         load0 = os.getloadavg()[0]
         cpu0 = sum(process_cpu_s(w.p.pid) for w in workers)
         report = run_load(make_executor, args.image.read_bytes(), LOADTEST_QUERIES, args.clients, args.requests,
@@ -107,19 +105,13 @@ def main() -> int:
     summary = {}
     for mode in ("off", "on"):
         rs = [r for r in rounds if r["mode"] == mode]
-        summary[mode] = {
-            k: round(statistics.median(r[k] for r in rs), 2) for k in ("throughput_rps", "p50_ms", "p99_ms")
-        }
+        summary[mode] = {k: round(statistics.median(r[k] for r in rs), 2) for k in ("throughput_rps", "p50_ms", "p99_ms")}
     summary["throughput_ratio"] = round(summary["on"]["throughput_rps"] / summary["off"]["throughput_rps"], 2)
     summary["p99_ratio_on_over_off"] = round(summary["on"]["p99_ms"] / summary["off"]["p99_ms"], 3)
     import torch
 
-    commit = (
-        os.environ.get("ARRCOC_COMMIT")
-        or subprocess.run(  # the GPU machine's copy has no .git
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-    )
+    commit = os.environ.get("ARRCOC_COMMIT") or subprocess.run(  # the GPU machine's copy has no .git
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     doc = {"schema": "arrcoc.batching-bench/1", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": "python " + " ".join([str(Path(sys.argv[0]).relative_to(REPO) if Path(sys.argv[0]).is_absolute() else sys.argv[0]), *sys.argv[1:]]),
            "commit": commit, "device": args.device, "cpus": os.cpu_count(), "platform": platform.platform(),

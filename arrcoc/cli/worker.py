@@ -37,11 +37,7 @@ def worker_argv(args, settings) -> list[str]:
 
 def run(args) -> int:
     # settings are read from the environment once: set ours before anything imports them
-    for flag, env in (
-        ("device", "ARRCOC_DEVICE"),
-        ("backend", "ARRCOC_BACKEND"),
-        ("broker", "ARRCOC_BROKER_URL"),
-    ):
+    for flag, env in (("device", "ARRCOC_DEVICE"), ("backend", "ARRCOC_BACKEND"), ("broker", "ARRCOC_BROKER_URL")):
         if getattr(args, flag):
             os.environ[env] = getattr(args, flag)
     os.environ.setdefault("ARRCOC_BROKER_URL", "redis://127.0.0.1:6379/0")

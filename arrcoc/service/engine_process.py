@@ -36,6 +36,7 @@ from ..pipeline import Controls, PreparedRequest, prepare_request
 from ..registry import get_variant
 from ..result import RelevanceResult
 from ..settings import Settings, get_settings
+from .batching import DeadlineExceeded
 from .executor import BenchRequest, ServiceUnavailableError
 from .runtime import Runtime, image_limits
 
@@ -165,8 +166,6 @@ class EngineClient:
             _send(conn, msg)
             while True:
                 if not conn.poll(timeout):
-                    from .batching import DeadlineExceeded
-
                     raise DeadlineExceeded(f"No result within {timeout:.0f} s; the engine is busy. Try again.")
                 kind, *payload = _recv(conn)
                 if kind != "progress":

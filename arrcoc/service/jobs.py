@@ -132,9 +132,7 @@ def _write_item(jd: Path, it: Item, image: Image.Image | None, row: dict[str, An
 
 
 def _fail_item(jd: Path, store: JobStore, job_id: str, it: Item, message: str) -> None:
-    _write_item(
-        jd, it, None, {"index": it.index, "file": it.file, "query": it.query, "ok": False, "error": message}
-    )
+    _write_item(jd, it, None, {"index": it.index, "file": it.file, "query": it.query, "ok": False, "error": message})
     store.mark_item(job_id, it.index, message)
 
 
@@ -168,9 +166,7 @@ def run_chunk(
             return {"job_id": job_id, "skipped": "cancelled", "processed": processed}
         if deadline is not None and time.monotonic() > deadline:
             for it in group:
-                _fail_item(
-                    jd, store, job_id, it, "The chunk ran past its time limit; this item was not processed."
-                )
+                _fail_item(jd, store, job_id, it, "The chunk ran past its time limit; this item was not processed.")
             continue
         processed += _run_group(job_id, jd, group, controls, runtime, store, settings)
     maybe_finalize(job_id, store, settings)
@@ -270,9 +266,7 @@ def results_zip(job_id: str, store: JobStore, settings: Settings) -> Path:
     if st.state == JobState.CANCELLED:  # whatever finished before the cancel
         return build_results_zip(jd)
     if st.state not in (JobState.DONE, JobState.FAILED) or not (jd / "results.zip").exists():
-        raise JobError(
-            f"Job {job_id} is {st.state.value} ({st.done + st.failed}/{st.total}); fetch it when done."
-        )
+        raise JobError(f"Job {job_id} is {st.state.value} ({st.done + st.failed}/{st.total}); fetch it when done.")
     return jd / "results.zip"
 
 
@@ -280,9 +274,7 @@ def cancel_job(job_id: str, store: JobStore) -> None:
     st = store.status(job_id)
     if st.state == JobState.EXPIRED:
         raise JobError(f"Job {job_id} expired; there is nothing to cancel.")
-    store.set_state(
-        job_id, JobState.CANCELLED, "Cancelled by the user.", expect=(JobState.PENDING, JobState.RUNNING)
-    )
+    store.set_state(job_id, JobState.CANCELLED, "Cancelled by the user.", expect=(JobState.PENDING, JobState.RUNNING))
 
 
 # -- benchmarks ---------------------------------------------------------------------------------

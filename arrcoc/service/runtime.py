@@ -143,15 +143,11 @@ class Runtime:
             size = min(size, self._cpu_batch_cap)
         return max(1, min(size, max(self.buckets)))
 
-    def prepare(
-        self, image: Image.Image, query: str, controls: Controls, backend: str | None = None
-    ) -> PreparedRequest:
+    def prepare(self, image: Image.Image, query: str, controls: Controls, backend: str | None = None) -> PreparedRequest:
         """Check and resize one request in the caller's thread (see RelevancePipeline.prepare)."""
         return self.pipeline_for(backend).prepare(image, query, controls)
 
-    def run_batch(
-        self, items: Sequence[PreparedRequest], backend: str | None = None
-    ) -> list[RelevanceResult | Exception]:
+    def run_batch(self, items: Sequence[PreparedRequest], backend: str | None = None) -> list[RelevanceResult | Exception]:
         """Prepared requests -> one result or one error per item."""
         pipe = self.pipeline_for(backend)
         with self.device_lock:

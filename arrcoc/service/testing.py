@@ -164,9 +164,7 @@ def seeded_weights(path: Path, variant: str = "arrcoc-texture", seed: int = 0) -
 
         meta = {"format": FORMAT, "variant": variant, "version": f"test-seed{seed}",
                 "architecture": architecture_hash(model)}  # fmt: skip
-        save_file(
-            {k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta
-        )
+        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
     return path
 
 

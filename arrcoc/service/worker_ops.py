@@ -78,9 +78,7 @@ class WorkerState:
                 from .celery_config import broker_url
 
                 url = broker_url(self.settings)
-                self._store = RedisJobStore(
-                    redis_client(url, self.settings.redis_timeout_s), self.settings.redis_prefix
-                )
+                self._store = RedisJobStore(redis_client(url, self.settings.redis_timeout_s), self.settings.redis_prefix)
                 import redis
 
                 self._raw = redis.Redis.from_url(url, socket_timeout=self.settings.redis_timeout_s,
@@ -123,9 +121,7 @@ class WorkerState:
                 raise ArrcocError("The request waited past its deadline in the queue; try again.")
             data = self.raw.get(key)
             if data is None:
-                raise ArrcocError(
-                    "The image expired before a worker picked it up (queue too long); submit again."
-                )
+                raise ArrcocError("The image expired before a worker picked it up (queue too long); submit again.")
             from .runtime import validate_image
 
             pil = validate_image(data, s)
@@ -155,9 +151,7 @@ class WorkerState:
         def device_lock():
             lock = store.r.lock(name, timeout=s.task_time_limit_s, blocking_timeout=s.task_time_limit_s)
             if not lock.acquire():
-                raise ArrcocError(
-                    f"The device stayed busy for {s.task_time_limit_s} s; the benchmark gave up."
-                )
+                raise ArrcocError(f"The device stayed busy for {s.task_time_limit_s} s; the benchmark gave up.")
             try:
                 yield
             finally:
@@ -165,6 +159,4 @@ class WorkerState:
                     lock.release()
 
         with self.chunk_gate:
-            return _riding_out_redis(
-                lambda: jobs.run_bench_job(job_id, self.runtime(), store, s, device_lock)
-            )
+            return _riding_out_redis(lambda: jobs.run_bench_job(job_id, self.runtime(), store, s, device_lock))
