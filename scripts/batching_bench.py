@@ -40,6 +40,27 @@ def process_cpu_s(pid: int) -> float:
     return own + sum(process_cpu_s(int(c)) for c in children)
 
 
+def cpu_by_role(worker_pids: list[int], redis_pid: int) -> dict[str, float]:
+    """CPU seconds so far of the engine process(es), the Celery processes (supervisor included) and
+    redis-server: where a worker's CPU goes."""
+    out = {"engine": 0.0, "celery": 0.0, "redis": process_cpu_s(redis_pid)}
+    for pid in worker_pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out["celery"] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            role = "engine" if b"engine_process" in Path(f"/proc/{c}/cmdline").read_bytes() else "celery"
+            out[role] += process_cpu_s(int(c))
+    return out
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs since boot (/proc/stat): their ratio over a round says
+    whether the machine, rather than one process, was the limit."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = v[3] + v[4]  # idle + iowait
+    return sum(v) - idle, sum(v)
+
+
 def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
     threads = (
         -(-args.clients // (args.workers * args.processes)) + 4
@@ -57,15 +78,19 @@ def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
 
         make_executor = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=root / "data"))
         load0 = os.getloadavg()[0]
-        cpu0 = sum(process_cpu_s(w.p.pid) for w in workers)
+        pids = [w.p.pid for w in workers]
+        cpu0, busy0 = cpu_by_role(pids, redis.p.pid), machine_busy()
         report = run_load(make_executor, args.image.read_bytes(), LOADTEST_QUERIES, args.clients, args.requests,
                           args.timeout, args.client_processes)  # fmt: skip
-        cpu = sum(process_cpu_s(w.p.pid) for w in workers) - cpu0
-        report["worker_cpu_ms_per_request"] = round(cpu * 1e3 / max(report["ok"], 1), 2)
+        cpu1, busy1 = cpu_by_role(pids, redis.p.pid), machine_busy()
+        per_request = {k: round((cpu1[k] - cpu0[k]) * 1e3 / max(report["ok"], 1), 2) for k in cpu0}
+        report["worker_cpu_ms_per_request"] = round(per_request["engine"] + per_request["celery"], 2)
+        report["cpu_ms_per_request"] = {"client": report["client_cpu_ms_per_request"], **per_request}
+        report["machine_busy"] = round((busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1), 3)
         report.update(mode=mode, workers=args.workers, processes=args.processes, max_batch=int(settings["batch_max_size"]), delay_ms=args.delay_ms,
                       loadavg_1m_before=round(load0, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))  # fmt: skip
         keys = ("mode", "throughput_rps", "p50_ms", "p99_ms", "buckets", "client_cpu_ms_per_request",
-                "worker_cpu_ms_per_request", "timings_ms_mean")  # fmt: skip
+                "cpu_ms_per_request", "machine_busy", "timings_ms_mean")  # fmt: skip
         print(json.dumps({k: report[k] for k in keys}), flush=True)
         return report
     finally:
@@ -136,6 +161,22 @@ def main() -> int:
     return 0
 
 
+def _cpu_cell(r: dict) -> str:
+    c = r.get("cpu_ms_per_request")
+    if c is None:  # reports from before the split
+        return f"{r.get('client_cpu_ms_per_request', '–')}, worker {r.get('worker_cpu_ms_per_request', '–')}"
+    return f"{c['client']}, {c['celery']}, {c['engine']}, {c['redis']}"
+
+
+def _latency_cell(r: dict) -> str:
+    t = r.get("timings_ms_mean", {})
+    if "task_wall_ms" not in t:
+        return "–"
+    task = t["task_wall_ms"]
+    engine = f" ({t['engine_wall_ms']:.1f})" if "engine_wall_ms" in t else ""
+    return f"{r['mean_ms']} = {r['mean_ms'] - task:.1f} + {task:.1f}{engine}"
+
+
 def markdown(doc: dict) -> str:
     s = doc["summary"]
     lines = [
@@ -158,13 +199,11 @@ def markdown(doc: dict) -> str:
         "",
         "Rounds (batch size histogram is the engine bucket each result reports):",
         "",
-        "| # | batching | req/s | p50 | p99 | buckets | CPU ms/request client, worker (task thread, batch thread) |"
-        " load avg before/after |",
-        "|---|---|---:|---:|---:|---|---|---|",
+        "| # | batching | req/s | p50 | p99 | buckets | CPU ms/request: clients, Celery, engine, redis | machine busy |"
+        " mean ms: latency = outside the task + task (engine round trip) |",
+        "|---|---|---:|---:|---:|---|---|---:|---|",
         *(f"| {i} | {r['mode']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} | {r['buckets']} |"
-          f" {r.get('client_cpu_ms_per_request', '–')}, {r.get('worker_cpu_ms_per_request', '–')}"
-          f" ({r.get('timings_ms_mean', {}).get('task_cpu_ms', '–')}, {r.get('timings_ms_mean', {}).get('batch_cpu_ms', '–')}) |"
-          f" {r['loadavg_1m_before']}/{r['loadavg_1m_after']} |" for i, r in enumerate(doc["rounds"], 1)),
+          f" {_cpu_cell(r)} | {r.get('machine_busy', '–')} | {_latency_cell(r)} |" for i, r in enumerate(doc["rounds"], 1)),
         "",
         "Reproduce:",
         "",

@@ -24,6 +24,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
@@ -209,8 +210,11 @@ class EngineClient:
         self, image: Any, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
         request = _to_wire(self.prepare(image, query, controls, backend))
+        t0 = time.perf_counter()
         # the engine keeps the deadline; the extra second is for the reply to arrive
-        return self._call(("infer", request, timeout, backend), timeout=timeout + 1.0)
+        result = self._call(("infer", request, timeout, backend), timeout=timeout + 1.0)
+        # the round trip: batching delay + engine + the socket both ways (model_ms is the engine's part)
+        return dataclasses.replace(result, timings_ms=result.timings_ms | {"engine_wall_ms": (time.perf_counter() - t0) * 1e3})
 
     def run_batch(
         self, items: Sequence[PreparedRequest], backend: str | None = None

@@ -110,7 +110,7 @@ class WorkerState:
     def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None,
               backend: str | None = None) -> dict[str, Any]:  # fmt: skip
         s = self.settings
-        cpu0 = time.thread_time()
+        cpu0, t0 = time.thread_time(), time.perf_counter()
         try:
             n = self.attempts(task_id)
             if n > s.max_redeliveries:
@@ -126,8 +126,10 @@ class WorkerState:
 
             pil = validate_image(data, s)
             result = self.runtime().infer(pil, query, controls_from_dict(controls), timeout, backend)
-            task_cpu_ms = (time.thread_time() - cpu0) * 1e3  # this task thread's own CPU, waits excluded
-            result = dataclasses.replace(result, timings_ms=result.timings_ms | {"task_cpu_ms": task_cpu_ms})
+            # the task thread's own CPU (waits excluded) and its wall time: a client's latency minus
+            # task_wall_ms is what the queue, Celery and the result's way back cost
+            task = {"task_cpu_ms": (time.thread_time() - cpu0) * 1e3, "task_wall_ms": (time.perf_counter() - t0) * 1e3}
+            result = dataclasses.replace(result, timings_ms=result.timings_ms | task)
             doc = {"result": result_to_wire(result)}
         except ArrcocError as e:
             doc = {"error": error_to_wire(e)}
