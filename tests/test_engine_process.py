@@ -70,3 +70,15 @@ def test_wrong_key_or_no_engine_is_unavailable_not_a_hang(served):
         EngineClient(settings, address, b"not-the-key-0000").warm()
     with pytest.raises(EngineUnavailableError):
         EngineClient(settings, address + ".missing", KEY).warm()
+
+
+def test_concurrent_requests_each_get_their_own_image(served):
+    """Pixels travel in a shared buffer per connection: threads must never see each other's."""
+    runtime, client, _, _ = served
+    from concurrent.futures import ThreadPoolExecutor
+
+    images = [png_bytes(seed, size=64 + 8 * seed) for seed in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        remote = list(pool.map(lambda im: client.infer(im, "the sky", Controls(), timeout=60), images))
+    for image, result in zip(images, remote, strict=True):
+        assert_same_result(result, runtime.infer(image, "the sky", Controls(), timeout=60))

@@ -72,6 +72,7 @@ class Runtime:
         self._batchers: dict[str, DynamicBatcher] = {}
         self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
         self.exclusive_note: dict[str, Any] = {}  # what waited while the device was held
+        self._copy_streams = threading.local()  # a CUDA stream per thread for copy_to_device
 
     # -- the engine ------------------------------------------------------------------------
     @property
@@ -218,6 +219,23 @@ class Runtime:
             return request
         pixels = request.pixels.pin_memory().to(device, non_blocking=True)
         return dataclasses.replace(request, pixels=pixels)
+
+    def copy_to_device(self, pixels: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        """A private copy of `pixels` (which the caller may overwrite once this returns) on the
+        engine's device. On a GPU the copy runs on this thread's own stream and is waited for
+        there, so it never queues behind a running batch on the default stream. The copy outlives
+        its use: the batch that stacks it has synchronised (outputs to the host) before the
+        request, and with it this tensor, is released."""
+        device = self.pipeline_for(backend).device
+        if device.type != "cuda":
+            return pixels.clone()
+        stream = getattr(self._copy_streams, "stream", None)
+        if stream is None:
+            stream = self._copy_streams.stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            out = pixels.to(device, non_blocking=True)
+        stream.synchronize()
+        return out
 
     def warm(self) -> None:
         """Build and warm the default backend's engine and batcher now, not on the first request."""
