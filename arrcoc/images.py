@@ -6,8 +6,10 @@ is applied, every mode Pillow decodes (L, LA, P, RGBA, CMYK, I;16, ...) becomes 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
@@ -58,6 +60,38 @@ def read_bytes(source: str | Path | bytes | bytearray, limits: ImageLimits = Ima
 
 def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
     """Decode bytes to an upright 8-bit RGB PIL image, with clear errors for bad input."""
+    with _guarded(limits):
+        img = _open(data, limits)
+        img.load()
+    return to_rgb(img, limits)
+
+
+def check_header(data: bytes, limits: ImageLimits = ImageLimits()) -> tuple[int, int]:
+    """(width, height) from the header alone: the format is one we read and the size is within the
+    limits. A submitting side that only forwards the bytes needs no more; whoever decodes them
+    still reports a corrupt or truncated body (`decode`)."""
+    with _guarded(limits):
+        img = _open(data, limits)
+    w, h = img.size
+    if min(w, h) < limits.min_side:
+        raise ImageError(f"The image is {w}x{h}; each side must be at least {limits.min_side} px.")
+    return w, h
+
+
+def _open(data: bytes, limits: ImageLimits) -> Image.Image:
+    img = Image.open(io.BytesIO(data))  # reads the header only
+    w, h = img.size
+    if w * h > limits.max_pixels:
+        raise ImageError(
+            f"The image is {w}x{h} = {w * h / 1e6:.0f} megapixels; the limit is"
+            f" {limits.max_pixels / 1e6:.0f}. Downscale it first."
+        )
+    return img
+
+
+@contextlib.contextmanager
+def _guarded(limits: ImageLimits) -> Iterator[None]:
+    """Pillow's errors as ImageErrors that say what to do; its bomb check at our pixel limit."""
     try:
         with warnings.catch_warnings():
             # Pillow warns between MAX_IMAGE_PIXELS and 2x it; we want an error at our own limit.
@@ -65,14 +99,7 @@ def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
             old = Image.MAX_IMAGE_PIXELS
             Image.MAX_IMAGE_PIXELS = limits.max_pixels
             try:
-                img = Image.open(io.BytesIO(data))
-                w, h = img.size
-                if w * h > limits.max_pixels:
-                    raise ImageError(
-                        f"The image is {w}x{h} = {w * h / 1e6:.0f} megapixels; the limit is"
-                        f" {limits.max_pixels / 1e6:.0f}. Downscale it first."
-                    )
-                img.load()
+                yield
             finally:
                 Image.MAX_IMAGE_PIXELS = old
     except ImageError:
@@ -88,7 +115,6 @@ def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
         ) from e
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         raise ImageError(f"The image file is corrupt or truncated: {e}") from e
-    return to_rgb(img, limits)
 
 
 def to_rgb(img: Image.Image, limits: ImageLimits = ImageLimits()) -> Image.Image:

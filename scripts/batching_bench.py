@@ -79,10 +79,15 @@ def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
         make_executor = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=root / "data"))
         load0 = os.getloadavg()[0]
         pids = [w.p.pid for w in workers]
-        cpu0, busy0 = cpu_by_role(pids, redis.p.pid), machine_busy()
+        start = {}  # CPU counters as the clients start sending (their start-up excluded)
+
+        def on_start() -> None:
+            start.update(cpu=cpu_by_role(pids, redis.p.pid), busy=machine_busy())
+
         report = run_load(make_executor, args.image.read_bytes(), LOADTEST_QUERIES, args.clients, args.requests,
-                          args.timeout, args.client_processes)  # fmt: skip
+                          args.timeout, args.client_processes, on_start)  # fmt: skip
         cpu1, busy1 = cpu_by_role(pids, redis.p.pid), machine_busy()
+        cpu0, busy0 = start["cpu"], start["busy"]
         per_request = {k: round((cpu1[k] - cpu0[k]) * 1e3 / max(report["ok"], 1), 2) for k in cpu0}
         report["worker_cpu_ms_per_request"] = round(per_request["engine"] + per_request["celery"], 2)
         report["cpu_ms_per_request"] = {"client": report["client_cpu_ms_per_request"], **per_request}

@@ -28,7 +28,7 @@ from .celery_config import (
 )
 from .codec import error_from_wire, result_from_wire
 from .executor import BenchRequest, Executor, JobState, ServiceUnavailableError
-from .runtime import controls_to_dict, validate_image, validate_query_text
+from .runtime import check_image_header, controls_to_dict, validate_query_text
 from .store import RedisJobStore, redis_client
 from .worker_ops import image_key
 
@@ -54,7 +54,9 @@ class CeleryExecutor(jobs.StoredJobs, Executor):
         from kombu.exceptions import OperationalError
 
         try:
-            return self.app.send_task(name, args=args, queue=queue, priority=priority, **options)
+            # argsrepr: Celery's generic saferepr of the arguments costs more than the rest of the message
+            return self.app.send_task(name, args=args, queue=queue, priority=priority, argsrepr=repr(args),
+                                      kwargsrepr="{}", **options)  # fmt: skip
         except (OperationalError, ConnectionError, OSError) as e:
             raise _unavailable(e, "Could not queue the work") from e
 
@@ -66,7 +68,7 @@ class CeleryExecutor(jobs.StoredJobs, Executor):
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         s = self.settings
-        validate_image(image, s)
+        check_image_header(image, s)
         text = validate_query_text(query, s)
         key = image_key(s, hashlib.sha256(image).hexdigest())
         try:

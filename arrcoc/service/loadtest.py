@@ -102,14 +102,17 @@ def _split(total: int, parts: int) -> list[int]:
 
 def run_load(
     make_executor: ExecutorFactory, image: bytes, queries: Sequence[str], clients: int, requests: int,
-    timeout: float = 300.0, processes: int = 1,
+    timeout: float = 300.0, processes: int = 1, on_start: Callable[[], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Drive `requests` inferences from `clients` concurrent clients in `processes` processes."""
+    """Drive `requests` inferences from `clients` concurrent clients in `processes` processes.
+    `on_start` is called as the clock starts (clients connected and warm), e.g. to sample CPU."""
     processes = max(1, min(processes, clients))
     if processes == 1:
         ex = make_executor()
         try:
             ex.infer(image, queries[0], timeout=timeout)  # warm: engine built, query encoder loaded
+            if on_start:
+                on_start()
             samples = [_drive(ex, image, queries, clients, requests, timeout)]
         finally:
             ex.close()
@@ -124,6 +127,8 @@ def run_load(
         for _ in procs:
             ready.get(timeout=timeout)
         go.set()
+        if on_start:
+            on_start()
         samples = [results.get(timeout=timeout + 60) for _ in procs]
         for p in procs:
             p.join(10)

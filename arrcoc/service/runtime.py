@@ -20,7 +20,7 @@ from PIL import Image
 
 from ..engine import create_backend, resolve_device
 from ..errors import ArrcocError, InvalidInputError
-from ..images import ImageLimits, decode, read_bytes
+from ..images import ImageLike, ImageLimits, check_header, decode, read_bytes
 from ..pipeline import Controls, PreparedRequest, RelevancePipeline
 from ..query import validate_query
 from ..result import RelevanceResult
@@ -45,6 +45,14 @@ def validate_image(data: bytes, settings: Settings) -> Image.Image:
     """The submitting side's check: raises ImageError with a clear message for bad bytes."""
     limits = image_limits(settings)
     return decode(read_bytes(data, limits), limits)
+
+
+def check_image_header(data: bytes, settings: Settings) -> None:
+    """The forwarding side's check (CeleryExecutor): size, format and dimensions from the header,
+    so bad input is refused before it is queued, without decoding an image the worker will decode
+    again. A corrupt body is reported by the worker, with the same ImageError."""
+    limits = image_limits(settings)
+    check_header(read_bytes(data, limits), limits)
 
 
 def validate_query_text(query: str, settings: Settings) -> str:
@@ -144,7 +152,7 @@ class Runtime:
             size = min(size, self._cpu_batch_cap)
         return max(1, min(size, max(self.buckets)))
 
-    def prepare(self, image: Image.Image, query: str, controls: Controls, backend: str | None = None) -> PreparedRequest:
+    def prepare(self, image: ImageLike, query: str, controls: Controls, backend: str | None = None) -> PreparedRequest:
         """Check and resize one request in the caller's thread (see RelevancePipeline.prepare)."""
         return self.pipeline_for(backend).prepare(image, query, controls)
 
@@ -190,7 +198,7 @@ class Runtime:
         return sum(b.submitted for b in self._batchers.values())
 
     def infer(
-        self, image: Image.Image, query: str, controls: Controls, timeout: float, backend: str | None = None
+        self, image: ImageLike, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
         return self.infer_prepared(self.prepare(image, query, controls, backend), timeout, backend)
 

@@ -122,10 +122,8 @@ class WorkerState:
             data = self.raw.get(key)
             if data is None:
                 raise ArrcocError("The image expired before a worker picked it up (queue too long); submit again.")
-            from .runtime import validate_image
-
-            pil = validate_image(data, s)
-            result = self.runtime().infer(pil, query, controls_from_dict(controls), timeout, backend)
+            # decoded once, where it is resized (a bad image raises ImageError there)
+            result = self.runtime().infer(data, query, controls_from_dict(controls), timeout, backend)
             # the task thread's own CPU (waits excluded) and its wall time: a client's latency minus
             # task_wall_ms is what the queue, Celery and the result's way back cost
             task = {"task_cpu_ms": (time.thread_time() - cpu0) * 1e3, "task_wall_ms": (time.perf_counter() - t0) * 1e3}
