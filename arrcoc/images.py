@@ -168,8 +168,9 @@ def _array_to_pil(arr: np.ndarray) -> Image.Image:
 def to_tensor(img: Image.Image, size: int) -> torch.Tensor:
     """RGB PIL image -> uint8 [3, size, size] (bilinear resize, as arr-coc-0-1)."""
     resized = img.resize((size, size), Image.Resampling.BILINEAR)
-    arr = np.asarray(resized, dtype=np.uint8)
-    return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+    out = np.empty((3, size, size), dtype=np.uint8)
+    np.copyto(out, np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))  # HWC -> CHW in one copy
+    return torch.from_numpy(out)
 
 
 def prepare_batch(

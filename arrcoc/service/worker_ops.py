@@ -98,28 +98,30 @@ class WorkerState:
     def _attempts_key(self, task_id: str) -> str:
         return f"{self.settings.redis_prefix}:attempts:{task_id}"
 
-    def attempts(self, task_id: str) -> int:
-        """Deliveries of this task so far (a worker that died mid-task makes it come back)."""
+    def delivery(self, task_id: str, image_key: str) -> tuple[int, bytes | None]:
+        """Deliveries of this task so far (a worker that died mid-task makes it come back) and its
+        image's bytes (None once expired): one round trip."""
         key = self._attempts_key(task_id)
-        pipe = self.store().r.pipeline()
+        pipe = self.raw.pipeline(transaction=False)
         pipe.incr(key)
         # only for cleanup: it must outlive every redelivery, however slow workers are to restart
         pipe.expire(key, max(3600, self.settings.visibility_timeout_s * (self.settings.max_redeliveries + 2)))
-        return int(pipe.execute()[0])
+        pipe.get(image_key)
+        n, _, data = pipe.execute()
+        return int(n), data
 
     def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None,
               backend: str | None = None) -> dict[str, Any]:  # fmt: skip
         s = self.settings
         cpu0, t0 = time.thread_time(), time.perf_counter()
         try:
-            n = self.attempts(task_id)
+            n, data = self.delivery(task_id, key)
             if n > s.max_redeliveries:
                 raise ArrcocError(f"This request stopped the worker {n - 1} times (crash or out of memory);"
                                   " it was dropped. Try a smaller image.")  # fmt: skip
             timeout = (deadline - time.time()) if deadline else float(s.task_time_limit_s)
             if timeout <= 0:
                 raise ArrcocError("The request waited past its deadline in the queue; try again.")
-            data = self.raw.get(key)
             if data is None:
                 raise ArrcocError("The image expired before a worker picked it up (queue too long); submit again.")
             # decoded once, where it is resized (a bad image raises ImageError there)
@@ -132,7 +134,7 @@ class WorkerState:
         except ArrcocError as e:
             doc = {"error": error_to_wire(e)}
         with contextlib.suppress(Exception):  # finished (the worker did not die): forget the count
-            self.store().r.delete(self._attempts_key(task_id))
+            self.raw.delete(self._attempts_key(task_id))
         return doc
 
     def batch_chunk(self, job_id: str, start: int, stop: int) -> dict[str, Any]:
