@@ -319,6 +319,10 @@ def main() -> int:
         print("ARRCOC_ENGINE_SOCKET and ARRCOC_ENGINE_AUTHKEY must be set (arrcoc worker --processes N sets them)",
               file=sys.stderr)  # fmt: skip
         return 2
+    # the batch thread launches the model's kernels holding the GIL between them; a connection
+    # thread that takes the GIL meanwhile keeps it up to the switch interval (5 ms by default, as
+    # long as an eager batch's whole launch), so hand it back sooner
+    sys.setswitchinterval(0.0005)
     runtime = Runtime(settings)
     runtime.warm()
     # listening only once warm: a client that connects is served at once
