@@ -82,3 +82,31 @@ def test_concurrent_requests_each_get_their_own_image(served):
         remote = list(pool.map(lambda im: client.infer(im, "the sky", Controls(), timeout=60), images))
     for image, result in zip(images, remote, strict=True):
         assert_same_result(result, runtime.infer(image, "the sky", Controls(), timeout=60))
+
+
+def test_connections_and_pixel_buffers_go_with_their_threads(served):
+    """A Celery process's task threads come and go: each one's connection and shared pixel buffer
+    (mapped on both sides) must be released with it, not leak a descriptor or a mapping apiece."""
+    import gc
+    import os
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, client, _, _ = served
+
+    def held() -> tuple[int, int]:
+        maps = open("/proc/self/maps").read().count("arrcoc-pixels")
+        return len(os.listdir("/proc/self/fd")), maps
+
+    def infer_then_count(i: int) -> int:
+        client.infer(png_bytes(i), "the sky", Controls(), timeout=60)
+        return held()[1]
+
+    fds0, maps0 = held()
+    with ThreadPoolExecutor(4) as pool:
+        assert max(pool.map(infer_then_count, range(8))) > maps0  # the threads' buffers were mapped
+    deadline = time.monotonic() + 10
+    while held() > (fds0, maps0) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.1)
+    assert held() <= (fds0, maps0)

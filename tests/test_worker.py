@@ -110,6 +110,9 @@ def test_infer_round_trip_equals_inprocess(env, celery_ex):
         local.close()
     with pytest.raises(ImageError):  # refused on the submitting side: nothing queued
         celery_ex.infer(b"GIF89a broken", "q")
+    # the header is fine, the body cut short: the submitting side reads headers only, the worker decodes
+    with pytest.raises(ImageError, match="corrupt or truncated"):
+        celery_ex.infer(image[: len(image) // 2], "q")
     with pytest.raises(InvalidInputError, match="K must be"):  # refused by the worker, told to the caller
         celery_ex.infer(png_bytes(0), "q", Controls(k=0))
 

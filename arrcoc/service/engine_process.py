@@ -79,22 +79,39 @@ def _wire_error(e: BaseException) -> ArrcocError:
 
 class PixelBuffer:
     """Memory shared by one client thread and its connection's server thread: a memfd, mapped by
-    both, seen as a uint8 array of one request's pixels (3, S, S). The client creates it; the
-    engine maps the descriptor it is handed. Used by one request at a time: the client writes the
-    next request only after the reply to the last, and the engine copies out before queueing."""
+    both, seen as a uint8 array of one request's pixels (3, S, S). The client creates it and hands
+    the descriptor over once (`send`); the engine maps what it receives. Neither keeps the
+    descriptor: the maps keep the memory, freed when both are gone. Used by one request at a time:
+    the client writes the next only after the reply to the last, and the engine copies out before
+    it queues a request."""
 
     MAX_BYTES = 3 * 4096 * 4096
 
     def __init__(self, shape: tuple[int, ...], fd: int | None = None):
         self.shape = tuple(int(n) for n in shape)
         size = math.prod(self.shape)
-        if not 0 < size <= self.MAX_BYTES:
-            raise EngineError(f"A pixel buffer of shape {self.shape} is out of range.")
-        self.fd = os.memfd_create("arrcoc-pixels", os.MFD_CLOEXEC) if fd is None else fd
+        received = fd is not None
         if fd is None:
-            os.ftruncate(self.fd, size)
-        self._map = mmap.mmap(self.fd, size)
+            fd = os.memfd_create("arrcoc-pixels", os.MFD_CLOEXEC)
+        try:
+            if not 0 < size <= self.MAX_BYTES:
+                raise EngineError(f"A pixel buffer of shape {self.shape} is out of range.")
+            if not received:
+                os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        if received:
+            os.close(fd)
+        self._fd = None if received else fd
         self.array: np.ndarray | None = np.frombuffer(self._map, dtype=np.uint8).reshape(self.shape)
+
+    def send(self, conn: Connection) -> None:
+        """Hand the memory to the other end of `conn` (SCM_RIGHTS), then drop our descriptor."""
+        send_handle(conn, self._fd, 0)
+        os.close(self._fd)
+        self._fd = None
 
     def tensor(self) -> torch.Tensor:
         """The buffer as a CPU tensor (no copy: copy it before the client may write again)."""
@@ -104,8 +121,9 @@ class PixelBuffer:
         self.array = None  # the map cannot close while an array still exports it
         with contextlib.suppress(BufferError, OSError, ValueError):
             self._map.close()
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 @dataclasses.dataclass
@@ -220,7 +238,7 @@ class EngineClient:
             size = self._variant.image_size
             pixels = self._local.pixels = PixelBuffer((3, size, size))
             _send(conn, ("attach", pixels.shape))
-            send_handle(conn, pixels.fd, 0)
+            pixels.send(conn)
             kind, *payload = _recv(conn)
             if kind == "err":
                 raise payload[0]
@@ -320,8 +338,8 @@ def main() -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     # the batch thread launches the model's kernels holding the GIL between them; a connection
-    # thread that takes the GIL meanwhile keeps it up to the switch interval (5 ms by default, as
-    # long as an eager batch's whole launch), so hand it back sooner
+    # thread that takes the GIL meanwhile may keep it for the switch interval (5 ms by default, as
+    # long as an eager batch's whole launch). Cheap; its effect on the H100 was within the noise.
     sys.setswitchinterval(0.0005)
     runtime = Runtime(settings)
     runtime.warm()
