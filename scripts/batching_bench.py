@@ -31,13 +31,20 @@ from arrcoc.service.testing import RedisServer, Worker, worker_env  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its live descendants (a worker group's engine and
-    Celery processes) so far (Linux /proc; the warm-up request included)."""
+def own_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return own + sum(process_cpu_s(int(c)) for c in children)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (a worker group's engine and Celery
+    processes) so far."""
+    return own_cpu_s(pid) + sum(process_cpu_s(c) for c in children(pid))
 
 
 def cpu_by_role(worker_pids: list[int], redis_pid: int) -> dict[str, float]:
@@ -45,11 +52,10 @@ def cpu_by_role(worker_pids: list[int], redis_pid: int) -> dict[str, float]:
     redis-server: where a worker's CPU goes."""
     out = {"engine": 0.0, "celery": 0.0, "redis": process_cpu_s(redis_pid)}
     for pid in worker_pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        out["celery"] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        out["celery"] += own_cpu_s(pid)
+        for c in children(pid):
             role = "engine" if b"engine_process" in Path(f"/proc/{c}/cmdline").read_bytes() else "celery"
-            out[role] += process_cpu_s(int(c))
+            out[role] += process_cpu_s(c)
     return out
 
 
