@@ -13,10 +13,11 @@ def worker() -> int:
 
     app = Celery(broker=os.environ.get("ARRCOC_BROKER_URL", "redis://redis:6379/0"))
     app.conf.update(accept_content=["json"], task_serializer="json", result_serializer="json")
-    # `arrcoc worker --processes N` names its Celery processes arrcoc-1@host ... arrcoc-N@host
+    from arrcoc.service.worker_group import node_name  # no torch: the naming rule only
+
     n = int(os.environ.get("ARRCOC_WORKER_PROCESSES", "1"))
-    host = socket.gethostname()
-    names = [f"arrcoc@{host}"] if n <= 1 else [f"arrcoc-{i}@{host}" for i in range(1, n + 1)]
+    name = f"arrcoc@{socket.gethostname()}"
+    names = [name] if n <= 1 else [node_name(name, i) for i in range(1, n + 1)]
     replies = app.control.ping(destination=names, timeout=5.0)
     return 0 if len(replies) == len(names) else 1
 

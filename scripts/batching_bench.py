@@ -27,24 +27,20 @@ sys.path.insert(0, str(REPO))
 
 from arrcoc.cli.submit import LOADTEST_QUERIES  # noqa: E402
 from arrcoc.service.loadtest import run_load  # noqa: E402
-from arrcoc.service.testing import RedisServer, Worker, worker_env  # noqa: E402
+from arrcoc.service.testing import RedisServer, Worker, child_pids, proc_stat, worker_env  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
 
 def own_cpu_s(pid: int) -> float:
     """User + system CPU seconds of one process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children(pid: int) -> list[int]:
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def process_cpu_s(pid: int) -> float:
     """CPU seconds of a process and its live descendants (a worker group's engine and Celery
     processes) so far."""
-    return own_cpu_s(pid) + sum(process_cpu_s(c) for c in children(pid))
+    return own_cpu_s(pid) + sum(process_cpu_s(c) for c in child_pids(pid))
 
 
 def cpu_by_role(worker_pids: list[int], redis_pid: int) -> dict[str, float]:
@@ -53,7 +49,7 @@ def cpu_by_role(worker_pids: list[int], redis_pid: int) -> dict[str, float]:
     out = {"engine": 0.0, "celery": 0.0, "redis": process_cpu_s(redis_pid)}
     for pid in worker_pids:
         out["celery"] += own_cpu_s(pid)
-        for c in children(pid):
+        for c in child_pids(pid):
             role = "engine" if b"engine_process" in Path(f"/proc/{c}/cmdline").read_bytes() else "celery"
             out[role] += process_cpu_s(c)
     return out

@@ -3,6 +3,7 @@ over a CPU Runtime on a Unix socket, and the EngineClient the Celery processes o
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from arrcoc.errors import InvalidInputError
 from arrcoc.pipeline import Controls
 from arrcoc.service.batching import DeadlineExceeded
-from arrcoc.service.engine_process import EngineClient, EngineServer, EngineUnavailableError, _to_wire
+from arrcoc.service.engine_process import EngineClient, EngineServer, EngineUnavailableError
 from arrcoc.service.runtime import Runtime
 from arrcoc.service.testing import REPO, assert_same_result, png_bytes
 from arrcoc.settings import default_settings
@@ -58,7 +59,8 @@ def test_a_late_reply_never_reaches_the_next_call(served):
     second = client.prepare(png_bytes(2), "the sky", Controls())
     with runtime.exclusive():  # the engine is busy: the reply to the first request comes late
         with pytest.raises(DeadlineExceeded):
-            client._call(("infer", _to_wire(first), 30.0, None), timeout=0.3)
+            client._call(("infer", dataclasses.replace(first, pixels=None), 30.0, None), timeout=0.3,
+                         pixels=first.pixels)  # fmt: skip
     result = client.infer(png_bytes(2), "the sky", Controls(), timeout=60)
     assert result.query == "the sky"  # not the first request's late answer
     assert np.array_equal(result.relevance, runtime.infer_prepared(second, 60).relevance)

@@ -10,7 +10,6 @@ import os
 import signal
 import time
 import zipfile
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,10 @@ from arrcoc.service.testing import (
     RedisServer,
     Worker,
     assert_same_result,
+    child_pids,
     make_zip,
     png_bytes,
+    proc_stat,
     seeded_weights,
     worker_env,
 )
@@ -32,14 +33,9 @@ from arrcoc.settings import default_settings
 SETTINGS = {"buckets": "[1,2,4,8]", "batch_max_size": "8", "batch_max_delay_ms": "50", "worker_processes": "2"}
 
 
-def members(pid: int) -> list[int]:
-    """The supervisor's children: the engine process first, then the Celery processes."""
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
 def alive(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = proc_stat(pid)[0]
     except FileNotFoundError:
         return False
     return state != "Z"  # a zombie has exited; only its parent has not collected it yet
@@ -134,7 +130,7 @@ def test_batch_job_and_benchmark_through_the_group(celery_ex):
 
 def test_engine_killed_stops_the_whole_group(rig):
     w = rig["worker"]
-    engine, *fronts = members(w.p.pid)
+    engine, *fronts = child_pids(w.p.pid)
     assert len(fronts) == 2
     os.kill(engine, signal.SIGKILL)
     w.p.wait(60)  # the supervisor stops the Celery processes and exits: compose restarts the group
@@ -144,6 +140,6 @@ def test_engine_killed_stops_the_whole_group(rig):
 
 def test_killed_supervisor_leaves_no_orphans(rig):
     w = rig["start"]()
-    group = members(w.p.pid)
+    group = child_pids(w.p.pid)
     os.kill(w.p.pid, signal.SIGKILL)  # only the supervisor: the kernel takes its members down with it
     wait_until(lambda: not any(alive(p) for p in group), 10, f"members {group} gone")

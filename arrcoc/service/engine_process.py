@@ -13,9 +13,10 @@ reply `("ok", value)` or `("err", ArrcocError)`, with `("progress", fraction, me
 benchmark's reply. An interactive request's pixels do not go through the socket: each connection
 has a pixel buffer in shared memory (a memfd the client hands over once, SCM_RIGHTS), the client
 writes its request's pixels there and the engine copies them to the device before it queues the
-request. Pickling 0.8 MB per request through the socket cost the engine process a third of its
-GIL time (receive, unpickle, pin; py-spy on the H100 host). Batch chunks still pickle their
-pixels as numpy arrays (torch's own pickling for multiprocessing expects shared-memory handles).
+request: receiving, unpickling and pinning 0.8 MB per request had been the engine process's
+largest cost besides the model (its CPU per request fell 4.7 -> 4.0 ms, scripts/batching_bench.py
+on the H100). Batch chunks still pickle their pixels as numpy arrays (torch's own pickling for
+multiprocessing expects shared-memory handles).
 """
 
 from __future__ import annotations
@@ -198,13 +199,10 @@ class EngineServer:
     def _op_infer(
         self, peer: _Peer, request: PreparedRequest, timeout: float, backend: str | None
     ) -> RelevanceResult:
-        if request.pixels is None:  # the pixels wait in this connection's shared buffer
-            if peer.pixels is None:
-                raise EngineError("No pixel buffer is attached to this connection.")
-            request = dataclasses.replace(request, pixels=self.runtime.copy_to_device(peer.pixels.tensor(), backend))
-        else:
-            request = _from_wire(request)
-        return self.runtime.infer_prepared(request, timeout, backend)
+        if peer.pixels is None:  # the pixels wait in this connection's shared buffer
+            raise EngineError("No pixel buffer is attached to this connection.")
+        pixels = self.runtime.copy_to_device(peer.pixels.tensor(), backend)
+        return self.runtime.infer_prepared(dataclasses.replace(request, pixels=pixels), timeout, backend)
 
     def _op_run(self, peer: _Peer, items: list[PreparedRequest], backend: str | None) -> list[Any]:
         out = self.runtime.run_batch([_from_wire(r) for r in items], backend)

@@ -179,3 +179,12 @@ def assert_same_result(a, b) -> None:
     assert ja == jb
     assert np.array_equal(a.texture, b.texture)
 
+
+def proc_stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: [state, ppid, ..., utime (11), stime (12), ...]."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def child_pids(pid: int) -> list[int]:
+    """A process's children, oldest first (a worker group: the engine process, then Celery's)."""
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
