@@ -32,6 +32,10 @@ class ModelOutput(NamedTuple):
     budgets: Tensor  # (B, N) tokens per rank, 0 past K
     budget_map: Tensor  # (B, G, G)
     texture: Tensor  # (B, 13, G, G)
+    # (B,) absolute query-image match, before any per-image normalisation: the variant's
+    # `match_score` (arrcoc.result.WEAK_MATCH says when it is weak). Last, so positional
+    # unpacking of the fields above is unchanged.
+    match: Tensor
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,15 @@ class ArrcocTexture(nn.Module):
         maps = torch.cat((fixed, self.participatory(texture, query).unsqueeze(1)), dim=1)
         return maps, texture
 
+    def match_score(self, maps: Tensor) -> Tensor:
+        """maps (B, 3, G, G) -> (B,): the best cell's participatory score, (cos + 1) / 2.
+
+        The participatory map is not min-max normalised (the balancer's sum is), so its peak is
+        an absolute measure: a query that matches nothing has no cell whose embedding points its
+        way, whatever the image's contrast.
+        """
+        return maps[:, 2].flatten(1).amax(dim=-1)
+
     def forward(self, images: Tensor, query: Tensor, controls: Tensor) -> ModelOutput:
         """images uint8 (B, 3, S, S); query (B, 384); controls (B, 5) see CONTROL_FIELDS."""
         maps, texture = self.scorer_maps(images, query)
@@ -94,5 +107,5 @@ class ArrcocTexture(nn.Module):
         alloc = self.allocator(balanced.relevance, controls[:, 3], controls[:, 4])
         return ModelOutput(
             balanced.relevance, maps[:, 0], maps[:, 1], maps[:, 2], balanced.weights,
-            balanced.tensions, alloc.order, alloc.budgets, alloc.budget_map, texture,
+            balanced.tensions, alloc.order, alloc.budgets, alloc.budget_map, texture, self.match_score(maps),
         )  # fmt: skip

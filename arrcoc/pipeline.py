@@ -180,4 +180,5 @@ class RelevancePipeline:
             benchmark_only=self.variant.benchmark_only,
             bucket=self.backend.bucket_for(out.relevance.shape[0]),
             timings_ms=dict(timings),
+            match_score=float(out.match[i]),
         )

@@ -15,6 +15,14 @@ JSON_KEYS = (
 )  # fmt: skip  -- the stable contract of `arrcoc infer --json`; add keys, never rename
 
 
+# A match score below this is a weak match: "nothing much like this here". Every variant's
+# `match_score` is on this one scale, in [0, 1] (see each model's `match_score` method and
+# docs/model.md): texture, the best cell's participatory score (cos + 1) / 2; CLIP, the best
+# patch's probability of the query against neutral prompts. 0.5 is where the query stops
+# beating "nothing in particular" at its best location.
+WEAK_MATCH = 0.5
+
+
 def _grid(a: np.ndarray) -> list[list[float]]:
     return np.round(a.astype(np.float64), 6).tolist()
 
@@ -40,6 +48,14 @@ class RelevanceResult:
     benchmark_only: bool = False
     bucket: int | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # absolute query-image match in [0, 1] (ModelOutput.match), not normalised per image;
+    # None only for a result made before the score existed (e.g. an old queued job's payload)
+    match_score: float | None = None
+
+    @property
+    def weak_match(self) -> bool:
+        """The query matched weakly or not at all (match_score < WEAK_MATCH)."""
+        return self.match_score is not None and self.match_score < WEAK_MATCH
 
     @property
     def grid(self) -> int:
@@ -65,6 +81,8 @@ class RelevanceResult:
             "budgets": [int(x) for x in self.budgets],
             # extras
             "query": self.query,
+            "match_score": None if self.match_score is None else round(float(self.match_score), 6),
+            "weak_match": self.weak_match,
             "k": self.k,
             "token_budget": self.token_budget,
             "tokens_used": int(self.budgets.sum()),

@@ -12,7 +12,7 @@ from ..model import ModelOutput
 # the output maps held to the tolerance; the 13-channel texture is reported on its own: its
 # local-contrast channel (sqrt of E[L^2] - E[L]^2, cancellation-prone) is already ~2.5e-3 off a
 # float64 reference in eager float32 itself, so backends differ there by up to ~1e-3
-OUTPUT_MAPS = ("relevance", "information", "perspectival", "participatory", "balance", "tensions")
+OUTPUT_MAPS = ("relevance", "information", "perspectival", "participatory", "balance", "tensions", "match")
 FLOAT_MAPS = OUTPUT_MAPS + ("texture",)
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TOL = {torch.float32: 1e-3, torch.bfloat16: 6e-2}  # max |diff| on every map, vs fp32 eager
