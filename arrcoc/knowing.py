@@ -23,23 +23,25 @@ def cell_index_map(size: int, cell: int = 16) -> Tensor:
     return (rows.view(-1, 1) * grid + rows.view(1, -1)).reshape(-1)
 
 
-def luminance_entropy(images: Tensor, cell_of_pixel: Tensor, grid: int) -> Tensor:
+def luminance_entropy(images: Tensor, cell_of_pixel: Tensor | None = None, grid: int | None = None) -> Tensor:
     """Information: Shannon entropy of each cell's 16-bin luminance histogram, over log(16).
 
-    images: uint8 (B, 3, S, S). Luminance and bins are computed in integers so every backend
-    (eager, Inductor, ONNX Runtime) puts each pixel in exactly the same bin.
+    images: uint8 (B, 3, S, S). Luminance and bins are exact integers (computed in float32, which
+    holds every value below 2^24 exactly), so every backend puts each pixel in the same bin.
+    The histogram is a comparison against the 16 bin ids, average-pooled over each cell (the
+    pooled one-hot *is* the bin frequencies, k/256 exactly): a reduction Inductor fuses and ONNX
+    Runtime runs as one pool, where the scatter-add it replaced was ONNX Runtime's slowest op.
+    `cell_of_pixel` (the old scatter index) is accepted and unused.
     """
-    b = images.shape[0]
-    px = images.to(torch.int32)
-    grey = px[:, 0] * 299 + px[:, 1] * 587 + px[:, 2] * 114  # (B, S, S) in [0, 255000]
-    bins = (grey * HIST_BINS) // 255001  # (B, S, S) in [0, 15]
-    index = cell_of_pixel.view(1, -1) * HIST_BINS + bins.reshape(b, -1).to(torch.int64)
-    counts = torch.zeros(b, grid * grid * HIST_BINS, dtype=torch.float32, device=images.device)
-    counts = counts.scatter_add(1, index, torch.ones_like(index, dtype=torch.float32))
-    p = counts.view(b, grid * grid, HIST_BINS)
-    p = p / p.sum(dim=-1, keepdim=True)
-    entropy = -(p * torch.log(p.clamp_min(1e-12))).sum(dim=-1) / math.log(HIST_BINS)
-    return entropy.view(b, grid, grid).clamp(0.0, 1.0)
+    b, _, s, _ = images.shape
+    grid = grid or s // 16
+    px = images.to(torch.float32)
+    grey = px[:, 0:1] * 299.0 + px[:, 1:2] * 587.0 + px[:, 2:3] * 114.0  # (B, 1, S, S) in [0, 255000]
+    bins = torch.floor(grey * HIST_BINS / 255001.0)  # in [0, 15]; exact (see test_texture)
+    ids = torch.arange(HIST_BINS, device=images.device, dtype=torch.float32).view(1, HIST_BINS, 1, 1)
+    p = F.avg_pool2d((bins == ids).to(torch.float32), s // grid)  # (B, 16, G, G), sums to 1
+    entropy = -(p * torch.log(p.clamp_min(1e-12))).sum(dim=1) / math.log(HIST_BINS)
+    return entropy.clamp(0.0, 1.0)
 
 
 def channel_softmax_entropy(texture: Tensor) -> Tensor:

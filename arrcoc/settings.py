@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-BACKENDS = ("eager", "compiled", "onnx")
+BACKENDS = ("eager", "compiled", "onnx", "aot")
 
 
 class Settings(BaseSettings):

@@ -50,19 +50,27 @@ def rgb_to_lab(rgb: Tensor, rgb_to_xyz: Tensor, white: Tensor) -> Tensor:
     """sRGB in [0, 1] (B, 3, H, W) -> CIE L*a*b* (B, 3, H, W)."""
     linear = torch.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055).pow(2.4))
     xyz = torch.einsum("ij,bjhw->bihw", rgb_to_xyz, linear) / white.view(1, 3, 1, 1)
-    delta = 6.0 / 29.0
-    f = torch.where(xyz > delta**3, xyz.clamp_min(1e-12).pow(1.0 / 3.0), xyz / (3 * delta**2) + 4.0 / 29.0)
+    f = lab_f(xyz)
     fx, fy, fz = f[:, 0], f[:, 1], f[:, 2]
     return torch.stack((116.0 * fy - 16.0, 500.0 * (fx - fy), 200.0 * (fy - fz)), dim=1)
 
 
 def sobel(grey: Tensor, kernels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """grey (B, 1, H, W) -> gx, gy, magnitude, each (B, 1, H, W). Replicate padding."""
-    g = F.conv2d(F.pad(grey, (1, 1, 1, 1), mode="replicate"), kernels)
-    gx, gy = g[:, 0:1], g[:, 1:2]
-    # = sqrt(gx^2 + gy^2 + 1e-8), written so that the ONNX exporter cannot drop the 1e-8 as
-    # "adding zero" (it did: ONNX Runtime's flat-region magnitudes came out 1e-4 lower)
-    return gx, gy, 1e-4 * torch.sqrt((gx * gx + gy * gy) * 1e8 + 1.0)
+    g = sobel_responses(grey, kernels)
+    return g[:, 0:1], g[:, 1:2], edge_magnitude(g)
+
+
+def sobel_responses(grey: Tensor, kernels: Tensor) -> Tensor:
+    """grey (B, 1, H, W) -> (B, 2, H, W): gx, gy in one conv. Replicate padding."""
+    return F.conv2d(F.pad(grey, (1, 1, 1, 1), mode="replicate"), kernels)
+
+
+def edge_magnitude(g: Tensor) -> Tensor:
+    """(B, 2, H, W) Sobel responses -> (B, 1, H, W) = sqrt(gx^2 + gy^2 + 1e-8), written so that
+    the ONNX exporter cannot drop the 1e-8 as "adding zero" (it did: ONNX Runtime's flat-region
+    magnitudes came out 1e-4 lower)."""
+    return 1e-4 * torch.sqrt(g.square().sum(dim=1, keepdim=True) * 1e8 + 1.0)
 
 
 def position_channels(grid: int, device: torch.device | None = None) -> Tensor:
@@ -88,42 +96,77 @@ class TextureConstants(nn.Module):
         self.register_buffer("rgb_to_xyz", torch.tensor(_RGB_TO_XYZ), persistent=False)
         self.register_buffer("white", torch.tensor(_WHITE_D65), persistent=False)
         self.register_buffer("grey_weights", torch.tensor(_GREY).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("grey_row", torch.tensor(_GREY).view(1, 3), persistent=False)
+        # XYZ over the D65 white, in one matrix: (3, 3) @ linear RGB
+        self.register_buffer(
+            "xyz_over_white", torch.tensor(_RGB_TO_XYZ) / torch.tensor(_WHITE_D65).view(3, 1), persistent=False
+        )
         self.register_buffer("positions", position_channels(grid), persistent=False)
 
 
-def cell_variance(x: Tensor, grid: int) -> Tensor:
+def cell_variance(x: Tensor, grid: int, mean: Tensor | None = None) -> Tensor:
     """Variance of x (B, 1, S, S) within each of the G x G cells -> (B, 1, G, G).
 
     Two passes (mean, then mean squared deviation): E[x^2] - E[x]^2 cancels catastrophically in
     flat cells (float32 error up to ~2.5e-3 after the min-max, and different on every backend).
+    `mean`: the cell means (B, 1, G, G) when already pooled. The deviations are pooled as an
+    average pool (one op everywhere, where a reshape to 6-D and a two-axis mean is not).
     """
     b, _, s, _ = x.shape
-    cells = x.reshape(b, 1, grid, s // grid, grid, s // grid)
-    return (cells - cells.mean(dim=(3, 5), keepdim=True)).square().mean(dim=(3, 5))
+    cell = s // grid
+    if mean is None:
+        mean = F.avg_pool2d(x, cell)
+    up = mean.view(b, 1, grid, 1, grid, 1).expand(b, 1, grid, cell, grid, cell).reshape(b, 1, s, s)
+    return F.avg_pool2d((x - up).square(), cell)
+
+
+def lab_f(xyz: Tensor) -> Tensor:
+    """CIE's f(t) of XYZ over the white point: cube root, linear near black."""
+    delta = 6.0 / 29.0
+    return torch.where(xyz > delta**3, xyz.clamp_min(1e-12).pow(1.0 / 3.0), xyz / (3 * delta**2) + 4.0 / 29.0)
 
 
 def texture_from_float(rgb: Tensor, consts: TextureConstants, grid: int, compat: bool) -> tuple[Tensor, Tensor]:
     """rgb (B, 3, S, S) in [0, 1] -> (texture (B, 13, G, G), grey (B, 1, S, S))."""
-    b = rgb.shape[0]
+    if compat:
+        return _texture_compat(rgb, consts, grid)
+    b, _, s, _ = rgb.shape
+    cell = s // grid
+    # Pool as early as the maths allows. Every channel is a cell average, and averaging commutes
+    # with anything linear: RGB, the Sobel responses and L*a*b* (linear in f(XYZ)) are pooled at
+    # full resolution only once each, and the L*a*b* arithmetic runs on the G x G grid. Only the
+    # non-linear steps (sRGB -> linear, f, the edge magnitude) stay per pixel. Inductor fused the
+    # old per-pixel form anyway; ONNX Runtime ran every op of it as a separate full-size pass.
+    linear = torch.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055).pow(2.4))
+    # one (3 x 3) @ (3 x S*S) product per image, the same for every batch size (see knowing.conv_bmm)
+    f = lab_f(torch.matmul(consts.xyz_over_white, linear.flatten(2)).view(b, 3, s, s))  # (B, 3, S, S)
+    grey = torch.matmul(consts.grey_row, rgb.flatten(2)).view(b, 1, s, s)
+    g = sobel_responses(grey, consts.sobel)  # (B, 2, S, S)
+    # pooled one by one: a concat at full resolution would be one more full-size copy
+    pooled_f = F.avg_pool2d(f, cell)  # (B, 3, G, G)
+    fx, fy, fz = pooled_f[:, 0:1], pooled_f[:, 1:2], pooled_f[:, 2:3]
+    lightness = (116.0 * fy - 16.0) / 100.0
+    a_star, b_star = 500.0 * (fx - fy), 200.0 * (fy - fz)
+    edges = minmax(torch.cat((F.avg_pool2d(g, cell), F.avg_pool2d(edge_magnitude(g), cell)), dim=1))
+    # lightness / 100 = 1.16 f_y - 0.16 per pixel: its cell variance is 1.16^2 that of f_y
+    variance = cell_variance(f[:, 1:2], grid, mean=fy) * (1.16**2)
+    contrast = minmax(torch.sqrt(variance.clamp_min(1e-12)))
+    pos = consts.positions.unsqueeze(0).expand(b, -1, -1, -1)
+    return torch.cat(
+        (F.avg_pool2d(rgb, cell), lightness, (a_star + 128.0) / 255.0, edges, pos, (b_star + 128.0) / 255.0, contrast), dim=1
+    ), grey
+
+
+def _texture_compat(rgb: Tensor, consts: TextureConstants, grid: int) -> tuple[Tensor, Tensor]:
+    """arr-coc-0-1's texture: per-pixel features, point-sampled (bilinear) to the grid."""
     grey = (rgb * consts.grey_weights).sum(dim=1, keepdim=True)
     lab = rgb_to_lab(rgb, consts.rgb_to_xyz, consts.white)
     gx, gy, mag = sobel(grey, consts.sobel)
-    lightness = lab[:, 0:1] / 100.0
-    if compat:
-        full = torch.cat((rgb, lightness, (lab[:, 1:2] + 128.0) / 255.0, gx, gy, mag), dim=1)
-        small = F.interpolate(full, size=(grid, grid), mode="bilinear", align_corners=False)
-        edges = minmax(small[:, 5:8])
-        extra = torch.cat((edges[:, 2:3], small[:, 3:4]), dim=1)
-    else:
-        full = torch.cat(
-            (rgb, lightness, (lab[:, 1:2] + 128.0) / 255.0, gx, gy, mag, (lab[:, 2:3] + 128.0) / 255.0),
-            dim=1,
-        )  # fmt: skip
-        small = F.adaptive_avg_pool2d(full, grid)
-        edges = minmax(small[:, 5:8])
-        variance = cell_variance(lightness, grid)
-        extra = torch.cat((small[:, 8:9], minmax(torch.sqrt(variance.clamp_min(1e-12)))), dim=1)
-    pos = consts.positions.unsqueeze(0).expand(b, -1, -1, -1)
+    full = torch.cat((rgb, lab[:, 0:1] / 100.0, (lab[:, 1:2] + 128.0) / 255.0, gx, gy, mag), dim=1)
+    small = F.interpolate(full, size=(grid, grid), mode="bilinear", align_corners=False)
+    edges = minmax(small[:, 5:8])
+    extra = torch.cat((edges[:, 2:3], small[:, 3:4]), dim=1)
+    pos = consts.positions.unsqueeze(0).expand(rgb.shape[0], -1, -1, -1)
     return torch.cat((small[:, 0:5], edges, pos, extra), dim=1), grey
 
 

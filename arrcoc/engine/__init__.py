@@ -8,9 +8,8 @@ import torch
 from torch import nn
 
 from ..errors import EngineError
+from ..settings import BACKENDS
 from .base import Backend
-
-BACKENDS = ("eager", "compiled", "onnx")
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -37,6 +36,8 @@ def create_backend(
         from .compiled import CompiledBackend as cls
     elif name == "onnx":
         from .onnx import OnnxBackend as cls
+    elif name == "aot":
+        from .aot import AotBackend as cls
     else:
         raise EngineError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}.")
     return cls(model, dev, buckets, dtype, cache_dir)

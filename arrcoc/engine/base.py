@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -78,7 +79,7 @@ class Backend(ABC):
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.warmed = False
         # what warmup() cost, for reports: seconds compiling/exporting, capturing graphs, bytes
-        self.stats: dict[str, float] = {"compile_s": 0.0, "capture_s": 0.0, "capture_mem_mb": 0.0}
+        self.stats: dict[str, Any] = {"compile_s": 0.0, "capture_s": 0.0, "capture_mem_mb": 0.0}
 
     @abstractmethod
     def warmup(self) -> None: ...

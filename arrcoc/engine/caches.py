@@ -3,6 +3,8 @@
     <cache_dir>/inductor   Inductor's FX-graph, AOTAutograd and kernel caches
     <cache_dir>/triton     Triton's compiled kernels
     <cache_dir>/onnx       exported ONNX files, keyed by variant, weights and versions
+    <cache_dir>/aot        AOTInductor packages, one per bucket (engine/aot.py)
+    <cache_dir>/compiled   portable compile-cache artefacts of the compiled backend
 """
 
 from __future__ import annotations
@@ -55,3 +57,8 @@ def model_fingerprint(model: nn.Module) -> str:
         h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     h.update(torch.__version__.encode())
     return h.hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    """Where artefacts go when a backend is given no cache dir (tests, one-off runs)."""
+    return Path(os.environ.get("TMPDIR", "/tmp")) / "arrcoc-cache"

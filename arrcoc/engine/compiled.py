@@ -1,12 +1,21 @@
-"""torch.compile (Inductor, fullgraph): one specialised graph per bucket; on CUDA each bucket
-is also captured as a CUDA graph. Everything is compiled and captured in warmup(); serving
-runs under the "fail_on_recompile" stance, so a stray shape is an EngineError, not a compile.
+"""torch.compile (Inductor, fullgraph); on CUDA each bucket is also captured as a CUDA graph.
+Everything is compiled and captured in warmup(); serving runs under the "fail_on_recompile"
+stance, so a stray shape is an EngineError, not a compile.
+
+Programs: by default two, not one per bucket (start-up was 7 compiles of the same graph): bucket
+1 specialised, and one program with a dynamic batch dimension (2..largest) for the others; a
+CUDA graph per bucket is captured over them as before. `dynamic_batch=False` compiles one
+specialised program per bucket. After a warmup that compiled anything, PyTorch's portable
+cache artefacts (Inductor, Triton, AOTAutograd, autotuning) are saved to
+<cache_dir>/compiled/<key>.bin and loaded first by the next process (a new host with a copied
+cache volume starts warm too). stats hold where the compile time went (compile_phases).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 
 import torch
@@ -14,7 +23,7 @@ from torch import Tensor
 
 from ..errors import EngineError
 from .base import Backend, ForwardFn, example_inputs, pad_rows
-from .caches import configure_compile_caches
+from .caches import configure_compile_caches, model_fingerprint
 from .cuda_graph import CudaGraphRunner
 
 log = logging.getLogger(__name__)
@@ -47,12 +56,15 @@ def no_recompile():
 class CompiledBackend(Backend):
     name = "compiled"
 
-    def __init__(self, *args, cuda_graphs: bool = True, mode: str | None = None, **kwargs):
+    def __init__(self, *args, cuda_graphs: bool = True, mode: str | None = None, dynamic_batch: bool = True,
+                 **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.mode = mode  # Inductor mode; None = default (our own CUDA graphs, not Inductor's)
+        self.dynamic_batch = dynamic_batch and len([b for b in self.buckets if b > 1]) > 1
         self.graphs: CudaGraphRunner | None = None
         self.compiles_at_warmup = 0
+        self.phases: dict[str, float] = {}  # compile time by phase (Dynamo's own timers), seconds
 
     def warmup(self) -> None:
         if self.warmed:
@@ -68,14 +80,27 @@ class CompiledBackend(Backend):
         if hasattr(dynamo_config, "accumulated_recompile_limit"):
             dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 256)
         self._eager = ForwardFn(self.model, self.device.type, self.dtype)
-        self._fn = torch.compile(self._eager, fullgraph=True, dynamic=False, mode=self.mode)
+        # dynamic=None: specialised unless a tensor is marked dynamic (the shared batch dim below)
+        self._fn = torch.compile(self._eager, fullgraph=True, dynamic=None if self.dynamic_batch else False,
+                                 mode=self.mode)  # fmt: skip
+        artefacts = self._artefacts_path()
+        self.stats["artefacts_loaded"] = float(_load_artefacts(artefacts))
         t0 = time.perf_counter()
+        before = _phase_totals()
         with torch.inference_mode():
-            for bucket in sorted(self.buckets, reverse=True):
-                self._fn(*example_inputs(self.model, bucket, self.device))
+            for bucket in self._compile_buckets():
+                self._fn(*self._marked(example_inputs(self.model, bucket, self.device)))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats["compile_s"] = time.perf_counter() - t0
+        self.phases = {k: v - before.get(k, 0.0) for k, v in _phase_totals().items() if v - before.get(k, 0.0) > 0.05}
+        self.stats["compile_phases"] = self.phases
+        self.stats["programs"] = float(len(self._compile_buckets()))
+        self.stats["artefacts_saved"] = float(not self.stats["artefacts_loaded"] and _save_artefacts(artefacts))
+        if not self.use_graphs:  # every bucket served once now: a missed shape fails here, not later
+            with torch.inference_mode():
+                for bucket in self.buckets:
+                    self._guarded(*self._static_inputs(bucket))
         if self.use_graphs:
             self.graphs = CudaGraphRunner(self._guarded, self._static_inputs, self.device)
             st = self.graphs.capture(self.buckets)
@@ -83,6 +108,30 @@ class CompiledBackend(Backend):
         self.compiles_at_warmup = compile_count()
         self.warmed = True
         log.info("compiled %s buckets %s in %.1f s", type(self.model).__name__, self.buckets, self.stats["compile_s"])
+
+    def _compile_buckets(self) -> list[int]:
+        """The buckets whose shapes are compiled: one per program (largest first)."""
+        if not self.dynamic_batch:
+            return sorted(self.buckets, reverse=True)
+        return sorted({b for b in self.buckets if b == 1} | {max(self.buckets)}, reverse=True)
+
+    def _marked(self, inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """Mark the batch dim of every input dynamic (2..largest bucket) for the shared program.
+
+        Bucket 1 stays specialised: Dynamo treats a size of 1 as a constant anyway, and batch 1
+        is the latency that matters most."""
+        if self.dynamic_batch and inputs[0].shape[0] > 1:
+            for t in inputs:
+                torch._dynamo.mark_dynamic(t, 0, min=2, max=max(self.buckets))
+        return inputs
+
+    def _artefacts_path(self):
+        if self.cache_dir is None:
+            return None
+        from .aot import device_tag
+
+        key = f"{model_fingerprint(self.model)}-{device_tag(self.device)}-{self.dtype}-{self.dynamic_batch}"
+        return self.cache_dir / "compiled" / f"{key}-{'_'.join(map(str, self.buckets))}.bin"
 
     def _static_inputs(self, bucket: int) -> tuple[Tensor, ...]:
         return example_inputs(self.model, bucket, self.device, seed=1000)
@@ -110,3 +159,35 @@ class CompiledBackend(Backend):
         if self.graphs is not None:
             self.graphs.close()
             self.graphs = None
+
+
+def _phase_totals() -> dict[str, float]:
+    """Dynamo's cumulative compile timers (Dynamo tracing, AOTAutograd, Inductor, codegen and
+    Triton/C++ compile...), seconds by phase name; names vary between torch versions."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return {k: float(sum(v)) for k, v in compilation_time_metrics.items()}
+
+
+def _load_artefacts(path) -> bool:
+    if path is None or not path.is_file():
+        return False
+    try:
+        return torch.compiler.load_cache_artifacts(path.read_bytes()) is not None
+    except Exception as e:  # a damaged or foreign file: compile as if it were not there
+        log.warning("ignoring compile-cache artefacts %s: %s", path, e)
+        return False
+
+
+def _save_artefacts(path) -> bool:
+    """Write the portable cache artefacts of what this process compiled (atomically)."""
+    if path is None:
+        return False
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(saved[0])
+    os.replace(tmp, path)
+    return True
