@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-MIN_TOKENS = 64.0
-MAX_TOKENS = 400.0
+from .request import MAX_CELL_TOKENS, MIN_CELL_TOKENS
+
+MIN_TOKENS = float(MIN_CELL_TOKENS)
+MAX_TOKENS = float(MAX_CELL_TOKENS)
 
 
 class Allocation(NamedTuple):

@@ -21,9 +21,6 @@ from torch import Tensor, nn
 from .knowing import row_linear
 from .texture import minmax
 
-TENSION_NAMES = ("compress_particularize", "exploit_explore", "focus_diversify")
-SCORER_NAMES = ("information", "perspectival", "participatory")
-
 
 class Balanced(NamedTuple):
     relevance: Tensor  # (B, G, G) in [0, 1]

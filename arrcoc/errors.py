@@ -32,3 +32,11 @@ class EngineError(ArrcocError):
 
 class JobError(ArrcocError):
     """A job is unknown, expired, cancelled or failed."""
+
+
+class ServiceUnavailableError(ArrcocError):
+    """The queue (Redis), its workers or the engine did not answer in time: check that they run, then retry."""
+
+
+class DeadlineExceeded(ArrcocError, TimeoutError):
+    """A request waited past its deadline before the engine got to it."""

@@ -1,4 +1,4 @@
-"""Image input: path / bytes / PIL / array -> validated uint8 tensor [B, 3, S, S].
+"""Image input: path / bytes / PIL / array -> a checked, upright 8-bit RGB image (torch-free).
 
 Decoding is guarded (byte and pixel limits, Pillow's decompression-bomb check), EXIF orientation
 is applied, every mode Pillow decodes (L, LA, P, RGBA, CMYK, I;16, ...) becomes 8-bit RGB.
@@ -15,16 +15,17 @@ from pathlib import Path
 from typing import Union
 
 import numpy as np
-import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .errors import ImageError, InvalidInputError
+from .settings import Settings
 
 ImageLike = Union[str, Path, bytes, bytearray, Image.Image, np.ndarray]
 
-DEFAULT_MAX_BYTES = 25 * 1024 * 1024
-DEFAULT_MAX_PIXELS = 40_000_000
-MIN_SIDE = 16
+# the defaults of the settings' image limits (one home: arrcoc.settings)
+DEFAULT_MAX_BYTES: int = Settings.model_fields["max_image_bytes"].default
+DEFAULT_MAX_PIXELS: int = Settings.model_fields["max_image_pixels"].default
+MIN_SIDE: int = Settings.model_fields["min_image_side"].default
 
 
 @dataclass(frozen=True)
@@ -163,22 +164,3 @@ def _array_to_pil(arr: np.ndarray) -> Image.Image:
     if arr.shape[2] == 1:
         return Image.fromarray(arr[..., 0], mode="L")
     return Image.fromarray(arr, mode="RGB" if arr.shape[2] == 3 else "RGBA")
-
-
-def to_tensor(img: Image.Image, size: int) -> torch.Tensor:
-    """RGB PIL image -> uint8 [3, size, size] (bilinear resize, as arr-coc-0-1)."""
-    resized = img.resize((size, size), Image.Resampling.BILINEAR)
-    out = np.empty((3, size, size), dtype=np.uint8)
-    np.copyto(out, np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))  # HWC -> CHW in one copy
-    return torch.from_numpy(out)
-
-
-def prepare_batch(
-    sources: list[ImageLike], size: int = 512, limits: ImageLimits = ImageLimits()
-) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """Images -> (uint8 [B, 3, size, size], original (width, height) of each)."""
-    if not sources:
-        raise InvalidInputError("No images given.")
-    images = [load_image(s, limits) for s in sources]
-    batch = torch.stack([to_tensor(im, size) for im in images])
-    return batch, [im.size for im in images]

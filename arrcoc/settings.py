@@ -10,7 +10,14 @@ from typing import Annotated
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from .errors import InvalidInputError
+
+# The engine backends, in one place: the engine's factory, the CLI, the demo and the validators
+# below all read this.
 BACKENDS = ("eager", "compiled", "onnx", "aot")
+# Where `arrcoc worker`, `arrcoc submit` and the Celery executor look for Redis when no
+# ARRCOC_BROKER_URL is given (the in-process executor needs none).
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 
 
 class Settings(BaseSettings):
@@ -97,6 +104,20 @@ class Settings(BaseSettings):
     def results_backend(self) -> str | None:
         return self.result_url or self.broker_url
 
+    @property
+    def queue_url(self) -> str:
+        """The Redis that carries tasks and job state (a worker or `arrcoc submit` needs one)."""
+        return self.broker_url or DEFAULT_BROKER_URL
+
+    def served_backend(self, backend: str | None) -> str:
+        """The backend a request runs on (None: ARRCOC_BACKEND), or a clear error if this server
+        does not serve it."""
+        name = backend or self.backend
+        if name not in self.backends:
+            raise InvalidInputError(f"This server does not serve the {name!r} backend; it serves"
+                                    f" {', '.join(self.backends)} (ARRCOC_BACKENDS).")  # fmt: skip
+        return name
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
@@ -109,4 +130,4 @@ def default_settings(**overrides: object) -> Settings:
     return get_settings().model_copy(update=overrides)
 
 
-__all__ = ["Settings", "get_settings", "default_settings"]
+__all__ = ["BACKENDS", "DEFAULT_BROKER_URL", "Settings", "get_settings", "default_settings"]

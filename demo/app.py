@@ -15,14 +15,13 @@ from typing import Any
 import gradio as gr
 import torch
 
-from arrcoc.engine import BACKENDS
 from arrcoc.errors import ArrcocError, InvalidInputError
 from arrcoc.images import load_image
-from arrcoc.pipeline import Controls
 from arrcoc.registry import list_variants
 from arrcoc.render import overlay
-from arrcoc.service.executor import JobKind, JobState
-from arrcoc.settings import get_settings
+from arrcoc.request import Controls
+from arrcoc.service.jobs.types import JobKind, JobState
+from arrcoc.settings import BACKENDS, get_settings
 
 from . import jobs, service, views
 from .views import Run

@@ -14,8 +14,8 @@ from typing import Any
 import pandas as pd
 
 from arrcoc.errors import ArrcocError, InvalidInputError
-from arrcoc.pipeline import Controls
-from arrcoc.service.executor import BenchRequest, JobState, JobStatus
+from arrcoc.request import Controls
+from arrcoc.service.jobs.types import BenchRequest, JobState, JobStatus
 
 from . import service
 

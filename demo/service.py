@@ -1,4 +1,4 @@
-"""The demo's one door to the serving side: the Executor from arrcoc.service, created on first use.
+"""The demo's one door to the serving side: the Executor from arrcoc.service.client, created on first use.
 
 Nothing here runs at import. The executor (in-process by default, Celery when ARRCOC_BROKER_URL
 is set) is built lazily and shared by every session of the app.
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 
-from arrcoc.pipeline import Controls
+from arrcoc.request import Controls
 from arrcoc.result import RelevanceResult
-from arrcoc.service.executor import Executor, create_executor
+from arrcoc.service.client.executor import Executor
+from arrcoc.service.client.factory import create_executor
 from arrcoc.settings import get_settings
 
 _lock = threading.Lock()

@@ -13,9 +13,8 @@ import pandas as pd
 from PIL import Image
 
 from arrcoc import metrics
-from arrcoc.balancing import SCORER_NAMES, TENSION_NAMES
 from arrcoc.render import budget_image, colorize, colormap_hex, heatmap_image, homunculus, overlay, tint_cells
-from arrcoc.result import RelevanceResult
+from arrcoc.result import SCORER_NAMES, TENSION_NAMES, RelevanceResult
 from arrcoc.texture import CHANNEL_NAMES, COMPAT_CHANNEL_NAMES
 
 DISPLAY_SIDE = 640  # longest side of the images the views show

@@ -13,7 +13,7 @@ def worker() -> int:
 
     app = Celery(broker=os.environ.get("ARRCOC_BROKER_URL", "redis://redis:6379/0"))
     app.conf.update(accept_content=["json"], task_serializer="json", result_serializer="json")
-    from arrcoc.service.worker_group import node_name  # no torch: the naming rule only
+    from worker.group import node_name  # no torch: the naming rule only
 
     n = int(os.environ.get("ARRCOC_WORKER_PROCESSES", "1"))
     name = f"arrcoc@{socket.gethostname()}"

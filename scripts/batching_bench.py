@@ -25,9 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from arrcoc.bench.load import run_load  # noqa: E402
+from arrcoc.bench.processes import RedisServer, Worker, child_pids, proc_stat, worker_env  # noqa: E402
 from arrcoc.cli.submit import LOADTEST_QUERIES  # noqa: E402
-from arrcoc.service.loadtest import run_load  # noqa: E402
-from arrcoc.service.testing import RedisServer, Worker, child_pids, proc_stat, worker_env  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
 
@@ -76,7 +76,7 @@ def one_round(mode: str, args, root: Path, redis: RedisServer) -> dict:
     try:
         for w in workers:
             w.ready(300)
-        from arrcoc.service.celery_executor import CeleryExecutor
+        from arrcoc.service.client.celery_executor import CeleryExecutor
 
         make_executor = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=root / "data"))
         load0 = os.getloadavg()[0]

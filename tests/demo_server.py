@@ -9,8 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from arrcoc.settings import get_settings
-
-from . import service
+from demo import service
 
 
 def free_port() -> int:
@@ -22,7 +21,7 @@ def free_port() -> int:
 @contextmanager
 def serve(data_dir: Path | None = None) -> Iterator[str]:
     """The app on http://127.0.0.1:<free port>/ with its own executor (and data dir, if given)."""
-    from .app import build_demo, launch
+    from demo.app import build_demo, launch
 
     old = os.environ.get("ARRCOC_DATA_DIR")
     if data_dir is not None:

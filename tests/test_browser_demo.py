@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 
 sync_api = pytest.importorskip("playwright.sync_api")
+from demo_server import serve  # noqa: E402
 from PIL import Image  # noqa: E402
-
-from demo.testing import serve  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

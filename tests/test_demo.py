@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
+from demo_server import serve  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
-
-from demo.testing import serve  # noqa: E402
 
 POLL_S = 0.5
 

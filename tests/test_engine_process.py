@@ -8,13 +8,13 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import assert_same_result, png_bytes
 
-from arrcoc.errors import InvalidInputError
-from arrcoc.pipeline import Controls
-from arrcoc.service.batching import DeadlineExceeded
-from arrcoc.service.engine_process import EngineClient, EngineServer, EngineUnavailableError
-from arrcoc.service.runtime import Runtime
-from arrcoc.service.testing import REPO, assert_same_result, png_bytes
+from arrcoc.bench.processes import REPO
+from arrcoc.errors import DeadlineExceeded, InvalidInputError
+from arrcoc.request import Controls
+from arrcoc.service.host.engine_process import EngineClient, EngineServer, EngineUnavailableError
+from arrcoc.service.host.runtime import Runtime
 from arrcoc.settings import default_settings
 
 KEY = b"0123456789abcdef"

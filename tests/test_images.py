@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from arrcoc.errors import ImageError, InvalidInputError
-from arrcoc.images import ImageLimits, load_image, prepare_batch
+from arrcoc.images import ImageLimits, load_image
+from arrcoc.preprocess import prepare_batch
 
 
 def encode(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:

@@ -10,9 +10,8 @@ import torch
 
 from arrcoc.errors import InvalidInputError, UnknownVariantError
 from arrcoc.model import ModelOutput
-from arrcoc.pipeline import Controls
-from arrcoc.query import validate_query
 from arrcoc.registry import create_model, get_variant, list_variants
+from arrcoc.request import Controls, validate_query
 from arrcoc.train.scenes import SceneObject, render
 
 torch.set_num_threads(2)

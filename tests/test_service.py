@@ -10,13 +10,13 @@ import uuid
 import zipfile
 
 import pytest
+from helpers import make_zip, png_bytes, seeded_weights
 
-from arrcoc.errors import ImageError, InvalidInputError, JobError
-from arrcoc.service.archive import load_items, unpack
-from arrcoc.service.batching import DeadlineExceeded, DynamicBatcher
-from arrcoc.service.executor import BenchRequest, JobKind, JobState
-from arrcoc.service.store import MemoryJobStore, RedisJobStore, redis_client
-from arrcoc.service.testing import make_zip, png_bytes, seeded_weights
+from arrcoc.errors import DeadlineExceeded, ImageError, InvalidInputError, JobError
+from arrcoc.service.host.batching import DynamicBatcher
+from arrcoc.service.jobs.archive import load_items, unpack
+from arrcoc.service.jobs.store import MemoryJobStore, RedisJobStore, redis_client
+from arrcoc.service.jobs.types import BenchRequest, JobKind, JobState
 from arrcoc.settings import default_settings
 
 REDIS_TEST_URL = "redis://127.0.0.1:6379/13"
@@ -164,7 +164,7 @@ def test_store_reports_expired_not_pending(store):
 # -- the in-process executor ----------------------------------------------------------------------
 @pytest.fixture
 def inprocess(settings):
-    from arrcoc.service.inprocess import InProcessExecutor
+    from arrcoc.service.client.inprocess import InProcessExecutor
 
     ex = InProcessExecutor(settings)
     yield ex
@@ -231,7 +231,7 @@ def test_inprocess_cancel_and_bench(inprocess):
 
 
 def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, settings):
-    from arrcoc.service import jobs
+    from arrcoc.service.jobs import batch as jobs
 
     job, chunks = jobs.create_batch_job(make_zip({f"{i}.png": png_bytes(i) for i in range(3)}), "q", None,
                                         settings, inprocess.store)  # fmt: skip
@@ -246,7 +246,7 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
 
 def test_inprocess_serves_each_backend_it_is_allowed(settings):
     """The backend chosen per request (demo dropdown, API) runs; one not served is a clear error."""
-    from arrcoc.service.inprocess import InProcessExecutor
+    from arrcoc.service.client.inprocess import InProcessExecutor
 
     s = settings.model_copy(update={"backends": ("eager", "onnx"), "buckets": (1,)})
     ex = InProcessExecutor(s)

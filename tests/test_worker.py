@@ -12,20 +12,13 @@ import uuid
 import zipfile
 
 import pytest
+from helpers import assert_same_result, make_zip, png_bytes, seeded_weights
 
+from arrcoc.bench.processes import REPO, Worker, worker_env
 from arrcoc.errors import ImageError, InvalidInputError, JobError
-from arrcoc.pipeline import Controls
-from arrcoc.service.celery_config import TASKS
-from arrcoc.service.executor import BenchRequest, JobState
-from arrcoc.service.testing import (
-    REPO,
-    Worker,
-    assert_same_result,
-    make_zip,
-    png_bytes,
-    seeded_weights,
-    worker_env,
-)
+from arrcoc.request import Controls
+from arrcoc.service.client.queue import TASKS
+from arrcoc.service.jobs.types import BenchRequest, JobState
 from arrcoc.settings import default_settings
 
 BROKER = "redis://127.0.0.1:6379/13"
@@ -79,7 +72,7 @@ def make_settings(env, **overrides):
 
 @pytest.fixture(scope="module")
 def celery_ex(env, worker):
-    from arrcoc.service.celery_executor import CeleryExecutor
+    from arrcoc.service.client.celery_executor import CeleryExecutor
 
     ex = CeleryExecutor(make_settings(env))
     yield ex
@@ -99,7 +92,7 @@ def wait_finished(ex, job_id, timeout=180.0, seen=None):
 
 
 def test_infer_round_trip_equals_inprocess(env, celery_ex):
-    from arrcoc.service.inprocess import InProcessExecutor
+    from arrcoc.service.client.inprocess import InProcessExecutor
 
     local = InProcessExecutor(make_settings(env, broker_url=None))
     try:
@@ -159,7 +152,7 @@ def test_cancel_and_unknown(celery_ex):
 
 
 def test_expired_job_reports_expired_not_pending(env, worker):
-    from arrcoc.service.celery_executor import CeleryExecutor
+    from arrcoc.service.client.celery_executor import CeleryExecutor
 
     ex = CeleryExecutor(make_settings(env, job_ttl_s=2))
     try:
@@ -224,7 +217,7 @@ def test_cli_loadtest_spreads_clients_over_processes(env, worker, tmp_path):
 
 
 def test_prefork_worker_builds_the_engine_in_the_child_only(env, tmp_path):
-    from arrcoc.service.celery_executor import CeleryExecutor
+    from arrcoc.service.client.celery_executor import CeleryExecutor
 
     root, settings = env
     queues = {"queue_gpu": settings["queue_gpu"] + "-pf", "queue_bench": settings["queue_bench"] + "-pf"}

@@ -10,10 +10,11 @@ import time
 import zipfile
 
 import pytest
+from helpers import make_zip, png_bytes, seeded_weights
 
-from arrcoc.errors import ArrcocError
-from arrcoc.service.executor import JobState, ServiceUnavailableError
-from arrcoc.service.testing import RedisServer, Worker, make_zip, png_bytes, seeded_weights, worker_env
+from arrcoc.bench.processes import RedisServer, Worker, worker_env
+from arrcoc.errors import ArrcocError, ServiceUnavailableError
+from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import default_settings
 
 SETTINGS = {"buckets": "[1,2,4]", "visibility_timeout_s": "6", "redis_timeout_s": "2", "max_redeliveries": "3"}
@@ -34,7 +35,7 @@ def rig(tmp_path_factory):
         return w.ready()
 
     def executor():
-        from arrcoc.service.celery_executor import CeleryExecutor
+        from arrcoc.service.client.celery_executor import CeleryExecutor
 
         fields = {k: json.loads(v) for k, v in settings.items() if k != "weights"}
         return CeleryExecutor(default_settings(broker_url=redis.url, data_dir=root / "data",

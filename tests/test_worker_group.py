@@ -12,22 +12,12 @@ import time
 import zipfile
 
 import pytest
+from helpers import assert_same_result, make_zip, png_bytes, seeded_weights
 
+from arrcoc.bench.processes import REPO, RedisServer, Worker, child_pids, proc_stat, worker_env
 from arrcoc.errors import InvalidInputError
-from arrcoc.pipeline import Controls
-from arrcoc.service.executor import BenchRequest, JobState
-from arrcoc.service.testing import (
-    REPO,
-    RedisServer,
-    Worker,
-    assert_same_result,
-    child_pids,
-    make_zip,
-    png_bytes,
-    proc_stat,
-    seeded_weights,
-    worker_env,
-)
+from arrcoc.request import Controls
+from arrcoc.service.jobs.types import BenchRequest, JobState
 from arrcoc.settings import default_settings
 
 SETTINGS = {"buckets": "[1,2,4,8]", "batch_max_size": "8", "batch_max_delay_ms": "50", "worker_processes": "2"}
@@ -78,7 +68,7 @@ def rig(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def celery_ex(rig):
-    from arrcoc.service.celery_executor import CeleryExecutor
+    from arrcoc.service.client.celery_executor import CeleryExecutor
 
     ex = CeleryExecutor(rig["settings"]())
     yield ex
@@ -86,7 +76,7 @@ def celery_ex(rig):
 
 
 def test_results_equal_inprocess_and_batches_span_both_processes(rig, celery_ex):
-    from arrcoc.service.inprocess import InProcessExecutor
+    from arrcoc.service.client.inprocess import InProcessExecutor
 
     local = InProcessExecutor(rig["settings"](broker_url=None))
     try:

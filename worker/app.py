@@ -1,8 +1,10 @@
 """The Celery app and its signal handlers. One engine per worker process, built where it is used.
 
-Pools: `threads` (the default; dynamic batching needs concurrent tasks in one process) and `solo`
-build the engine in the worker process before it consumes anything; `prefork` builds it in each child
-after the fork (worker_process_init), so CUDA is never initialised in a process that forks.
+`celery -A worker.app worker` configures it from the environment's settings; `arrcoc worker`
+calls `configure(settings)` with its own first. Pools: `threads` (the default; dynamic batching
+needs concurrent tasks in one process) and `solo` build the engine in the worker process before it
+consumes anything; `prefork` builds it in each child after the fork (worker_process_init), so CUDA
+is never initialised in a process that forks.
 """
 
 from __future__ import annotations
@@ -11,21 +13,31 @@ import logging
 
 from celery import Celery, signals
 
+from arrcoc.settings import Settings, get_settings
+
 from . import config
+from .state import WorkerState
 
 app = Celery("arrcoc")
-app.config_from_object(config.build())
 app.conf.include = ["worker.tasks"]
+state = WorkerState()  # this process's engine host, Redis clients and job store
 
 log = logging.getLogger(__name__)
 
 
+def configure(settings: Settings) -> None:
+    """Point the app and this process's worker state at `settings`."""
+    app.config_from_object(config.build(settings))
+    state.configure(settings)
+
+
+configure(get_settings())
+
+
 @signals.worker_process_init.connect
 def _warm_child(**_) -> None:  # prefork child: after the fork, before the first task
-    from .tasks import state
-
     state.reset()
-    state.runtime().warm()
+    state.host().warm()
 
 
 @signals.celeryd_after_setup.connect
@@ -37,13 +49,9 @@ def _warm_before_consuming(sender=None, instance=None, **_) -> None:
     pool = f"{getattr(cls, '__module__', '')}.{getattr(cls, '__name__', cls)}".lower()
     if "prefork" in pool or "processes" in pool:
         return  # children build their own (worker_process_init); this parent must stay CUDA-free
-    from .tasks import state
-
-    state.runtime().warm()
+    state.host().warm()
 
 
 @signals.worker_shutdown.connect
 def _close(**_) -> None:
-    from .tasks import state
-
     state.close()

@@ -1,10 +1,30 @@
-"""Celery config for the worker, from arrcoc's settings (ARRCOC_* environment variables)."""
+"""The worker's Celery configuration: the queue contract (arrcoc.service.client.queue) plus what
+only a worker needs. The worker is a thread pool in one process per device, so dynamic batching
+can gather concurrent requests; prefetch is 1 per thread."""
 
 from __future__ import annotations
 
-from arrcoc.service.celery_config import celery_config
-from arrcoc.settings import get_settings
+from typing import Any
+
+from arrcoc.service.client.queue import queue_config
+from arrcoc.settings import Settings
 
 
-def build() -> dict:
-    return celery_config(get_settings())
+def worker_threads(settings: Settings) -> int:
+    return settings.worker_threads or max(settings.batch_max_size, 1) + 4
+
+
+def build(settings: Settings) -> dict[str, Any]:
+    return queue_config(settings) | {
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_pool": "threads",
+        "worker_concurrency": worker_threads(settings),
+        # prefork pools enforce these; the threads pool cannot, so tasks also keep deadlines themselves
+        "task_time_limit": settings.task_time_limit_s + 30,
+        "task_soft_time_limit": settings.task_time_limit_s,
+        "worker_send_task_events": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+    }

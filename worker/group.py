@@ -23,6 +23,8 @@ import time
 from multiprocessing.connection import Client
 from pathlib import Path
 
+from arrcoc.settings import Settings
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -52,13 +54,16 @@ def node_name(hostname: str, i: int) -> str:
     return f"{name}-{i}{at}{host}"
 
 
-def run_group(processes: int, front_args: list[str], hostname: str, ready_timeout: float = 1800.0) -> int:
-    """Run the group until a signal or a member's exit; returns the exit code."""
+def run_group(processes: int, front_args: list[str], hostname: str, settings: Settings,
+              ready_timeout: float = 1800.0) -> int:  # fmt: skip
+    """Run the group until a signal or a member's exit; returns the exit code. The members are new
+    processes: they read `settings` from the environment they are started with."""
     sock_dir = Path(tempfile.mkdtemp(prefix="arrcoc-engine-"))
     address = str(sock_dir / "engine.sock")
     authkey = secrets.token_bytes(16)
     env = dict(os.environ, ARRCOC_ENGINE_SOCKET=address, ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
-               ARRCOC_WORKER_PROCESSES="1")  # fmt: skip
+               ARRCOC_WORKER_PROCESSES="1", ARRCOC_DEVICE=settings.device, ARRCOC_BACKEND=settings.backend,
+               ARRCOC_BROKER_URL=settings.queue_url)  # fmt: skip
     # OpenMP (torch's CPU threads) reads these at start-up. Idle OpenMP threads spin by default,
     # burning cores the other processes need; the Celery processes run no model, only small
     # copies, so one thread each (torch.set_num_threads would apply to the calling thread only).
@@ -71,7 +76,7 @@ def run_group(processes: int, front_args: list[str], hostname: str, ready_timeou
     members: list[subprocess.Popen] = []
     code = 0
     try:
-        engine = subprocess.Popen([sys.executable, "-m", "arrcoc.service.engine_process"], env=env,
+        engine = subprocess.Popen([sys.executable, "-m", "arrcoc.service.host.engine_process"], env=env,
                                   preexec_fn=_die_with_parent)  # fmt: skip
         members.append(engine)
         _wait_listening(engine, address, authkey, ready_timeout)

@@ -1,8 +1,9 @@
-"""What a Celery worker process does for each task, kept out of worker/ so the tasks stay thin.
+"""What a Celery worker process does for each task, so the tasks stay one line each.
 
-`WorkerState` holds this process's Runtime (engine + batcher), Redis clients and job store; it is
-built lazily after any fork. The functions return JSON-safe documents: {"result": ...} or
-{"error": {"type", "message"}} for errors the user must hear about.
+`WorkerState` holds this process's engine host (the engine here, or the worker group's engine
+process), Redis clients and job store; they are built lazily, after any fork. The functions return
+JSON-safe documents: {"result": ...} or {"error": {"type", "message"}} for errors the user must
+hear about.
 """
 
 from __future__ import annotations
@@ -15,20 +16,15 @@ import threading
 import time
 from typing import Any
 
-from ..errors import ArrcocError
-from ..settings import Settings, get_settings
-from . import jobs
-from .codec import error_to_wire, result_to_wire
-from .engine_process import EngineClient
-from .executor import ServiceUnavailableError
-from .runtime import Runtime, controls_from_dict
-from .store import RedisJobStore, redis_client
+from arrcoc.errors import ArrcocError, ServiceUnavailableError
+from arrcoc.request import Controls
+from arrcoc.service.codec import error_to_wire, result_to_wire
+from arrcoc.service.host.interface import EngineHost
+from arrcoc.service.jobs import batch, bench
+from arrcoc.service.jobs.store import RedisJobStore, redis_client
+from arrcoc.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-def image_key(settings: Settings, digest: str) -> str:
-    return f"{settings.redis_prefix}:img:{digest}"
 
 
 def _riding_out_redis(fn, waits: tuple[float, ...] = (0.5, 1, 2, 4, 8, 15)):
@@ -46,43 +42,41 @@ def _riding_out_redis(fn, waits: tuple[float, ...] = (0.5, 1, 2, 4, 8, 15)):
 class WorkerState:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.settings: Settings | None = None
+        self.reset()
+
+    def configure(self, settings: Settings) -> None:
+        """The settings this process serves with (before the first task)."""
+        self.settings = settings
         self.reset()
 
     def reset(self) -> None:
-        self._settings: Settings | None = None
-        self._runtime: Runtime | EngineClient | None = None
+        self._host: EngineHost | None = None
         self._store: RedisJobStore | None = None
         self._raw = None
         self.chunk_gate = threading.Semaphore(1)  # one batch chunk at a time; interactive work interleaves
 
-    @property
-    def settings(self) -> Settings:
-        if self._settings is None:
-            self._settings = get_settings()
-        return self._settings
-
-    def runtime(self) -> Runtime | EngineClient:
+    def host(self) -> EngineHost:
         """The engine in this process, or the group's engine process (`arrcoc worker --processes N`)."""
         with self._lock:
-            if self._runtime is None:
+            if self._host is None:
                 s = self.settings
                 if s.engine_socket and s.engine_authkey:
-                    self._runtime = EngineClient(s, s.engine_socket, bytes.fromhex(s.engine_authkey))
+                    from arrcoc.service.host.engine_process import EngineClient
+
+                    self._host = EngineClient(s, s.engine_socket, bytes.fromhex(s.engine_authkey))
                 else:
-                    self._runtime = Runtime(s)
-        return self._runtime
+                    from arrcoc.service.host.runtime import Runtime
+
+                    self._host = Runtime(s)
+        return self._host
 
     def store(self) -> RedisJobStore:
         with self._lock:
             if self._store is None:
-                from .celery_config import broker_url
-
-                url = broker_url(self.settings)
-                self._store = RedisJobStore(redis_client(url, self.settings.redis_timeout_s), self.settings.redis_prefix)
-                import redis
-
-                self._raw = redis.Redis.from_url(url, socket_timeout=self.settings.redis_timeout_s,
-                                                 socket_connect_timeout=self.settings.redis_timeout_s)  # fmt: skip
+                s = self.settings
+                self._store = RedisJobStore(redis_client(s.queue_url, s.redis_timeout_s), s.redis_prefix)
+                self._raw = redis_client(s.queue_url, s.redis_timeout_s, decode_responses=False)
         return self._store
 
     @property
@@ -91,8 +85,8 @@ class WorkerState:
         return self._raw
 
     def close(self) -> None:
-        if self._runtime is not None:
-            self._runtime.close()
+        if self._host is not None:
+            self._host.close()
 
     # -- tasks ---------------------------------------------------------------------------------
     def _attempts_key(self, task_id: str) -> str:
@@ -125,7 +119,7 @@ class WorkerState:
             if data is None:
                 raise ArrcocError("The image expired before a worker picked it up (queue too long); submit again.")
             # decoded once, where it is resized (a bad image raises ImageError there)
-            result = self.runtime().infer(data, query, controls_from_dict(controls), timeout, backend)
+            result = self.host().infer(data, query, Controls.from_wire(controls), timeout, backend)
             # the task thread's own CPU (waits excluded) and its wall time: a client's latency minus
             # task_wall_ms is what the queue, Celery and the result's way back cost
             task = {"task_cpu_ms": (time.thread_time() - cpu0) * 1e3, "task_wall_ms": (time.perf_counter() - t0) * 1e3}
@@ -141,8 +135,8 @@ class WorkerState:
         s = self.settings
         deadline = time.monotonic() + s.task_time_limit_s
         with self.chunk_gate:
-            return _riding_out_redis(lambda: jobs.run_chunk(job_id, start, stop, self.runtime(), self.store(), s,
-                                                            deadline))  # fmt: skip
+            return _riding_out_redis(lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s,
+                                                             deadline))  # fmt: skip
 
     def bench(self, job_id: str) -> dict[str, Any]:
         s = self.settings
@@ -161,4 +155,4 @@ class WorkerState:
                     lock.release()
 
         with self.chunk_gate:
-            return _riding_out_redis(lambda: jobs.run_bench_job(job_id, self.runtime(), store, s, device_lock))
+            return _riding_out_redis(lambda: bench.run_bench_job(job_id, self.host(), store, s, device_lock))

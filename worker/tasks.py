@@ -1,15 +1,12 @@
 """The tasks: JSON-safe arguments (never image bytes: a Redis key or a job id), thin wrappers
-over arrcoc.service.worker_ops. New parameters get defaults so queued messages keep working."""
+over worker/state.py. New parameters get defaults so queued messages keep working."""
 
 from __future__ import annotations
 
-from arrcoc.service.celery_config import TASK_BENCH, TASK_CHUNK, TASK_INFER
-from arrcoc.service.executor import ServiceUnavailableError
-from arrcoc.service.worker_ops import WorkerState
+from arrcoc.errors import ServiceUnavailableError
+from arrcoc.service.client.queue import TASK_BENCH, TASK_CHUNK, TASK_INFER
 
-from .app import app
-
-state = WorkerState()  # this process's engine, batcher, Redis clients
+from .app import app, state
 
 # transient: Redis blinked. Retried with exponential backoff and jitter.
 _TRANSIENT = dict(autoretry_for=(ServiceUnavailableError, ConnectionError), retry_backoff=True,

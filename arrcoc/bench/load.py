@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .executor import Executor
+from ..service.client.executor import Executor
 
 ExecutorFactory = Callable[[], Executor]  # picklable (a module-level function or a partial of one)
 

@@ -23,7 +23,8 @@ TIE = 1e-4  # cells whose eager relevance is this close to the K-th may swap acr
 
 def photo_batch(size: int, batch: int, device: torch.device) -> Tensor:
     """The bundled example photos, resized to size x size, cycled to `batch` rows (uint8)."""
-    from ..images import load_image, to_tensor
+    from ..images import load_image
+    from ..preprocess import to_tensor
 
     photos = [to_tensor(load_image(p), size) for p in sorted(EXAMPLES.glob("*.jpg"))]
     return torch.stack([photos[i % len(photos)] for i in range(batch)]).to(device)

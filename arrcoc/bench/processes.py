@@ -1,4 +1,4 @@
-"""Helpers for tests and benchmarks that run the real thing: a redis-server and worker processes.
+"""Processes for benchmarks (and the tests) that run the real thing: a redis-server and worker processes.
 
 Everything started here is a subprocess in its own process group, stopped (and killed if need be)
 by `stop()` / the context managers, so a failing test leaves nothing running.
@@ -6,7 +6,6 @@ by `stop()` / the context managers, so a failing test leaves nothing running.
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import socket
@@ -14,11 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-import zipfile
 from pathlib import Path
-
-import numpy as np
-from PIL import Image
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,22 +22,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def png_bytes(seed: int, size: int = 48) -> bytes:
-    rng = np.random.default_rng(seed)
-    arr = (rng.random((size, size, 3)) * 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def make_zip(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
 
 
 class Proc:
@@ -144,40 +123,6 @@ class Worker(Proc):
                 raise RuntimeError(f"the worker exited: {text[-2000:]}")
             time.sleep(0.2)
         raise RuntimeError(f"the worker was not ready in {timeout} s: {self.text()[-2000:]}")
-
-
-def seeded_weights(path: Path, variant: str = "arrcoc-texture", seed: int = 0) -> Path:
-    """A deterministic weights file, so separate processes build the same model."""
-    import torch
-
-    from ..registry import create_model
-    from ..weights import save_weights
-
-    torch.manual_seed(seed)
-    model = create_model(variant, None, "cpu")
-    try:
-        save_weights(model, path, variant, f"test-seed{seed}")
-    except Exception:  # the weights module is being changed by others: write the documented minimum
-        from safetensors.torch import save_file
-
-        from ..weights import FORMAT, architecture_hash
-
-        meta = {"format": FORMAT, "variant": variant, "version": f"test-seed{seed}",
-                "architecture": architecture_hash(model)}  # fmt: skip
-        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
-    return path
-
-
-def assert_same_result(a, b) -> None:
-    """Two RelevanceResults for the same request are the same answer (its JSON and its texture),
-    whichever path served them: only the timings and the bucket may differ."""
-    import numpy as np
-
-    ja, jb = a.to_json(), b.to_json()
-    for key in ("timings_ms", "bucket"):
-        ja.pop(key, None), jb.pop(key, None)
-    assert ja == jb
-    assert np.array_equal(a.texture, b.texture)
 
 
 def proc_stat(pid: int) -> list[str]:

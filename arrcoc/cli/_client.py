@@ -5,15 +5,13 @@ from __future__ import annotations
 import sys
 import time
 
-DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
-
 
 def executor(broker: str | None = None):
-    from ..service.celery_executor import CeleryExecutor
+    from ..service.client.celery_executor import CeleryExecutor
     from ..settings import get_settings
 
     s = get_settings()
-    return CeleryExecutor(s.model_copy(update={"broker_url": broker or s.broker_url or DEFAULT_BROKER}))
+    return CeleryExecutor(s.model_copy(update={"broker_url": broker or s.queue_url}))
 
 
 def describe(st) -> str:
@@ -27,7 +25,7 @@ def describe(st) -> str:
 
 def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False):
     """Print progress until the job finishes; returns its final status."""
-    from ..service.executor import ServiceUnavailableError
+    from ..errors import ServiceUnavailableError
 
     last = ""
     outage_since: float | None = None

@@ -6,12 +6,14 @@ import json
 import sys
 from pathlib import Path
 
+from ..settings import BACKENDS
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("infer", help="relevance heatmap of one image for one query")
     p.add_argument("image", type=Path)
     p.add_argument("--query", "-q", required=True)
-    p.add_argument("--backend", default="eager", choices=("eager", "compiled", "onnx"))
+    p.add_argument("--backend", default="eager", choices=BACKENDS)
     p.add_argument("--variant", default=None, help="model variant (default: settings)")
     p.add_argument("--weights", default="default", help="weights file; 'none' for untrained")
     p.add_argument("--device", default="auto")
@@ -24,8 +26,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..images import load_image
-    from ..pipeline import Controls, RelevancePipeline
+    from ..pipeline import RelevancePipeline
     from ..render import overlay
+    from ..request import Controls
     from ..settings import get_settings
 
     settings = get_settings()

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..service.executor import JobKind
+    from ..service.jobs.types import JobKind
     from ._client import describe, executor
 
     ex = executor(args.broker)

@@ -7,6 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..settings import BACKENDS, DEFAULT_BROKER_URL
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LOADTEST_QUERIES = ("the red mug", "a cat's face", "the sky", "text on a sign", "a person", "the rocket",
                     "something shiny", "the table edge")  # fmt: skip
@@ -14,7 +16,7 @@ LOADTEST_QUERIES = ("the red mug", "a cat's face", "the sky", "text on a sign", 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("submit", help="send work to the workers (ARRCOC_BROKER_URL, default local Redis)")
-    p.add_argument("--broker", help="Redis URL (default ARRCOC_BROKER_URL or redis://127.0.0.1:6379/0)")
+    p.add_argument("--broker", help=f"Redis URL (default ARRCOC_BROKER_URL or {DEFAULT_BROKER_URL})")
     kinds = p.add_subparsers(dest="kind", required=True)
 
     q = kinds.add_parser("infer", help="one image + one query; prints or writes the `arrcoc infer` JSON")
@@ -24,7 +26,7 @@ def add_parser(sub) -> None:
     q.add_argument("--token-budget", type=int)
     q.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
     q.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here")
-    q.add_argument("--backend", choices=("eager", "compiled", "onnx"),
+    q.add_argument("--backend", choices=BACKENDS,
                    help="one the workers serve (ARRCOC_BACKENDS); default their ARRCOC_BACKEND")  # fmt: skip
     q.add_argument("--timeout", type=float, default=120.0)
     q.set_defaults(func=run_infer)
@@ -61,7 +63,7 @@ def add_parser(sub) -> None:
 
 
 def _controls(args):
-    from ..pipeline import Controls
+    from ..request import Controls
 
     return Controls(k=args.k, token_budget=args.token_budget)
 
@@ -111,7 +113,7 @@ def run_batch(args) -> int:
 
 
 def run_bench(args) -> int:
-    from ..service.executor import BenchRequest
+    from ..service.jobs.types import BenchRequest
     from ._client import executor, follow
 
     split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
@@ -137,7 +139,7 @@ def run_bench(args) -> int:
 def run_loadtest(args) -> int:
     import functools
 
-    from ..service.loadtest import run_load
+    from ..bench.load import run_load
     from ._client import executor
 
     report = run_load(functools.partial(executor, args.broker), args.image.read_bytes(), LOADTEST_QUERIES,

@@ -1,18 +1,20 @@
 """arrcoc worker: one Celery worker for one device (wraps `celery -A worker.app worker`).
 
 Defaults: the threads pool (dynamic batching gathers concurrent requests in one process), enough
-threads for one full batch, queues gpu and bench. Run one per GPU (`--device cuda:N`).
+threads for one full batch, queues gpu and bench. Run one per GPU (`--device cuda:N`). The CLI's
+options become the worker's settings, passed to the app (`worker.app.configure`), not written
+into the environment.
 """
 
 from __future__ import annotations
 
-import os
+from ..settings import BACKENDS, DEFAULT_BROKER_URL
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("worker", help="start a Celery worker that serves the gpu and bench queues")
     p.add_argument("--device", help="cpu | cuda | cuda:N (default: settings, ARRCOC_DEVICE)")
-    p.add_argument("--backend", help="eager | compiled | onnx for interactive requests (default: settings)")
+    p.add_argument("--backend", choices=BACKENDS, help="for interactive requests (default: settings, ARRCOC_BACKEND)")
     p.add_argument("--queues", "-Q", help="comma-separated (default: the gpu and bench queues)")
     p.add_argument("--pool", "-P", default="threads", choices=("threads", "solo", "prefork"),
                    help="threads (default: needed for dynamic batching), solo, or prefork (one child)")  # fmt: skip
@@ -22,12 +24,21 @@ def add_parser(sub) -> None:
                         " or 1, the engine inside the worker); several take more requests per second")  # fmt: skip
     p.add_argument("--loglevel", "-l", default="info")
     p.add_argument("--hostname", "-n", default="arrcoc@%h")
-    p.add_argument("--broker", help="Redis URL (default: ARRCOC_BROKER_URL or redis://127.0.0.1:6379/0)")
+    p.add_argument("--broker", help=f"Redis URL (default: ARRCOC_BROKER_URL or {DEFAULT_BROKER_URL})")
     p.set_defaults(func=run)
 
 
+def worker_settings(args):
+    """The settings from the environment, with this command's options on top."""
+    from ..settings import get_settings
+
+    s = get_settings()
+    overrides = {"device": args.device, "backend": args.backend, "broker_url": args.broker or s.queue_url}
+    return s.model_copy(update={k: v for k, v in overrides.items() if v})
+
+
 def worker_argv(args, settings) -> list[str]:
-    from ..service.celery_config import worker_threads
+    from worker.config import worker_threads
 
     queues = args.queues or f"{settings.queue_gpu},{settings.queue_bench}"
     concurrency = args.concurrency or (1 if args.pool == "prefork" else worker_threads(settings))
@@ -36,21 +47,13 @@ def worker_argv(args, settings) -> list[str]:
 
 
 def run(args) -> int:
-    # settings are read from the environment once: set ours before anything imports them
-    for flag, env in (("device", "ARRCOC_DEVICE"), ("backend", "ARRCOC_BACKEND"), ("broker", "ARRCOC_BROKER_URL")):
-        if getattr(args, flag):
-            os.environ[env] = getattr(args, flag)
-    os.environ.setdefault("ARRCOC_BROKER_URL", "redis://127.0.0.1:6379/0")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ..settings import get_settings
-
-    get_settings.cache_clear()
-    settings = get_settings()
+    settings = worker_settings(args)
     processes = args.processes or settings.worker_processes
     if processes > 1 and not settings.engine_socket:
-        return _run_group(args, processes)
-    from worker.app import app
+        return _run_group(args, processes, settings)
+    from worker.app import app, configure
 
+    configure(settings)
     argv = worker_argv(args, settings)
     # Celery reads `-P prefork` (its own default) as "not given" and takes worker_pool from the
     # config (threads): set the config itself so every pool choice is honoured
@@ -60,17 +63,20 @@ def run(args) -> int:
     return 0
 
 
-def _run_group(args, processes: int) -> int:
-    """The supervisor of `--processes N` (arrcoc.service.worker_group); it never touches the device."""
+def _run_group(args, processes: int, settings) -> int:
+    """The supervisor of `--processes N` (worker/group.py); it never touches the device."""
     import logging
 
-    from ..service.worker_group import run_group
+    from worker.group import run_group
 
     if args.pool == "prefork":
         raise SystemExit("--processes runs threads-pool workers around one engine process; drop -P prefork")
     logging.basicConfig(level=args.loglevel.upper(), format="[%(asctime)s: %(levelname)s/group] %(message)s")
+    # the group's members are new processes: this command's options reach them as options (the
+    # Celery processes) and as their settings' environment (the engine process)
     front = ["-P", args.pool, "-l", args.loglevel]
-    for flag, value in (("-Q", args.queues), ("-c", args.concurrency)):
+    for flag, value in (("-Q", args.queues), ("-c", args.concurrency), ("--device", args.device),
+                        ("--backend", args.backend), ("--broker", settings.broker_url)):  # fmt: skip
         if value:
             front += [flag, str(value)]
-    return run_group(processes, front, args.hostname)
+    return run_group(processes, front, args.hostname, settings)

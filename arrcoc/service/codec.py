@@ -1,4 +1,5 @@
-"""RelevanceResult <-> JSON for the wire (Celery results).
+"""The wire format: RelevanceResult <-> JSON (Celery results) and errors <-> JSON (Celery results
+and the engine process's replies), one form for both.
 
 Arrays travel as base64 of their exact bytes (dtype and shape alongside), so the result rebuilt on
 the client is bit-identical to the worker's: same `to_json()` (the JSON of `arrcoc infer`), same
@@ -13,7 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArrcocError, EngineError, ImageError, InvalidInputError, JobError
+from ..errors import (
+    ArrcocError,
+    DeadlineExceeded,
+    EngineError,
+    ImageError,
+    InvalidInputError,
+    JobError,
+    ServiceUnavailableError,
+    UnknownVariantError,
+    WeightsError,
+)
 from ..result import RelevanceResult
 
 WIRE_VERSION = 1
@@ -49,7 +60,9 @@ def result_from_wire(doc: dict[str, Any]) -> RelevanceResult:
 
 # Errors cross the queue as {"type": name, "message": text} and are raised again on the client.
 _ERRORS: dict[str, type[ArrcocError]] = {
-    c.__name__: c for c in (ArrcocError, InvalidInputError, ImageError, EngineError, JobError)
+    c.__name__: c
+    for c in (ArrcocError, InvalidInputError, ImageError, EngineError, JobError, DeadlineExceeded,
+              ServiceUnavailableError, UnknownVariantError, WeightsError)  # fmt: skip
 }
 
 

@@ -7,30 +7,20 @@ Every call has a timeout: a dead Redis or no worker gives ServiceUnavailableErro
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from typing import Any
 
-from ..errors import ArrcocError, InvalidInputError
-from ..pipeline import Controls
-from ..result import RelevanceResult
-from ..settings import Settings, get_settings
-from . import jobs
-from .celery_config import (
-    PRIORITY_CHUNK,
-    PRIORITY_INFER,
-    TASK_BENCH,
-    TASK_CHUNK,
-    TASK_INFER,
-    broker_url,
-    client_app,
-)
-from .codec import error_from_wire, result_from_wire
-from .executor import BenchRequest, Executor, JobState, ServiceUnavailableError
-from .runtime import check_image_header, controls_to_dict, validate_query_text
-from .store import RedisJobStore, redis_client
-from .worker_ops import image_key
+from ...errors import ArrcocError, ServiceUnavailableError
+from ...request import Controls, check_image_header, image_key, validate_query
+from ...result import RelevanceResult
+from ...settings import Settings, get_settings
+from ..codec import error_from_wire, result_from_wire
+from ..jobs import batch, bench
+from ..jobs.store import RedisJobStore, redis_client
+from ..jobs.types import BenchRequest, JobState
+from .executor import Executor
+from .queue import PRIORITY_CHUNK, PRIORITY_INFER, TASK_BENCH, TASK_CHUNK, TASK_INFER, client_app
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +30,12 @@ def _unavailable(e: BaseException, what: str) -> ServiceUnavailableError:
                                    "Check that Redis and a worker are running, then retry.")  # fmt: skip
 
 
-class CeleryExecutor(jobs.StoredJobs, Executor):
+class CeleryExecutor(Executor):
     def __init__(self, settings: Settings | None = None):
-        import redis
-
-        self.settings = s = settings or get_settings()
+        s = settings or get_settings()
+        super().__init__(s, RedisJobStore(redis_client(s.queue_url, s.redis_timeout_s), s.redis_prefix))
         self.app = client_app(s)
-        self.store = RedisJobStore(redis_client(broker_url(s), s.redis_timeout_s), s.redis_prefix)
-        self.raw = redis.Redis.from_url(broker_url(s), socket_timeout=s.redis_timeout_s,
-                                        socket_connect_timeout=s.redis_timeout_s)  # fmt: skip
+        self.raw = redis_client(s.queue_url, s.redis_timeout_s, decode_responses=False)  # image bytes
 
     def _send(self, name: str, args: list, queue: str, priority: int, **options: Any):
         from kombu.exceptions import OperationalError
@@ -69,17 +56,16 @@ class CeleryExecutor(jobs.StoredJobs, Executor):
 
         s = self.settings
         check_image_header(image, s)
-        text = validate_query_text(query, s)
-        key = image_key(s, hashlib.sha256(image).hexdigest())
+        text = validate_query(query, s.max_query_chars)
+        controls = controls or Controls()  # checked where the variant is known (the worker)
+        s.served_backend(backend)  # an unserved backend is a clear error, before anything is queued
+        key = image_key(s, image)
         try:
             self.raw.set(key, image, ex=s.image_ttl_s)
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise _unavailable(e, "Could not store the image") from e
         deadline = time.time() + timeout
-        if backend is not None and backend not in s.backends:
-            raise InvalidInputError(f"The workers do not serve the {backend!r} backend; they serve"
-                                    f" {', '.join(s.backends)} (ARRCOC_BACKENDS).")  # fmt: skip
-        res = self._send(TASK_INFER, [key, text, controls_to_dict(controls), deadline, backend], s.queue_gpu,
+        res = self._send(TASK_INFER, [key, text, controls.to_wire(), deadline, backend], s.queue_gpu,
                          PRIORITY_INFER, expires=timeout)  # fmt: skip
         try:
             doc = res.get(timeout=max(0.1, deadline - time.time()), propagate=True, interval=0.05)
@@ -104,7 +90,7 @@ class CeleryExecutor(jobs.StoredJobs, Executor):
 
     # -- jobs --------------------------------------------------------------------------------
     def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None) -> str:
-        job_id, chunks = jobs.create_batch_job(archive, query, controls, self.settings, self.store)
+        job_id, chunks = batch.create_batch_job(archive, query, controls, self.settings, self.store)
         try:
             for start, stop in chunks:
                 self._send(TASK_CHUNK, [job_id, start, stop], self.settings.queue_gpu, PRIORITY_CHUNK)
@@ -114,7 +100,7 @@ class CeleryExecutor(jobs.StoredJobs, Executor):
         return job_id
 
     def submit_bench(self, request: BenchRequest) -> str:
-        job_id = jobs.create_bench_job(request, self.settings, self.store)
+        job_id = bench.create_bench_job(request, self.settings, self.store)
         self._send(TASK_BENCH, [job_id], self.settings.queue_bench, 0)
         return job_id
 

@@ -10,57 +10,53 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from ..pipeline import Controls, RelevancePipeline
-from ..result import RelevanceResult
-from ..settings import Settings, get_settings
-from . import jobs
-from .executor import BenchRequest, Executor
-from .runtime import Runtime, validate_image, validate_query_text
-from .store import MemoryJobStore
+from ...pipeline import RelevancePipeline
+from ...request import Controls
+from ...result import RelevanceResult
+from ...settings import Settings, get_settings
+from ..host.runtime import Runtime
+from ..jobs import batch, bench
+from ..jobs.store import MemoryJobStore
+from ..jobs.types import BenchRequest, JobState
+from .executor import Executor
 
 log = logging.getLogger(__name__)
 
 
-class InProcessExecutor(jobs.StoredJobs, Executor):
+class InProcessExecutor(Executor):
     def __init__(self, settings: Settings | None = None, pipeline: RelevancePipeline | None = None):
-        self.settings = settings or get_settings()
+        super().__init__(settings or get_settings(), MemoryJobStore())
         self.runtime = Runtime(self.settings, pipeline)
-        self.store = MemoryJobStore()
         self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrcoc-job")
 
     def warmup(self) -> None:
         """Build and warm the engine now instead of on the first request."""
-        _ = self.runtime.pipeline
+        self.runtime.warm()
 
     def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0,
               backend: str | None = None) -> RelevanceResult:  # fmt: skip
-        pil = validate_image(image, self.settings)
-        text = validate_query_text(query, self.settings)
-        self.runtime.backend_name(backend)  # an unserved backend is a clear error, before any work
-        return self.runtime.infer(pil, text, controls or Controls(), timeout, backend)
+        return self.runtime.infer(image, query, controls or Controls(), timeout, backend)
 
     def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None) -> str:
-        job_id, chunks = jobs.create_batch_job(archive, query, controls, self.settings, self.store)
+        job_id, chunks = batch.create_batch_job(archive, query, controls, self.settings, self.store)
         self._jobs.submit(self._run_batch, job_id, chunks)
         return job_id
 
     def _run_batch(self, job_id: str, chunks: list[tuple[int, int]]) -> None:
         try:
             for start, stop in chunks:
-                out = jobs.run_chunk(job_id, start, stop, self.runtime, self.store, self.settings)
+                out = batch.run_chunk(job_id, start, stop, self.runtime, self.store, self.settings)
                 if out.get("skipped"):
                     break
-            jobs.maybe_finalize(job_id, self.store, self.settings)
+            batch.maybe_finalize(job_id, self.store, self.settings)
         except Exception as e:  # never leave a job "running" when its thread died
             log.exception("batch job %s failed", job_id)
-            from .executor import JobState
-
             self.store.set_state(job_id, JobState.FAILED, f"The job failed: {type(e).__name__}: {e}",
                                  expect=(JobState.PENDING, JobState.RUNNING))  # fmt: skip
 
     def submit_bench(self, request: BenchRequest) -> str:
-        job_id = jobs.create_bench_job(request, self.settings, self.store)
-        self._jobs.submit(jobs.run_bench_job, job_id, self.runtime, self.store, self.settings)
+        job_id = bench.create_bench_job(request, self.settings, self.store)
+        self._jobs.submit(bench.run_bench_job, job_id, self.runtime, self.store, self.settings)
         return job_id
 
     def close(self) -> None:

@@ -1,15 +1,16 @@
-"""Celery configuration built from the typed settings: shared by the worker and the client side.
+"""The queue contract the Celery executor shares with worker/: task names, priorities, and the
+Celery configuration both sides need (broker, JSON serialisers, transport options). worker/config.py
+adds the worker-only part (pool, concurrency, time limits, events) on top.
 
-JSON only (no pickle). The worker is a thread pool in one process per device, so dynamic batching
-can gather concurrent requests; acks are late, prefetch is 1 per thread, and a message whose
-worker died is redelivered (after `visibility_timeout_s` on Redis) up to a cap kept in the job store.
+JSON only (no pickle). Acks are late, and a message whose worker died is redelivered (after
+`visibility_timeout_s` on Redis) up to a cap kept in the job store.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..settings import Settings
+from ...settings import Settings
 
 TASK_INFER = "arrcoc.infer"
 TASK_CHUNK = "arrcoc.batch_chunk"
@@ -21,19 +22,12 @@ PRIORITY_INFER = 0
 PRIORITY_CHUNK = 6
 
 
-def broker_url(settings: Settings) -> str:
-    return settings.broker_url or "redis://127.0.0.1:6379/0"
-
-
-def worker_threads(settings: Settings) -> int:
-    return settings.worker_threads or max(settings.batch_max_size, 1) + 4
-
-
-def celery_config(settings: Settings) -> dict[str, Any]:
+def queue_config(settings: Settings) -> dict[str, Any]:
+    """What sender and worker must agree on."""
     timeout = settings.redis_timeout_s
     return {
-        "broker_url": broker_url(settings),
-        "result_backend": settings.results_backend or broker_url(settings),
+        "broker_url": settings.queue_url,
+        "result_backend": settings.results_backend or settings.queue_url,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
@@ -41,19 +35,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": settings.queue_gpu,
         "task_routes": {TASK_INFER: {"queue": settings.queue_gpu}, TASK_CHUNK: {"queue": settings.queue_gpu},
                         TASK_BENCH: {"queue": settings.queue_bench}},  # fmt: skip
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "task_acks_on_failure_or_timeout": True,
-        "worker_prefetch_multiplier": 1,
-        "worker_pool": "threads",
-        "worker_concurrency": worker_threads(settings),
-        # prefork pools enforce these; the threads pool cannot, so tasks also keep deadlines themselves
-        "task_time_limit": settings.task_time_limit_s + 30,
-        "task_soft_time_limit": settings.task_time_limit_s,
         "result_expires": settings.result_expires_s,
         "result_extended": False,
         "task_track_started": True,
-        "worker_send_task_events": True,
         "task_send_sent_event": True,
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": timeout,
@@ -75,7 +59,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "redis_socket_connect_timeout": timeout,
         "redis_retry_on_timeout": False,
         "result_backend_transport_options": {"retry_policy": {"timeout": timeout}},
-        "worker_cancel_long_running_tasks_on_connection_loss": False,
     }
 
 
@@ -84,5 +67,5 @@ def client_app(settings: Settings):
     from celery import Celery
 
     app = Celery("arrcoc-client", set_as_current=False)
-    app.config_from_object(celery_config(settings))
+    app.config_from_object(queue_config(settings))
     return app

@@ -13,19 +13,14 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ArrcocError
+from ...errors import ArrcocError, DeadlineExceeded
 
 log = logging.getLogger(__name__)
-
-
-class DeadlineExceeded(ArrcocError, TimeoutError):
-    """A request waited past its deadline before the engine got to it."""
 
 
 @dataclass
@@ -46,7 +41,6 @@ class DynamicBatcher:
         self.run_batch = run_batch
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
-        self.batch_sizes: Counter[int] = Counter()  # batch size -> how many batches ran
         self.submitted = 0  # requests ever submitted
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._closed = False
@@ -60,10 +54,6 @@ class DynamicBatcher:
         self.submitted += 1
         self._queue.put(_Request(item, fut, deadline))
         return fut
-
-    @property
-    def pending(self) -> int:
-        return self._queue.qsize()
 
     def close(self, timeout: float = 5.0) -> None:
         if not self._closed:
@@ -105,7 +95,6 @@ class DynamicBatcher:
                     live.append(req)
             if not live:
                 continue
-            self.batch_sizes[len(live)] += 1
             try:
                 results = list(self.run_batch([r.item for r in live]))
                 assert len(results) == len(live), "run_batch must return one result per item"

@@ -9,7 +9,7 @@ core for the same reason.
 
 Wire: pickled tuples over a local socket (`multiprocessing.connection`, AF_UNIX, an auth key the
 supervisor makes per group). One connection per client thread; a request is `(op, *args)`, the
-reply `("ok", value)` or `("err", ArrcocError)`, with `("progress", fraction, message)` before a
+reply `("ok", value)` or `("err", error)` (the wire form of arrcoc.service.codec), with `("progress", fraction, message)` before a
 benchmark's reply. An interactive request's pixels do not go through the socket: each connection
 has a pixel buffer in shared memory (a memfd the client hands over once, SCM_RIGHTS), the client
 writes its request's pixels there and the engine copies them to the device before it queues the
@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.reduction import recv_handle, send_handle
@@ -41,14 +41,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ArrcocError, EngineError
-from ..pipeline import Controls, PreparedRequest, prepare_request
-from ..registry import get_variant
-from ..result import RelevanceResult
-from ..settings import Settings, get_settings
-from .batching import DeadlineExceeded
-from .executor import BenchRequest, ServiceUnavailableError
-from .runtime import Runtime, image_limits
+from ...errors import ArrcocError, DeadlineExceeded, EngineError, ServiceUnavailableError
+from ...pipeline import PreparedRequest, prepare_request
+from ...registry import get_variant
+from ...request import Controls, image_limits
+from ...result import RelevanceResult
+from ...settings import Settings, get_settings
+from ..codec import error_from_wire, error_to_wire
+from ..jobs.types import BenchRequest
+from .interface import EngineHost, Progress
+from .runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +73,6 @@ def _to_wire(r: PreparedRequest) -> PreparedRequest:
 
 def _from_wire(r: PreparedRequest) -> PreparedRequest:
     return dataclasses.replace(r, pixels=torch.from_numpy(r.pixels))
-
-
-def _wire_error(e: BaseException) -> ArrcocError:
-    """What crosses back: our errors as they are, anything else (a bug, the device) as EngineError."""
-    return e if isinstance(e, ArrcocError) else EngineError(f"The engine failed: {type(e).__name__}: {e}")
 
 
 class PixelBuffer:
@@ -176,7 +173,7 @@ class EngineServer:
                             raise EngineError(f"Unknown engine operation {op!r}.")
                         reply = ("ok", handler(peer, *args))
                     except Exception as e:  # noqa: BLE001 -- every error goes back to the caller
-                        reply = ("err", _wire_error(e))
+                        reply = ("err", error_to_wire(e))
                     try:
                         _send(conn, reply)
                     except (OSError, ValueError):
@@ -206,15 +203,15 @@ class EngineServer:
 
     def _op_run(self, peer: _Peer, items: list[PreparedRequest], backend: str | None) -> list[Any]:
         out = self.runtime.run_batch([_from_wire(r) for r in items], backend)
-        return [_wire_error(r) if isinstance(r, BaseException) else r for r in out]
+        return [error_to_wire(r) if isinstance(r, BaseException) else r for r in out]
 
     def _op_bench(self, peer: _Peer, request: BenchRequest) -> tuple[dict[str, Any], dict[str, Any]]:
         return self.runtime.benchmark(request, lambda f, m: _send(peer.conn, ("progress", f, m)))
 
 
 # -- the client: in each Celery worker process ------------------------------------------------------
-class EngineClient:
-    """What a Celery worker process needs of a Runtime, with the engine in the engine process.
+class EngineClient(EngineHost):
+    """The engine host as a Celery worker process of a group sees it: the engine process.
 
     Requests are checked, decoded and resized here (in the task's thread), so only the engine's
     work is serialised in the engine process.
@@ -239,7 +236,7 @@ class EngineClient:
             pixels.send(conn)
             kind, *payload = _recv(conn)
             if kind == "err":
-                raise payload[0]
+                raise error_from_wire(payload[0])
         return conn, self._local.pixels
 
     def _drop(self) -> None:
@@ -254,7 +251,7 @@ class EngineClient:
             pixels.close()
 
     def _call(self, msg: tuple, timeout: float | None = None,
-              on_progress: Callable[[float, str], None] | None = None,
+              on_progress: Progress | None = None,
               pixels: torch.Tensor | None = None) -> Any:  # fmt: skip
         try:
             conn, buffer = self._conn()
@@ -279,7 +276,7 @@ class EngineClient:
             self._drop()
             raise
         if kind == "err":
-            raise payload[0]
+            raise error_from_wire(payload[0])
         return payload[0]
 
     @property
@@ -296,16 +293,15 @@ class EngineClient:
     def max_batch(self) -> int:
         return int(self.info["max_batch"])
 
-    def prepare(
-        self, image: Any, query: str, controls: Controls, backend: str | None = None
-    ) -> PreparedRequest:
+    def prepare(self, image: Any, query: str, controls: Controls) -> PreparedRequest:
         return prepare_request(image, query, controls, self._variant.config, self._variant.image_size,
                                self.settings.max_query_chars, self._limits)  # fmt: skip
 
     def infer(
         self, image: Any, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
-        request = self.prepare(image, query, controls, backend)
+        self.settings.served_backend(backend)  # an unserved backend is a clear error, before any work
+        request = self.prepare(image, query, controls)
         t0 = time.perf_counter()
         # the engine keeps the deadline; the extra second is for the reply to arrive
         result = self._call(("infer", dataclasses.replace(request, pixels=None), timeout, backend),
@@ -316,9 +312,10 @@ class EngineClient:
     def run_batch(
         self, items: Sequence[PreparedRequest], backend: str | None = None
     ) -> list[RelevanceResult | Exception]:
-        return self._call(("run", [_to_wire(r) for r in items], backend))
+        out = self._call(("run", [_to_wire(r) for r in items], backend))
+        return [error_from_wire(r) if isinstance(r, dict) else r for r in out]
 
-    def benchmark(self, request: BenchRequest, progress: Callable[[float, str], None] | None = None
+    def benchmark(self, request: BenchRequest, progress: Progress | None = None
                   ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
         return self._call(("bench", request), on_progress=progress)
 
@@ -328,7 +325,7 @@ class EngineClient:
 
 # -- the engine process's entry point ------------------------------------------------------------------
 def main() -> int:
-    """`python -m arrcoc.service.engine_process`: started by `arrcoc worker --processes N`."""
+    """`python -m arrcoc.service.host.engine_process`: started by `arrcoc worker --processes N`."""
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/engine] %(message)s")
     settings = get_settings()
     if not settings.engine_socket or not settings.engine_authkey:

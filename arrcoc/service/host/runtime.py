@@ -12,21 +12,22 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from PIL import Image
 
-from ..engine import create_backend, resolve_device
-from ..errors import ArrcocError, InvalidInputError
-from ..images import ImageLike, ImageLimits, check_header, decode, read_bytes
-from ..pipeline import Controls, PreparedRequest, RelevancePipeline
-from ..query import validate_query
-from ..result import RelevanceResult
-from ..settings import Settings
+from ...engine import create_backend, resolve_device
+from ...engine.base import parse_dtype
+from ...errors import ArrcocError, DeadlineExceeded
+from ...images import ImageLike
+from ...pipeline import PreparedRequest, RelevancePipeline
+from ...request import Controls, image_limits
+from ...result import RelevanceResult
+from ...settings import Settings
+from ..jobs.types import BenchRequest
 from .batching import DynamicBatcher
-from .executor import BenchRequest
+from .interface import EngineHost, Progress
 
 log = logging.getLogger(__name__)
 
@@ -34,42 +35,9 @@ log = logging.getLogger(__name__)
 # at batch 1, 40 at batch 8; compiled 128 and 68: benchmarks/2026-11-22-cpu-2core-buckets.md), so
 # there requests run one at a time unless ARRCOC_BATCH_MAX_SIZE says otherwise.
 CPU_MAX_BATCH = 1
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def image_limits(settings: Settings) -> ImageLimits:
-    return ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.min_image_side)
-
-
-def validate_image(data: bytes, settings: Settings) -> Image.Image:
-    """The submitting side's check: raises ImageError with a clear message for bad bytes."""
-    limits = image_limits(settings)
-    return decode(read_bytes(data, limits), limits)
-
-
-def check_image_header(data: bytes, settings: Settings) -> None:
-    """The forwarding side's check (CeleryExecutor): size, format and dimensions from the header,
-    so bad input is refused before it is queued, without decoding an image the worker will decode
-    again. A corrupt body is reported by the worker, with the same ImageError."""
-    limits = image_limits(settings)
-    check_header(read_bytes(data, limits), limits)
-
-
-def validate_query_text(query: str, settings: Settings) -> str:
-    return validate_query(query, settings.max_query_chars)
-
-
-def controls_to_dict(c: Controls | None) -> dict[str, Any]:
-    c = c or Controls()
-    return {"scale_information": c.scale_information, "scale_perspectival": c.scale_perspectival,
-            "scale_participatory": c.scale_participatory, "k": c.k, "token_budget": c.token_budget}  # fmt: skip
-
-
-def controls_from_dict(d: dict[str, Any] | None) -> Controls:
-    return Controls(**(d or {}))
-
-
-class Runtime:
+class Runtime(EngineHost):
     def __init__(self, settings: Settings, pipeline: RelevancePipeline | None = None):
         self.settings = settings
         # one pipeline and one batcher per backend served; they share the model and the encoder
@@ -79,7 +47,6 @@ class Runtime:
         self._build_lock = threading.RLock()
         self._batchers: dict[str, DynamicBatcher] = {}
         self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
-        self.exclusive_note: dict[str, Any] = {}  # what waited while the device was held
         self._copy_streams = threading.local()  # a CUDA stream per thread for copy_to_device
 
     # -- the engine ------------------------------------------------------------------------
@@ -88,15 +55,8 @@ class Runtime:
         """The pipeline of the default backend (ARRCOC_BACKEND)."""
         return self.pipeline_for(None)
 
-    def backend_name(self, backend: str | None) -> str:
-        name = backend or self.settings.backend
-        if name not in self.settings.backends:
-            raise InvalidInputError(f"This server does not serve the {name!r} backend; it serves"
-                                    f" {', '.join(self.settings.backends)} (ARRCOC_BACKENDS).")  # fmt: skip
-        return name
-
     def pipeline_for(self, backend: str | None) -> RelevancePipeline:
-        name = self.backend_name(backend)
+        name = self.settings.served_backend(backend)
         pipe = self._pipelines.get(name)
         if pipe is None:
             with self._build_lock:
@@ -106,11 +66,11 @@ class Runtime:
         return pipe
 
     def _build(self, backend: str) -> RelevancePipeline:
-        from ..query import QueryEncoder
+        from ...query import QueryEncoder
 
         s = self.settings
         t0 = time.perf_counter()
-        dtype = _DTYPES.get(s.dtype, torch.float32)
+        dtype = parse_dtype(s.dtype)
         buckets = self.buckets
         first = next(iter(self._pipelines.values()), None)
         if first is None:
@@ -152,9 +112,9 @@ class Runtime:
             size = min(size, self._cpu_batch_cap)
         return max(1, min(size, max(self.buckets)))
 
-    def prepare(self, image: ImageLike, query: str, controls: Controls, backend: str | None = None) -> PreparedRequest:
+    def prepare(self, image: ImageLike, query: str, controls: Controls) -> PreparedRequest:
         """Check and resize one request in the caller's thread (see RelevancePipeline.prepare)."""
-        return self.pipeline_for(backend).prepare(image, query, controls)
+        return self.pipeline.prepare(image, query, controls)
 
     def run_batch(self, items: Sequence[PreparedRequest], backend: str | None = None) -> list[RelevanceResult | Exception]:
         """Prepared requests -> one result or one error per item."""
@@ -174,12 +134,8 @@ class Runtime:
             return out
 
     # -- interactive requests: through the batcher -----------------------------------------
-    @property
-    def batcher(self) -> DynamicBatcher:
-        return self.batcher_for(None)
-
     def batcher_for(self, backend: str | None) -> DynamicBatcher:
-        name = self.backend_name(backend)
+        name = self.settings.served_backend(backend)
         batcher = self._batchers.get(name)
         if batcher is None:
             self.pipeline_for(name)  # build and warm the engine first
@@ -200,7 +156,8 @@ class Runtime:
     def infer(
         self, image: ImageLike, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
-        return self.infer_prepared(self.prepare(image, query, controls, backend), timeout, backend)
+        self.settings.served_backend(backend)  # an unserved backend is a clear error, before any work
+        return self.infer_prepared(self.prepare(image, query, controls), timeout, backend)
 
     def infer_prepared(
         self, request: PreparedRequest, timeout: float, backend: str | None = None
@@ -212,8 +169,6 @@ class Runtime:
             return fut.result(timeout=timeout)
         except TimeoutError:
             fut.cancel()
-            from .batching import DeadlineExceeded
-
             raise DeadlineExceeded(
                 f"No result within {timeout:.0f} s; the engine is busy. Try again."
             ) from None
@@ -264,15 +219,15 @@ class Runtime:
                 note["interactive_requests_waited"] = after - before
 
     def benchmark(
-        self, request: BenchRequest, progress: Callable[[float, str], None] | None = None
+        self, request: BenchRequest, progress: Progress | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The harness's report with the device held throughout, and what waited meanwhile."""
-        from .benchrun import run_benchmark
+        from .benchmark import run_benchmark
 
         with self.exclusive() as note:
             if progress:
                 progress(0.0, "starting")
-            report = run_benchmark(request, self, self.settings, progress)
+            report = run_benchmark(request, self.settings, progress)
         return report, note
 
     def close(self) -> None:

@@ -15,8 +15,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InvalidInputError
-from ..settings import Settings
+from ...errors import InvalidInputError
+from ...settings import Settings
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 MANIFEST_NAMES = ("manifest.csv", "manifest.jsonl")

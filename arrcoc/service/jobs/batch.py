@@ -1,4 +1,4 @@
-"""Batch and benchmark jobs, shared by both executors: create, run a chunk, finalize, fetch.
+"""Batch jobs: create from a zip, run a chunk, finalize, fetch the results zip.
 
 A batch job lives in the data store (`<data_dir>/jobs/<id>/`: inputs/, items.jsonl, results/,
 overlays/, results.zip) and in the job store (state, progress). Each chunk is one bucket of
@@ -19,61 +19,30 @@ import secrets
 import shutil
 import time
 import zipfile
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from ..errors import ArrcocError, JobError
-from ..pipeline import Controls, PreparedRequest
-from ..render import overlay
-from ..settings import Settings
+from ...errors import ArrcocError, JobError
+from ...render import overlay
+from ...request import Controls, validate_image
+from ...settings import Settings
+from ..codec import error_to_wire
 from .archive import Item, load_items, unpack
-from .codec import error_to_wire
-from .executor import BenchRequest, JobKind, JobState, JobStatus
-from .runtime import Runtime, controls_from_dict, controls_to_dict, validate_image
+from .files import atomic_write, job_dir, new_job_id, sweep_expired
 from .store import JobStore
+from .types import JobKind, JobState
+
+if TYPE_CHECKING:
+    from ...pipeline import PreparedRequest
+    from ..host.interface import EngineHost
 
 log = logging.getLogger(__name__)
 
-_JOB_ID = re.compile(r"^(batch|bench)-[0-9a-f]{16}$")
 OVERLAY_MAX_SIDE = 1024
 
 
-def new_job_id(kind: JobKind) -> str:
-    return f"{kind.value}-{secrets.token_hex(8)}"
-
-
-def job_dir(settings: Settings, job_id: str) -> Path:
-    if not _JOB_ID.match(job_id):
-        raise JobError(f"{job_id!r} is not a job id (they look like batch-0123456789abcdef).")
-    return Path(settings.data_dir) / "jobs" / job_id
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def sweep_expired(settings: Settings, now: float | None = None) -> int:
-    """Delete job folders whose TTL has passed; returns how many."""
-    root = Path(settings.data_dir) / "jobs"
-    now = now or time.time()
-    removed = 0
-    for meta in root.glob("*/job.json") if root.is_dir() else ():
-        try:
-            if json.loads(meta.read_text()).get("expires_at", now + 1) <= now:
-                shutil.rmtree(meta.parent, ignore_errors=True)
-                removed += 1
-        except (OSError, ValueError):
-            continue
-    return removed
-
-
-# -- creating -------------------------------------------------------------------------------
 def create_batch_job(
     archive: bytes, query: str | None, controls: Controls | None, settings: Settings, store: JobStore
 ) -> tuple[str, list[tuple[int, int]]]:
@@ -85,7 +54,7 @@ def create_batch_job(
     try:
         items = unpack(archive, query, jd, settings)
         chunk = max(1, min(settings.batch_max_size, max(settings.buckets)))
-        meta = {"job_id": job_id, "kind": "batch", "query": query, "controls": controls_to_dict(controls),
+        meta = {"job_id": job_id, "kind": "batch", "query": query, "controls": (controls or Controls()).to_wire(),
                 "total": len(items), "chunk": chunk, "expires_at": time.time() + settings.job_ttl_s}  # fmt: skip
         (jd / "job.json").write_text(json.dumps(meta))
         store.create(job_id, JobKind.BATCH, len(items), settings.job_ttl_s,
@@ -94,27 +63,6 @@ def create_batch_job(
         shutil.rmtree(jd, ignore_errors=True)
         raise
     return job_id, [(i, min(i + chunk, len(items))) for i in range(0, len(items), chunk)]
-
-
-def create_bench_job(request: BenchRequest, settings: Settings, store: JobStore) -> str:
-    job_id = new_job_id(JobKind.BENCH)
-    jd = job_dir(settings, job_id)
-    jd.mkdir(parents=True)
-    doc = bench_request_to_dict(request)
-    (jd / "job.json").write_text(json.dumps({"job_id": job_id, "kind": "bench", "request": doc,
-                                             "expires_at": time.time() + settings.job_ttl_s}))  # fmt: skip
-    store.create(job_id, JobKind.BENCH, 1, settings.job_ttl_s, {"request": doc})
-    return job_id
-
-
-def bench_request_to_dict(r: BenchRequest) -> dict[str, Any]:
-    return {"variants": list(r.variants), "backends": list(r.backends), "buckets": list(r.buckets),
-            "iterations": r.iterations, "warmup": r.warmup, "device": r.device, "options": dict(r.options)}  # fmt: skip
-
-
-def bench_request_from_dict(d: dict[str, Any]) -> BenchRequest:
-    return BenchRequest(tuple(d["variants"]), tuple(d["backends"]), tuple(int(b) for b in d["buckets"]),
-                        int(d["iterations"]), int(d["warmup"]), d.get("device", "auto"), d.get("options", {}))  # fmt: skip
 
 
 # -- running a chunk --------------------------------------------------------------------------
@@ -126,9 +74,9 @@ def _write_item(jd: Path, it: Item, image: Image.Image | None, row: dict[str, An
         img.thumbnail((OVERLAY_MAX_SIDE, OVERLAY_MAX_SIDE))
         buf = io.BytesIO()
         overlay(img, row["_relevance"]).save(buf, "PNG")
-        _atomic_write(jd / "overlays" / f"{it.index:05d}.png", buf.getvalue())
+        atomic_write(jd / "overlays" / f"{it.index:05d}.png", buf.getvalue())
     row.pop("_relevance", None)
-    _atomic_write(jd / "results" / f"{it.index:05d}.json", json.dumps(row).encode())
+    atomic_write(jd / "results" / f"{it.index:05d}.json", json.dumps(row).encode())
 
 
 def _fail_item(jd: Path, store: JobStore, job_id: str, it: Item, message: str) -> None:
@@ -137,7 +85,7 @@ def _fail_item(jd: Path, store: JobStore, job_id: str, it: Item, message: str) -
 
 
 def run_chunk(
-    job_id: str, start: int, stop: int, runtime: Runtime, store: JobStore, settings: Settings,
+    job_id: str, start: int, stop: int, host: EngineHost, store: JobStore, settings: Settings,
     deadline: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Process items [start, stop) of a batch job; skips what is already recorded."""
@@ -147,7 +95,7 @@ def run_chunk(
         return {"job_id": job_id, "skipped": state.value}
     store.set_state(job_id, JobState.RUNNING, expect=(JobState.PENDING,))
     jd = job_dir(settings, job_id)
-    controls = controls_from_dict(json.loads(rec.get("controls") or "{}"))
+    controls = Controls.from_wire(json.loads(rec.get("controls") or "{}"))
     todo = [it for it in load_items(jd)[start:stop] if not store.item_finished(job_id, it.index)]
     fresh: list[Item] = []
     suspect: list[Item] = []
@@ -168,25 +116,26 @@ def run_chunk(
             for it in group:
                 _fail_item(jd, store, job_id, it, "The chunk ran past its time limit; this item was not processed.")
             continue
-        processed += _run_group(job_id, jd, group, controls, runtime, store, settings)
+        processed += _run_group(job_id, jd, group, controls, host, store, settings)
     maybe_finalize(job_id, store, settings)
     return {"job_id": job_id, "processed": processed}
 
 
-def _run_group(job_id, jd, group, controls, runtime, store, settings) -> int:
+def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, host: EngineHost, store: JobStore,
+               settings: Settings) -> int:  # fmt: skip
     ready: list[tuple[Item, Image.Image, PreparedRequest]] = []
     for it in group:  # a bad image or query fails its item, not the group
         try:
             img = validate_image((jd / it.path).read_bytes(), settings)
-            ready.append((it, img, runtime.prepare(img, it.query, controls)))
+            ready.append((it, img, host.prepare(img, it.query, controls)))
         except ArrcocError as e:
             _fail_item(jd, store, job_id, it, str(e))
     if not ready:
         return 0
-    step = runtime.max_batch
+    step = host.max_batch
     results = []
     for i in range(0, len(ready), step):
-        results += runtime.run_batch([r[2] for r in ready[i : i + step]])
+        results += host.run_batch([r[2] for r in ready[i : i + step]])
     for (it, img, _), res in zip(ready, results, strict=True):
         if isinstance(res, BaseException):
             _fail_item(jd, store, job_id, it, error_to_wire(res)["message"])
@@ -268,85 +217,3 @@ def results_zip(job_id: str, store: JobStore, settings: Settings) -> Path:
     if st.state not in (JobState.DONE, JobState.FAILED) or not (jd / "results.zip").exists():
         raise JobError(f"Job {job_id} is {st.state.value} ({st.done + st.failed}/{st.total}); fetch it when done.")
     return jd / "results.zip"
-
-
-def cancel_job(job_id: str, store: JobStore) -> None:
-    st = store.status(job_id)
-    if st.state == JobState.EXPIRED:
-        raise JobError(f"Job {job_id} expired; there is nothing to cancel.")
-    store.set_state(job_id, JobState.CANCELLED, "Cancelled by the user.", expect=(JobState.PENDING, JobState.RUNNING))
-
-
-# -- benchmarks ---------------------------------------------------------------------------------
-def run_bench_job(
-    job_id: str, runtime: Runtime, store: JobStore, settings: Settings,
-    device_lock: Callable[[], AbstractContextManager] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Run the harness with the device held (this process's lock + `device_lock`, e.g. Redis)."""
-    rec = store.record(job_id)
-    if JobState(rec["state"]).finished:
-        return {"job_id": job_id, "skipped": rec["state"]}
-    request = bench_request_from_dict(json.loads(rec["request"]))
-    store.set_state(job_id, JobState.RUNNING, "Waiting for the device.", expect=(JobState.PENDING,))
-    try:
-        with (device_lock or nullcontext)():
-            report, note = runtime.benchmark(request, _progress(store, job_id))
-        note["interactive_note"] = ("Interactive requests and batch chunks on this worker waited while the"
-                                    " benchmark held the device.")  # fmt: skip
-        report["device_exclusive"] = note
-        text = json.dumps(report)
-        _atomic_write(job_dir(settings, job_id) / "report.json", text.encode())
-        store.set_fields(job_id, report=text)
-        store.mark_item(job_id, 0)
-        store.set_state(job_id, JobState.DONE, "", expect=(JobState.RUNNING,))
-        return {"job_id": job_id, "done": True}
-    except Exception as e:  # the report says why; the job must not stay "running"
-        log.exception("benchmark job %s failed", job_id)
-        msg = str(e) if isinstance(e, ArrcocError) else f"{type(e).__name__}: {e}"
-        store.mark_item(job_id, 0, msg)
-        store.set_state(job_id, JobState.FAILED, f"The benchmark failed: {msg}")
-        return {"job_id": job_id, "error": str(e)}
-
-
-def _progress(store: JobStore, job_id: str) -> Callable[[float, str], None]:
-    last = [0.0]
-
-    def report(fraction: float, message: str) -> None:
-        if time.monotonic() - last[0] > 0.5 or fraction >= 1:  # not a Redis write per step
-            last[0] = time.monotonic()
-            store.set_fields(job_id, message=f"Device held exclusively. {fraction:.0%}: {message}")
-
-    return report
-
-
-def bench_report(job_id: str, store: JobStore, settings: Settings) -> dict[str, Any]:
-    rec = store.record(job_id)
-    state = JobState(rec["state"])
-    if state == JobState.EXPIRED:
-        raise JobError(f"Job {job_id} expired; its report was deleted. Run the benchmark again.")
-    if state == JobState.FAILED:
-        raise JobError(rec.get("message") or f"Benchmark job {job_id} failed.")
-    if state != JobState.DONE or "report" not in rec:
-        raise JobError(f"Benchmark job {job_id} is {state.value}; its report is not ready yet.")
-    return json.loads(rec["report"])
-
-
-class StoredJobs:
-    """Job status, cancel and results read from the job store: the same for every executor."""
-
-    settings: Settings
-    store: JobStore
-
-    def status(self, job_id: str) -> JobStatus:
-        job_dir(self.settings, job_id)  # checks the id's form
-        return self.store.status(job_id)
-
-    def cancel(self, job_id: str) -> JobStatus:
-        cancel_job(job_id, self.store)
-        return self.store.status(job_id)
-
-    def batch_results(self, job_id: str) -> Path:
-        return results_zip(job_id, self.store, self.settings)
-
-    def bench_report(self, job_id: str) -> dict[str, Any]:
-        return bench_report(job_id, self.store, self.settings)

@@ -15,8 +15,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
-from ..errors import JobError
-from .executor import JobKind, JobState, JobStatus, ServiceUnavailableError
+from ...errors import JobError, ServiceUnavailableError
+from .types import JobKind, JobState, JobStatus
 
 TOMBSTONE_S = 30 * 24 * 3600  # how long "expired" is remembered after a job's TTL
 
@@ -72,6 +72,12 @@ class JobStore(ABC):
         if expires <= time.time() + 1.0:
             return {"state": JobState.EXPIRED.value, "message": "The job's results expired and were deleted."}
         return {"state": JobState.FAILED.value, "message": "The job's state was lost (was Redis flushed?)."}
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel a pending or running job (a finished one stays as it is)."""
+        if JobState(self.record(job_id)["state"]) == JobState.EXPIRED:
+            raise JobError(f"Job {job_id} expired; there is nothing to cancel.")
+        self.set_state(job_id, JobState.CANCELLED, "Cancelled by the user.", expect=(JobState.PENDING, JobState.RUNNING))
 
     def status(self, job_id: str) -> JobStatus:
         f = self.record(job_id)
@@ -202,12 +208,13 @@ return 1
 """
 
 
-def redis_client(url: str, timeout_s: float = 5.0):
-    """A Redis client whose calls fail after `timeout_s` instead of hanging on a dead server."""
+def redis_client(url: str, timeout_s: float = 5.0, decode_responses: bool = True):
+    """A Redis client whose calls fail after `timeout_s` instead of hanging on a dead server
+    (text for the job store; `decode_responses=False` for image bytes)."""
     import redis
 
     return redis.Redis.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True,
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=decode_responses,
         health_check_interval=30,
     )  # fmt: skip
 

@@ -1,0 +1,110 @@
+"""What a request is, checked on either side of the queue: torch-free.
+
+The submitting side (the demo, `arrcoc submit`, the Celery executor) checks a request here
+before anything is queued; the engine host checks it again with the same functions. Nothing here
+imports torch, so a web process that only forwards requests never loads the engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import InvalidInputError
+from .images import ImageLimits, check_header, decode, read_bytes
+from .settings import Settings
+
+# The allocator's range of tokens per selected cell (level of detail): arrcoc.attending reads
+# them here, so a token budget is checked with the same numbers the model allocates with.
+MIN_CELL_TOKENS = 64
+MAX_CELL_TOKENS = 400
+
+
+@dataclass(frozen=True)
+class Controls:
+    """What a user may change per request (arr-coc-0-1's sliders, K and the token budget)."""
+
+    scale_information: float = 1.0
+    scale_perspectival: float = 1.0
+    scale_participatory: float = 1.0
+    k: int | None = None  # None: the variant's default
+    token_budget: int | None = None
+
+    def validated(self, cells: int, default_k: int, default_budget: int) -> Controls:
+        scales = (self.scale_information, self.scale_perspectival, self.scale_participatory)
+        if any(not _is_number(s) or not math.isfinite(s) or s < 0 or s > 10 for s in scales):
+            raise InvalidInputError("Scorer scales must be numbers between 0 and 10.")
+        if sum(scales) <= 0:
+            raise InvalidInputError("At least one scorer scale must be above 0.")
+        k = default_k if self.k is None else _whole(self.k, "K")
+        if not 1 <= k <= cells:
+            raise InvalidInputError(f"K must be between 1 and {cells} (the number of cells).")
+        budget = default_budget if self.token_budget is None else _whole(self.token_budget, "The token budget")
+        if not MIN_CELL_TOKENS * k <= budget <= MAX_CELL_TOKENS * cells:
+            raise InvalidInputError(
+                f"The token budget must be between {MIN_CELL_TOKENS}*K = {MIN_CELL_TOKENS * k} and"
+                f" {MAX_CELL_TOKENS * cells} tokens."
+            )
+        return Controls(*(float(s) for s in scales), k, budget)
+
+    def as_row(self) -> list[float]:
+        return [self.scale_information, self.scale_perspectival, self.scale_participatory,
+                float(self.k), float(self.token_budget)]  # fmt: skip
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, doc: dict[str, Any] | None) -> Controls:
+        return cls(**(doc or {}))
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _whole(x: object, what: str) -> int:
+    if not _is_number(x) or not math.isfinite(x) or int(x) != x:
+        raise InvalidInputError(f"{what} must be a whole number, got {x!r}.")
+    return int(x)
+
+
+def validate_query(query: object, max_chars: int) -> str:
+    """A clean query string (whitespace normalised), or a clear error."""
+    if not isinstance(query, str):
+        raise InvalidInputError(f"The query must be text, got {type(query).__name__}.")
+    text = " ".join(query.split())
+    if not text:
+        raise InvalidInputError("The query is empty: describe what to look for, e.g. 'the red mug'.")
+    if len(text) > max_chars:
+        raise InvalidInputError(f"The query is {len(text)} characters; the limit is {max_chars}.")
+    if not any(ch.isalnum() for ch in text):
+        raise InvalidInputError("The query has no letters or digits: describe what to look for.")
+    return text
+
+
+def image_limits(settings: Settings) -> ImageLimits:
+    return ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.min_image_side)
+
+
+def check_image_header(data: bytes, settings: Settings) -> tuple[int, int]:
+    """The forwarding side's check: size, format and dimensions from the header, so bad input is
+    refused before it is queued, without decoding an image the worker decodes anyway. A corrupt
+    body is reported by whoever decodes it, with the same ImageError."""
+    limits = image_limits(settings)
+    return check_header(read_bytes(data, limits), limits)
+
+
+def validate_image(data: bytes, settings: Settings):
+    """Decode and check (ImageError with a clear message for bad bytes); returns the RGB image."""
+    limits = image_limits(settings)
+    return decode(read_bytes(data, limits), limits)
+
+
+def image_key(settings: Settings, data: bytes) -> str:
+    """Where the submitting side stores an image's bytes for a worker: by content, so a repeated
+    image is stored once."""
+    return f"{settings.redis_prefix}:img:{hashlib.sha256(data).hexdigest()}"
