@@ -1,8 +1,11 @@
 """Engine backends: parity with eager on photos and random inputs at every bucket, buckets,
-no recompiles while serving, caches. On CPU the compiled backend compiles buckets 1 and 2 only."""
+no recompiles while serving, caches. On CPU the compiled backend compiles buckets 1 and 2 only
+(1, 2 and 4 once, for its shared dynamic-batch program); the aot backend builds bucket 1 only
+(an AOTInductor C++ build takes about 90 s on two cores)."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -173,7 +176,7 @@ def test_cli_infer_with_onnx_backend(tmp_path, examples_dir, monkeypatch, capsys
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("backend", ["compiled", "onnx"])
+@pytest.mark.parametrize("backend", ["compiled", "onnx", "aot"])
 def test_cuda_graph_backends_match_eager_on_gpu(backend):
     """On a GPU: one CUDA graph per bucket, padded and split batches, parity, no recompiles."""
     if backend == "onnx":
@@ -185,7 +188,7 @@ def test_cuda_graph_backends_match_eager_on_gpu(backend):
     ref = create_backend("eager", model, cuda, (1, 2, 4))
     be = create_backend(backend, model, cuda, (1, 2, 4), cache_dir=CACHE / f"gpu-{backend}")
     be.warmup()
-    if backend == "compiled":
+    if backend in ("compiled", "aot"):
         assert sorted(be.graphs.graphs) == [1, 2, 4]
     for batch in (1, 3, 4, 9):  # 3 pads to 4; 9 splits into 4 + 4 + 1
         images = photo_batch(model.config.image_size, batch, cuda)
@@ -208,3 +211,157 @@ def test_onnx_keeps_small_epsilons_on_flat_images(eager, onnx, model):
     assert torch.isfinite(out.texture).all()
     assert (ref.texture - out.texture).abs().max() <= 1e-5
     assert (ref.relevance - out.relevance).abs().max() <= 1e-4
+
+
+# -- aot: AOTInductor packages ------------------------------------------------------------------
+AOT_CACHE = CACHE / "aot"  # the bench test's aot run finds the same package here
+
+
+@pytest.fixture(scope="module")
+def aot(model):
+    be = create_backend("aot", model, CPU, (1,), cache_dir=AOT_CACHE)
+    be.warmup()
+    yield be
+    be.close()
+
+
+def perturbed(model):
+    """The same variant with one weight changed: a new weights fingerprint."""
+    other = seeded_model()
+    with torch.no_grad():
+        next(other.parameters()).add_(0.01)
+    return other
+
+
+def test_aot_is_a_registered_backend():
+    from arrcoc.settings import BACKENDS
+
+    assert "aot" in BACKENDS
+
+
+def test_aot_key_names_everything_a_package_depends_on(model):
+    from arrcoc.engine.aot import KEY_FIELDS, key_mismatch, package_key
+
+    key = package_key(model, 4, torch.float32, CPU)
+    assert set(KEY_FIELDS) == set(key) and key["bucket"] == "4" and key["torch"] == torch.__version__
+    assert key["variant"] == "arrcoc-texture" and key["device"].startswith("cpu")
+    assert package_key(perturbed(model), 4, torch.float32, CPU)["fingerprint"] != key["fingerprint"]
+    assert key_mismatch(key, {**key, "torch": "2.0.0"}) == [f"torch: '2.0.0' != {torch.__version__!r}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["photos", "random"])
+def test_aot_parity_with_eager(aot, eager, model, kind):
+    """Bucket 1, and batch 3 split into three calls of the bucket-1 package."""
+    for batch in (1, 3):
+        images = photo_batch(model.config.image_size, batch, CPU) if kind == "photos" else example_inputs(
+            model, batch, CPU, seed=11)[0]  # fmt: skip
+        query = random_queries(batch, model.config.query_dim, CPU, seed=batch)
+        controls = model.default_controls(batch)
+        ref, out = eager.run(images, query, controls), aot.run(images, query, controls)
+        assert out._fields == ref._fields and all(a.shape == b.shape for a, b in zip(out, ref, strict=True))
+        c = compare(ref, out, controls)
+        assert c["finite"] and c["max_abs_diff"] <= TOL[torch.float32], c["diff_by_map"]
+        assert c["topk_agreement_ties"] == 1.0 and c["texture_max_diff"] <= 1e-4
+
+
+@pytest.mark.slow
+def test_aot_package_is_reused_not_rebuilt(aot, model):
+    again = create_backend("aot", model, CPU, (1,), cache_dir=AOT_CACHE, build=False)
+    again.warmup()  # build=False: it would raise if the package were not found and current
+    assert again.built == [] and again.stats["build_s"] == 0.0 and again.stats["load_s"] < 10
+    x = example_inputs(model, 1, CPU, seed=4)
+    assert torch.equal(again.run(*x).relevance, aot.run(*x).relevance)
+    again.close()
+
+
+@pytest.mark.slow
+def test_aot_stale_package_is_rebuilt_never_loaded(aot, model, monkeypatch):
+    """New weights: the package on disk is stale. build=False refuses it; build=True hands it to
+    the builder before anything is loaded."""
+    import arrcoc.engine.aot as aot_mod
+
+    other = perturbed(model)
+    strict = create_backend("aot", other, CPU, (1,), cache_dir=AOT_CACHE, build=False)
+    with pytest.raises(EngineError, match=r"fingerprint.*arrcoc compile"):
+        strict.warmup()
+    asked, loaded = [], []
+    monkeypatch.setattr(aot_mod, "build_packages", lambda jobs, *a, **k: asked.extend(jobs) or {})
+    monkeypatch.setattr(aot_mod.AotBackend, "_load", lambda self, path, key: loaded.append(path))
+    be = create_backend("aot", other, CPU, (1,), cache_dir=AOT_CACHE)
+    be.prepare()
+    assert [b for b, _, _ in asked] == [1] and asked[0][2]["fingerprint"] != aot.keys()[1]["fingerprint"]
+    assert loaded == []
+
+
+@pytest.mark.slow
+def test_aot_package_whose_own_key_differs_is_refused(aot, model, tmp_path):
+    """A package copied in under another model's name (its key file edited to match) is not run:
+    the key inside the package decides."""
+    import shutil
+
+    from arrcoc.engine.aot import package_key, package_path
+
+    other = perturbed(model)
+    key = package_key(other, 1, torch.float32, CPU)
+    src = package_path(aot.root, aot.keys()[1])
+    dst = package_path(tmp_path / "aot", key)
+    dst.parent.mkdir(parents=True)
+    shutil.copy(src, dst)
+    dst.with_suffix(".json").write_text(json.dumps(key))
+    be = create_backend("aot", other, CPU, (1,), cache_dir=tmp_path, build=False)
+    with pytest.raises(EngineError, match="built for another model or machine"):
+        be.warmup()
+
+
+def test_aot_without_packages_and_no_build_says_how_to_build(model, tmp_path):
+    be = create_backend("aot", model, CPU, (1, 2), cache_dir=tmp_path, build=False)
+    with pytest.raises(EngineError, match=r"bucket 1 .*missing.*arrcoc compile --backend aot"):
+        be.warmup()
+
+
+# -- compiled: fewer programs, portable artefacts ------------------------------------------------
+
+
+@pytest.mark.slow
+def test_compiled_shares_one_dynamic_program_across_buckets(eager, model, tmp_path):
+    """Buckets 1, 2, 4: two programs (1, and one dynamic batch for 2 and 4), every bucket served
+    with no recompile, parity with eager; the portable cache artefacts are written."""
+    from arrcoc.engine.compiled import compile_count
+
+    be = create_backend("compiled", model, CPU, (1, 2, 4), cache_dir=tmp_path)
+    before = compile_count()
+    be.warmup()
+    assert be.dynamic_batch and be.stats["programs"] == 2 and compile_count() - before == 2
+    assert be.stats["artefacts_saved"] == 1 and list((tmp_path / "compiled").glob("*.bin"))
+    assert be.stats["compile_phases"]  # where the compile time went
+    for batch in (2, 3, 4, 6):  # 3 pads to 4, 6 splits into 4 + 2
+        images = example_inputs(model, batch, CPU, seed=21)[0]
+        query = random_queries(batch, model.config.query_dim, CPU, seed=batch)
+        controls = model.default_controls(batch)
+        c = compare(eager.run(images, query, controls), be.run(images, query, controls), controls)
+        assert c["max_abs_diff"] <= TOL[torch.float32] and c["topk_agreement_ties"] == 1.0, c["diff_by_map"]
+    assert be.recompiles == 0
+    with pytest.raises(EngineError, match="compile"):  # batch 5 is no bucket, and 9 is past the range
+        be._guarded(*example_inputs(model, 9, CPU))
+    be.close()
+
+
+def test_histogram_by_pooled_comparison_equals_scatter_add():
+    """The information map's histogram (a pooled one-hot, for ONNX Runtime) counts exactly what
+    the scatter-add it replaced counted, on random images and on bin edges."""
+    import math
+
+    from arrcoc.knowing import HIST_BINS, cell_histogram, cell_index_map, luminance_entropy
+
+    g = torch.Generator().manual_seed(5)
+    images = torch.randint(0, 256, (2, 3, 512, 512), dtype=torch.uint8, generator=g)
+    images[1, :, :64] = torch.tensor([255, 0, 0], dtype=torch.uint8).view(3, 1, 1)  # grey 76245: a bin edge region
+    px = images.to(torch.int64)
+    bins = (px[:, 0] * 299 + px[:, 1] * 587 + px[:, 2] * 114) * HIST_BINS // 255001
+    index = cell_index_map(512).view(1, -1) * HIST_BINS + bins.reshape(2, -1)
+    counts = torch.zeros(2, 1024 * HIST_BINS).scatter_add(1, index, torch.ones(index.shape)).view(2, 1024, HIST_BINS)
+    assert torch.equal(cell_histogram(images, 32) * 256, counts.permute(0, 2, 1).reshape(2, HIST_BINS, 32, 32))
+    p = counts / 256
+    ref = (-(p * torch.log(p.clamp_min(1e-12))).sum(-1) / math.log(HIST_BINS)).view(2, 32, 32).clamp(0, 1)
+    assert torch.allclose(luminance_entropy(images), ref, rtol=0, atol=1e-6)

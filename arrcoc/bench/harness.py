@@ -17,6 +17,7 @@ from ..engine.base import Backend, example_inputs, parse_dtype
 from ..engine.compiled import compile_count
 from ..errors import EngineError
 from ..registry import create_model, get_variant
+from ..settings import BACKENDS
 from .env import collect_env
 from .parity import MIN_OVERLAP_BF16, TOL, compare, photo_batch, random_queries
 from .startup import measure_startup
@@ -30,7 +31,7 @@ Progress = Callable[[float, str], None]
 @dataclass
 class BenchConfig:
     variants: tuple[str, ...] = ("arrcoc-texture", "arrcoc-vit-b16")
-    backends: tuple[str, ...] = ("eager", "compiled", "onnx")
+    backends: tuple[str, ...] = BACKENDS
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     iters: int = 100  # timed iterations per backend and bucket
     warmup_iters: int = 10  # untimed calls per backend and bucket before timing

@@ -6,7 +6,7 @@ import html
 import json
 from pathlib import Path
 
-COLORS = {"eager": "#7f7f7f", "compiled": "#d62728", "onnx": "#1f77b4"}
+COLORS = {"eager": "#7f7f7f", "compiled": "#d62728", "onnx": "#1f77b4", "aot": "#9467bd"}
 
 
 def _f(x, nd: int = 3) -> str:
@@ -19,23 +19,36 @@ def _f(x, nd: int = 3) -> str:
 
 def markdown_table(report: dict) -> str:
     head = ("| variant | backend | bucket | p50 ms | p99 ms | images/s | speedup vs eager | max abs diff | top-K agree |"
-            " compile s | capture s | break-even calls |")  # fmt: skip
-    lines = [head, "|" + "---|" * 12]
+            " compile s | capture s | peak MB | break-even calls |")  # fmt: skip
+    lines = [head, "|" + "---|" * 13]
     for r in report["results"]:
         lines.append(
             f"| {r['variant']} | {r['backend']} | {r['bucket']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} |"
             f" {r['throughput_per_s']:,.0f} | {r['speedup_vs_eager']:.2f}× | {r['max_abs_diff']:.1e} |"
             f" {r['topk_agreement']:.2f} | {r['compile_s']:.1f} | {r['capture_s']:.2f} |"
-            f" {_f(r['break_even_calls'], 0)} |"
+            f" {_f(r.get('peak_mem_mb'), 0)} | {_f(r['break_even_calls'], 0)} |"
         )
     if report.get("startup"):
-        lines += ["", "| variant | backend | cold start s | warm start s | warm / cold |", "|---|---|---|---|---|"]
+        lines += ["", "| variant | backend | cold start s | warm start s | warm / cold | cold process s | warm process s |"
+                  " where the cold start went |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for s in report["startup"]:
             lines.append(
                 f"| {s['variant']} | {s['backend']} | {s['cold_s']:.1f} | {s['warm_s']:.1f} | {s['warm_over_cold']:.2f} |"
+                f" {_f(s.get('cold_process_s'), 1)} | {_f(s.get('warm_process_s'), 1)} | {_breakdown(s.get('cold_stats'))} |"
             )
     lines += ["", f"Recompiles after warmup: {report['recompiles_after_warmup']}."]
     return "\n".join(lines) + "\n"
+
+
+def _breakdown(stats: dict | None) -> str:
+    """The cold start's parts in seconds: build/export/compile, load, capture, top compile phases."""
+    if not stats:
+        return "–"
+    keys = ("build_s", "export_s", "load_s", "session_s", "compile_s", "capture_s")
+    parts = [f"{k[:-2]} {stats[k]:.1f}" for k in keys if isinstance(stats.get(k), (int, float)) and stats[k] >= 0.05]
+    phases = sorted((stats.get("compile_phases") or {}).items(), key=lambda kv: -kv[1])[:3]
+    parts += [f"{name} {sec:.1f}" for name, sec in phases]
+    return ", ".join(parts) or "–"
 
 
 def _series(report: dict, variant: str, key: str) -> dict[str, list[tuple[int, float]]]:
@@ -100,11 +113,11 @@ def write_html(report: dict, path: Path) -> None:
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_f(r.get(k)))}</td>" for k in (
             "variant", "backend", "bucket", "p50_ms", "p90_ms", "p99_ms", "throughput_per_s", "speedup_vs_eager",
-            "max_abs_diff", "topk_agreement", "compile_s", "capture_s", "break_even_calls")) + "</tr>"
+            "max_abs_diff", "topk_agreement", "compile_s", "capture_s", "peak_mem_mb", "break_even_calls")) + "</tr>"
         for r in report["results"]
     )  # fmt: skip
     heads = "".join(f"<th>{h}</th>" for h in ("variant", "backend", "bucket", "p50 ms", "p90 ms", "p99 ms", "images/s",
-                                              "speedup", "max |Δ|", "top-K", "compile s", "capture s", "break-even"))  # fmt: skip
+                                              "speedup", "max |Δ|", "top-K", "compile s", "capture s", "peak MB", "break-even"))  # fmt: skip
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>ARR-COC benchmark</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
 padding:2px 6px;text-align:right}}svg{{margin:4px;border:1px solid #eee}}</style></head><body>
@@ -112,8 +125,21 @@ padding:2px 6px;text-align:right}}svg{{margin:4px;border:1px solid #eee}}</style
 triton {env.get('triton')} · onnxruntime {env.get('onnxruntime')} · CUDA {env.get('cuda')} · driver {env.get('driver')}
 · commit {str(env.get('commit'))[:10]} · {env.get('date')} · recompiles after warmup:
 {report['recompiles_after_warmup']}</p><div>{''.join(charts)}</div>
-<table><tr>{heads}</tr>{rows}</table></body></html>"""
+<table><tr>{heads}</tr>{rows}</table>{_startup_html(report)}</body></html>"""
     path.write_text(doc)
+
+
+def _startup_html(report: dict) -> str:
+    if not report.get("startup"):
+        return ""
+    heads = ("variant", "backend", "cold start s", "warm start s", "warm / cold", "where the cold start went")
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
+            s["variant"], s["backend"], _f(s["cold_s"], 1), _f(s["warm_s"], 1), _f(s.get("warm_over_cold"), 2),
+            _breakdown(s.get("cold_stats")))) + "</tr>"
+        for s in report["startup"]
+    )  # fmt: skip
+    return f"<h2>Start-up (new process)</h2><table><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr>{rows}</table>"
 
 
 def write_png(report: dict, path: Path) -> bool:

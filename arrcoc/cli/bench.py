@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..settings import BACKENDS
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark eager vs compiled (+CUDA graphs) vs ONNX Runtime")
+    p = sub.add_parser("bench", help="benchmark eager vs compiled (+CUDA graphs) vs ONNX Runtime vs AOTInductor")
     p.add_argument("--variants", nargs="+", default=["arrcoc-texture", "arrcoc-vit-b16"])
-    p.add_argument("--backends", nargs="+", default=["eager", "compiled", "onnx"])
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     p.add_argument("--buckets", nargs="+", type=int, default=None, help="default: settings (1 2 4 ... 64)")
     p.add_argument("--iters", type=int, default=100, help="timed iterations per backend and bucket")
     p.add_argument("--warmup-iters", type=int, default=10)

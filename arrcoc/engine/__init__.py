@@ -28,7 +28,10 @@ def create_backend(
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
     dtype: torch.dtype = torch.float32,
     cache_dir: Path | None = None,
+    **options: object,
 ) -> Backend:
+    """The named backend, not yet warmed up. `options` go to its class (e.g. aot's build=False,
+    compiled's dynamic_batch=False)."""
     dev = resolve_device(device)
     if name == "eager":
         from .eager import EagerBackend as cls
@@ -40,7 +43,7 @@ def create_backend(
         from .aot import AotBackend as cls
     else:
         raise EngineError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}.")
-    return cls(model, dev, buckets, dtype, cache_dir)
+    return cls(model, dev, buckets, dtype, cache_dir, **options)
 
 
 __all__ = ["Backend", "BACKENDS", "create_backend", "resolve_device"]

@@ -121,10 +121,16 @@ def build_packages(jobs: list[tuple[int, Path, dict]], model: nn.Module, dtype: 
     processes = max(1, min(processes, len(jobs)))
     if processes == 1:
         return {b: build_package(model, b, dtype, device, p, k) for b, p, k in jobs}
+    import copy
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    cpu_model = model.to("cpu")  # pickled to the children; each moves its copy to the device
+    # a CPU copy is pickled to the children: moving `model` itself would reallocate its weights
+    # under any CUDA graph another backend has already captured over them
+    cpu_model = copy.deepcopy(model).to("cpu")
+    threads = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+    # each child runs its own pool of Triton compile workers: share the cores, do not multiply them
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 2) // processes))
     try:
         with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:
             futures = {
@@ -132,7 +138,10 @@ def build_packages(jobs: list[tuple[int, Path, dict]], model: nn.Module, dtype: 
             }
             return {b: f.result() for b, f in futures.items()}
     finally:
-        model.to(device)
+        if threads is None:
+            os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
+        else:
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = threads
 
 
 def default_build_processes(device: torch.device, missing: int) -> int:
@@ -200,7 +209,12 @@ class AotBackend(Backend):
                 f"No usable AOTInductor package for {lines}. Build them with `arrcoc compile --backend aot"
                 f" --cache-dir {self.cache_dir or default_cache_dir()}` on a machine like this one."
             )
-        built = self.prepare(keys) if todo else {}
+        try:
+            built = self.prepare(keys) if todo else {}
+        except EngineError:
+            raise
+        except Exception as e:  # export or AOTInductor failed: say which backend, keep the cause
+            raise EngineError(f"Building the AOTInductor packages failed ({type(e).__name__}: {str(e)[:500]}).") from e
         self.stats["build_s"] = time.perf_counter() - t0 if built else 0.0
         t1 = time.perf_counter()
         for bucket in sorted(self.buckets, reverse=True):
@@ -209,7 +223,10 @@ class AotBackend(Backend):
         self.stats["compile_s"] = time.perf_counter() - t0  # build (if any) + load
         if self.use_graphs:
             self.graphs = CudaGraphRunner(self._call, self._static_inputs, self.device)
-            st = self.graphs.capture(self.buckets)
+            try:
+                st = self.graphs.capture(self.buckets)
+            except RuntimeError as e:
+                raise EngineError(f"CUDA-graph capture over the AOTInductor runners failed: {str(e)[:500]}") from e
             self.stats["capture_s"], self.stats["capture_mem_mb"] = st.capture_s, st.memory_mb
         self.warmed = True
         log.info("aot ready in %.1f s (built %s, load %.2f s)", self.stats["compile_s"], self.built or "none",
