@@ -56,7 +56,8 @@ class QueryEncoder:
         with self._lock:
             missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
             if missing:
-                vectors = self._load().encode(missing, convert_to_tensor=True, normalize_embeddings=True)
+                vectors = self._load().encode(missing, convert_to_tensor=True, normalize_embeddings=True,
+                                                  show_progress_bar=False)  # no per-query tqdm line in the logs
                 for t, v in zip(missing, vectors.float().cpu(), strict=True):
                     self._cache[t] = v
             for t in texts:
