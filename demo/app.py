@@ -1,14 +1,16 @@
-"""ARR-COC Serve demo: Gradio 6 Blocks. Constants, typed handlers, one wiring block, main().
+"""ARR-COC Serve demo: Gradio 6 Blocks. Constants, typed handlers, one small builder per tab, main().
 
     python -m demo.app            # or: arrcoc demo --port 7860
 Nothing heavy happens at import: the executor (and with it the model) is built on the first run.
+Every number the page shows about the model (grid, K, token budget) comes from the serving
+variant's config; every limit from the settings.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,42 +19,50 @@ import torch
 
 from arrcoc.errors import ArrcocError, InvalidInputError
 from arrcoc.images import load_image
-from arrcoc.registry import list_variants
+from arrcoc.registry import Variant, get_variant, list_variants
 from arrcoc.render import overlay
-from arrcoc.request import Controls
+from arrcoc.request import MAX_CELL_TOKENS, MIN_CELL_TOKENS, Controls
+from arrcoc.service.jobs.archive import MANIFEST_NAMES
 from arrcoc.service.jobs.types import JobKind, JobState
-from arrcoc.settings import BACKENDS, get_settings
+from arrcoc.settings import BACKENDS, Settings, get_settings
 
-from . import jobs, service, views
+from . import batchview, charts, jobs, service, views
 from .views import Run
 
 log = logging.getLogger("arrcoc.demo")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES_DIR = ROOT / "arrcoc" / "examples"
-EXAMPLES = [  # (photo, query) pairs that fit the photos
-    ("coffee.jpg", "the coffee cup"),
-    ("chelsea.jpg", "the cat's eyes"),
-    ("astronaut.jpg", "the astronaut's face"),
-    ("rocket.jpg", "the rocket on the launch pad"),
-    ("astronaut.jpg", "the American flag"),
+# (photo, query, label): each checked on the default model (arrcoc-texture, eager, CPU) by looking
+# at where its top cells fall; the last shows what the model cannot do.
+EXAMPLES = [
+    ("chelsea.jpg", "the black one", "colour: “the black one” → the pupils"),
+    ("astronaut.jpg", "the orange suit", "colour: “the orange suit”"),
+    ("astronaut.jpg", "the red one", "colour: “the red one” → the flag's stripes"),
+    ("coffee.jpg", "the top right", "position: “the top right” (a low score: it rates content, not place)"),
+    ("shapes.jpg", "the green circle in the top right", "synthetic shapes: colour + shape + position"),
+    ("shapes.jpg", "the text", "text: “the text”"),
+    ("coffee.jpg", "a giraffe", "LIMIT: “a giraffe” is not there — the map still peaks; the match score says weak"),
 ]
-MAX_FILE_SIZE = "25mb"  # uploads above this are refused by Gradio before they reach us
-GRID_CELLS = 32 * 32
+SERVER_DEFAULT = "server default"  # the backend dropdown's first choice: sends None (ARRCOC_BACKEND)
 BACKEND_LABELS = {
     "eager": "eager (PyTorch)",
     "compiled": "compiled (torch.compile + CUDA graphs)",
     "onnx": "onnx (ONNX Runtime)",
+    "aot": "aot (AOTInductor packages)",
 }
-BACKEND_COLOURS = {"eager": "#4c78a8", "compiled": "#54a24b", "onnx": "#f58518"}
+# What each variant can and cannot ground, in a user's words (docs/model.md is the full card).
+MODEL_NOTES = {
+    "arrcoc-texture": (
+        "It reads 13 colour, edge and position features per cell and was trained on **synthetic scenes** "
+        "(coloured shapes and blocks of text on plain backgrounds). It grounds **colours** (“the red one”), "
+        "**positions** (“the top right”), **text** (“the text”) and the synthetic **shapes** it was trained on. "
+        "It has **no notion of object categories**: “the cup”, “a cat”, “the astronaut's face” land on whatever "
+        "matches their colour or edges — or on noise. Its pointing game, **0.924**, is measured on held-out "
+        "synthetic scenes, not on photos."
+    ),
+}
 TITLE = "ARR-COC Serve — query-aware visual relevance"
-INTRO = """
-# ARR-COC Serve
-Give a photo and a question: the model scores every 16×16-pixel cell of the image three ways —
-**information** (how much is there), **perspectival** salience (what stands out) and
-**participatory** coupling with your query — balances them into one relevance map, keeps the K most
-relevant cells and gives each 64–400 vision tokens. Every view below is drawn from one run.
-"""
 CSS = """
 .arr-legend {display:flex; align-items:center; gap:8px; font-size:0.85em; margin:2px 4px;}
 .arr-legend-title {font-weight:600; margin-right:4px;}
@@ -62,12 +72,53 @@ CSS = """
 .arr-progress-fill {height:100%; background:linear-gradient(90deg,#6366f1,#f59e0b); transition:width .4s;}
 .arr-progress span {position:absolute; inset:0; text-align:center; font-size:0.85em; line-height:22px;}
 .arr-caption {color: var(--body-text-color-subdued); font-size: 0.9em;}
+.arr-match {padding:8px 12px; border-radius:8px; font-size:0.95em; border:1px solid var(--border-color-primary);}
+.arr-match-ok {background: rgba(22,163,74,0.10); border-color: rgba(22,163,74,0.5);}
+.arr-match-weak {background: rgba(245,158,11,0.16); border-color: rgba(217,119,6,0.7);}
+.arr-match-none {color: var(--body-text-color-subdued);}
 .arr-texture .fixed-height {min-height: 0 !important; max-height: none !important;}
 .arr-texture .grid-wrap {overflow-y: visible !important;}
-footer {visibility: hidden;}
+.arr-texture .caption-label {white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
+  max-width: none !important; position: static !important; font-size: 0.8em;}
+.arr-gallery .caption-label {white-space: normal !important; max-width: none !important;}
 """
 CHANNEL_GROUP_LABELS = ("colour: R, G, B, L*, a*, b*", "edges: Sobel x, y, magnitude, contrast", "position: y, x, eccentricity")
 THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="amber")
+PUSH_JOB_JS = "(id) => { const u = new URL(window.location); if (id) { u.searchParams.set('job', id); window.history.replaceState(null, '', u); } }"
+PRIVATE: dict[str, Any] = {"api_visibility": "private"}
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1024 / 1024:.0f} MB"
+
+
+def serving_variant(settings: Settings | None = None) -> Variant:
+    return get_variant((settings or get_settings()).variant)
+
+
+def intro_markdown(settings: Settings, variant: Variant) -> str:
+    c = variant.config
+    return (
+        f"# ARR-COC Serve\nGive a photo and a query: the model splits the image into a {c.grid}×{c.grid} grid of cells and "
+        "scores every cell three ways — **information** (how much is there), **perspectival** salience (what stands "
+        "out) and **participatory** coupling with your query — balances them into one relevance map, keeps the K most "
+        f"relevant cells and gives each {MIN_CELL_TOKENS}–{MAX_CELL_TOKENS} vision tokens. Serving model: "
+        f"**`{variant.name}`** — what it can and cannot find is under *About the model* below."
+    )
+
+
+def model_note(variant: Variant) -> str:
+    what = MODEL_NOTES.get(variant.name, f"{variant.description}.")
+    c = variant.config
+    return (
+        f"**`{variant.name}`**: {variant.description}. Images are resized to {c.image_size}×{c.image_size} "
+        f"({c.grid}×{c.grid} cells; a cell is 1/{c.grid} of the photo's width and height, so a 600×400 photo's "
+        f"cell is {600 / c.grid:.3g}×{400 / c.grid:.3g} px).\n\n{what}\n\n"
+        "The **match score** (0–1) says how well the query matched this photo at its best cell, comparable across "
+        "photos; a weak match means the map is mostly noise, however bright its peak (every map is scaled to its own "
+        "peak). The full model card — training data, what each variant grounds, evaluation — is `docs/model.md` in "
+        "the repository."
+    )
 
 
 def photo_input(**kwargs: Any) -> gr.Image:
@@ -91,35 +142,64 @@ def photo_input(**kwargs: Any) -> gr.Image:
 
 def _read_image(path: str | None) -> bytes:
     if not path:
-        raise InvalidInputError("Upload a photo first (or click one of the examples below).")
+        raise InvalidInputError("Upload a photo first (or click one of the examples).")
     return Path(path).read_bytes()
 
 
 def _user_error(e: Exception) -> gr.Error:
+    """A user's mistake: one log line and their message. A fault: the traceback, and a plain message."""
     if isinstance(e, ArrcocError):
+        log.info("refused: %s: %s", type(e).__name__, e)
         return gr.Error(str(e), title="Cannot run that")
     log.exception("demo handler failed")
     return gr.Error("Something went wrong on the server. Try again; details are in the server log.")
 
 
+def _backend(choice: str | None) -> str | None:
+    """The dropdown's choice as a request's backend: None (the server's own) for "server default"."""
+    return None if not choice or choice == SERVER_DEFAULT else choice
+
+
+def _query(query: str | None) -> str:
+    """The query as typed, checked for length here: the text box never cuts it silently."""
+    text = (query or "").strip()
+    if not text:
+        raise InvalidInputError("Type a query: what should the model look for? e.g. 'the red one'.")
+    limit = get_settings().max_query_chars
+    if len(text) > limit:
+        raise InvalidInputError(f"The query is {len(text)} characters; the limit is {limit}. Shorten it and run again.")
+    return text
+
+
+def progress_note(backend: str | None) -> str:
+    """What the next model call will spend its time on, in words."""
+    name = backend or service.served_backend()
+    if service.is_ready(name):
+        return f"Running the model ({name})"
+    if name in ("compiled", "aot"):
+        return (f"First use of `{name}` on this server: compiling the model for each batch bucket "
+                "(about a minute on a CPU; later runs take milliseconds)")  # fmt: skip
+    return "Loading the model and the query encoder (first run on this server only)"
+
+
 def run_model(
     image_path: str | None, query: str, s_info: float, s_persp: float, s_part: float, k: float,
     budget: float, backend: str, scale: str = "sqrt", progress: gr.Progress = gr.Progress(),
-) -> tuple[Run, Any, Any, Any, str, str]:  # fmt: skip
-    """Run the model once; store the run; return the overview (the rest is drawn by render_views)."""
+) -> tuple:  # fmt: skip
+    """Run the model once; store the run; return the match score, the overview and the run."""
     try:
         progress(0.05, desc="Reading the photo")
         data = _read_image(image_path)
-        if not (query or "").strip():
-            raise InvalidInputError("Type a query: what should the model look for? e.g. 'the red mug'.")
+        text = _query(query)
         controls = Controls(float(s_info), float(s_persp), float(s_part), int(k), int(budget))
         image = views.display_image(load_image(data))
-        progress(0.25, desc="Running the model (the first run also loads it)")
-        result = service.infer(data, query, controls, backend)
+        chosen = _backend(backend)
+        progress(0.25, desc=progress_note(chosen))
+        result = service.infer(data, text, controls, chosen)
     except Exception as e:
         raise _user_error(e) from e
     run = Run(image=image, result=result, scale=scale or "sqrt")
-    return (run, *views.overview(run), "Drawing the other views…")
+    return (views.match_html(result), *views.overview(run), run, "Drawing the other views…")
 
 
 def run_without_query(run: Run | None, image_path: str | None, s_info: float, s_persp: float, backend: str) -> Run | None:
@@ -131,7 +211,7 @@ def run_without_query(run: Run | None, image_path: str | None, s_info: float, s_
         return replace(run, without_query=r)
     try:
         c = Controls(float(s_info), float(s_persp), 0.0, r.k, r.token_budget)  # the user's other scales
-        without = service.infer(_read_image(image_path), r.query, c, backend)
+        without = service.infer(_read_image(image_path), r.query, c, _backend(backend))
     except Exception as e:  # the main views are already shown; say why this one is missing
         gr.Warning(f"Query impact unavailable: {e}")
         return run
@@ -169,10 +249,9 @@ def render_impact(run: Run | None) -> tuple:
 
 
 def api_infer(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
-    """POST /infer: (image file, query) -> (result JSON as `arrcoc infer --json`, overlay image)."""
     try:
         data = _read_image(image_path)
-        result = service.infer(data, query, Controls())
+        result = service.infer(data, _query(query), Controls())
         return result.to_json(), overlay(load_image(data), result.relevance)
     except Exception as e:
         raise _user_error(e) from e
@@ -185,27 +264,39 @@ def batch_submit(zip_path: str | None, manifest_path: str | None, query: str) ->
     try:
         job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls())
     except Exception as e:
-        raise gr.Error(jobs.friendly(e)) from e
+        raise _user_error(e) from e
     gr.Info(f"Batch job {job_id} submitted.")
     return job_id, f"batch job `{job_id}` submitted", jobs.progress_html(None), gr.Timer(active=True)
 
 
-def batch_poll(job_id: str) -> tuple[str, str, str | None, gr.Timer]:
+def batch_poll(job_id: str) -> tuple:
+    """The page's poll: status, bar, results file, gallery, failures, timer."""
+    keep = (gr.skip(), gr.skip())
     if not (job_id or "").strip():
-        return "Submit a batch or paste a job id.", jobs.progress_html(None), None, gr.Timer(active=False)
+        return ("Submit a batch or paste a job id.", jobs.progress_html(None), None, *keep, gr.Timer(active=False))
     try:
         st = jobs.job_status(job_id)
         file = jobs.batch_results_file(st.job_id) if st.state == JobState.DONE else None
     except Exception as e:
-        return f"**Error:** {jobs.friendly(e)}", jobs.progress_html(None), None, gr.Timer(active=False)
-    return jobs.status_markdown(st), jobs.progress_html(st), file, gr.Timer(active=not st.state.finished)
+        return (f"**Error:** {jobs.friendly(e)}", jobs.progress_html(None), None, *keep, gr.Timer(active=False))
+    shown = batchview.gallery(file) if file else ([], batchview.failures_markdown([], st))
+    return (jobs.status_markdown(st), jobs.progress_html(st), file, *shown, gr.Timer(active=not st.state.finished))
+
+
+def api_batch_status(job_id: str) -> tuple[dict[str, Any], str | None]:
+    try:
+        st = jobs.job_status(job_id)
+        file = jobs.batch_results_file(st.job_id) if st.state == JobState.DONE else None
+    except Exception as e:
+        raise _user_error(e) from e
+    return batchview.status_json(st, file), file
 
 
 def batch_cancel(job_id: str) -> str:
     try:
         st = service.executor().cancel(job_id.strip())
     except Exception as e:
-        raise gr.Error(jobs.friendly(e)) from e
+        raise _user_error(e) from e
     return jobs.status_markdown(st)
 
 
@@ -241,19 +332,15 @@ def bench_submit(variant: str, backends: list[str], buckets: list[str], iteratio
     try:
         job_id = jobs.submit_bench(variant, backends, buckets, int(iterations), device)
     except Exception as e:
-        raise gr.Error(jobs.friendly(e)) from e
+        raise _user_error(e) from e
     return job_id, f"benchmark job `{job_id}` submitted", gr.Timer(active=True)
 
 
 def _report_outputs(report: dict[str, Any] | None, source: str) -> tuple:
     df = jobs.report_frame(report)
-    latency, speedup, parity = jobs.plot_frames(df)
     files = jobs.report_files(report, Path(source.split()[-1]).stem or "report") if report else None
-    bars = {"x_label_angle": -35}
-    return (
-        jobs.report_markdown(report, source), gr.Column(visible=report is not None), df, latency,
-        gr.BarPlot(speedup, sort=list(speedup["bucket"]), **bars), gr.BarPlot(parity, sort=list(parity["bucket"]), **bars), files,
-    )  # fmt: skip
+    return (jobs.report_markdown(report, source), gr.Column(visible=report is not None), df,
+            *charts.report_figures(df), files)  # fmt: skip
 
 
 def bench_poll(job_id: str) -> tuple:
@@ -280,197 +367,317 @@ def show_stored_report(name: str) -> tuple:
     return _report_outputs(report, f"Stored report: benchmarks/{name}" if report else "")
 
 
-# ---- the page ----------------------------------------------------------------------------------------
-
-PUSH_JOB_JS = "(id) => { const u = new URL(window.location); if (id) { u.searchParams.set('job', id); window.history.replaceState(null, '', u); } }"
+# ---- the page: one builder per tab ---------------------------------------------------------------
 
 
 def _caption(text: str) -> gr.Markdown:
     return gr.Markdown(text, elem_classes="arr-caption")
 
 
+@dataclass
+class InferenceTab:
+    image: gr.Image
+    query: gr.Textbox
+    run: gr.Button
+    scales: list[gr.Slider]
+    k: gr.Slider
+    budget: gr.Slider
+    backend: gr.Dropdown
+
+
+def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
+    """The photo, the query, Run, the examples and the controls (the left column)."""
+    c = variant.config
+    image = photo_input(label=f"Photo (up to {_mb(settings.max_image_bytes)}; any size: the model sees it at "
+                        f"{c.image_size}×{c.image_size})", sources=["upload", "clipboard"], height=300, elem_id="photo")  # fmt: skip
+    query = gr.Textbox(label="Query", placeholder="what should the model look for? e.g. the red one", elem_id="query",
+                       info=f"up to {settings.max_query_chars} characters; colours, positions and text work best")  # fmt: skip
+    run = gr.Button("Run", variant="primary", elem_id="run")
+    gr.Examples([[str(EXAMPLES_DIR / f), q] for f, q, _ in EXAMPLES], [image, query], elem_id="examples",
+                example_labels=[label for _, _, label in EXAMPLES], examples_per_page=len(EXAMPLES),
+                label="Examples (checked on this model; the last shows its limit). Photos: scikit-image, public domain; "
+                      "shapes: one of the synthetic training-style scenes")  # fmt: skip
+    with gr.Accordion("Controls", open=False):
+        with gr.Row():
+            scales = [gr.Slider(0, 3, value=1.0, step=0.05, label=f"{n} scale") for n in ("information", "perspectival", "participatory")]
+        with gr.Row():
+            k = gr.Slider(1, c.grid * c.grid, value=c.k, step=1, label=f"K (cells kept, of {c.grid * c.grid})")
+            budget = gr.Slider(MIN_CELL_TOKENS * 16, MAX_CELL_TOKENS * c.grid * c.grid, value=c.token_budget, step=256,
+                               label="token budget", info=f"≥ {MIN_CELL_TOKENS} × K")  # fmt: skip
+        default = SERVER_DEFAULT if settings.broker_url else f"{SERVER_DEFAULT} ({service.served_backend()})"
+        backend = gr.Dropdown([(default, SERVER_DEFAULT), *((BACKEND_LABELS.get(b, b), b) for b in BACKENDS)],
+                              value=SERVER_DEFAULT, label="backend", elem_id="backend",
+                              info="the engine that runs the model; the Benchmark tab compares them")  # fmt: skip
+    return InferenceTab(image, query, run, scales, k, budget, backend)
+
+
+@dataclass
+class Views:
+    """The view tabs' output components, in render_views' order, plus the overview's own."""
+
+    overview: list[Any]
+    status: gr.Markdown
+    scale: gr.Radio
+    match: gr.HTML
+    rest: list[Any]
+    map: gr.Radio
+    opacity: gr.Slider
+    overlay: gr.Image
+    impact: list[Any]
+
+
+def _overview_tab() -> tuple[list[Any], gr.Radio, gr.Markdown]:
+    with gr.Tab("Overview", id="overview"):
+        with gr.Row():
+            photo = gr.Image(label="photo", interactive=False, buttons=["fullscreen"])
+            heat = gr.Image(label="relevance", interactive=False, format="png", elem_id="relevance-map", buttons=["download", "fullscreen"])
+            sel = gr.Image(label="selected cells", interactive=False, buttons=["fullscreen"])
+        with gr.Row(equal_height=True):
+            gr.HTML(views.colourbar_html("low", "high (the map's peak)", "relevance"))
+            scale = gr.Radio([(k, v) for k, v in views.SCALES.items()], value="sqrt", label="colour scale (every map)", elem_id="scale")
+        md = gr.Markdown("Upload a photo, type a query and press **Run** — or click an example.", elem_id="summary")
+        status = gr.Markdown(elem_id="views-status", elem_classes="arr-caption")
+    return [photo, heat, sel, md], scale, status
+
+
+def _homunculus_tab() -> list[Any]:
+    with gr.Tab("Homunculus", id="homunculus"):
+        _caption("What the model keeps: rejected cells are dimmed.")
+        return [gr.Image(label="homunculus", interactive=False, height=420), gr.Markdown()]
+
+
+def _three_ways_tab() -> list[Any]:
+    with gr.Tab("Three ways", id="three"):
+        _caption("The three scorers (ways of knowing) and their balanced mix.")
+        with gr.Row():
+            maps = [gr.Image(label=n, interactive=False, format="png") for n in ("information", "perspectival", "participatory (query)", "balanced relevance")]
+        gr.HTML(views.colourbar_html("low", "high (each map's peak)", "score"))
+        return [*maps, gr.Markdown()]
+
+
+def _overlays_tab() -> tuple[gr.Radio, gr.Slider, gr.Image]:
+    with gr.Tab("Overlays", id="overlays"):
+        with gr.Row():
+            map_in = gr.Radio(list(views.MAPS), value="relevance (balanced)", label="map")
+            opacity = gr.Slider(0, 1, value=0.55, step=0.05, label="opacity")
+        image = gr.Image(label="overlay", interactive=False, height=420, elem_id="overlay")
+        gr.HTML(views.colourbar_html("low", f"high (the map's peak; token budget: {MAX_CELL_TOKENS})", "map value"))
+    return map_in, opacity, image
+
+
+def _texture_tab() -> list[Any]:
+    with gr.Tab("Texture", id="texture"):
+        _caption("The 13 per-cell features the scorers read. Each tile is coloured from its own minimum to its own "
+                 "maximum, given in brackets after its name.")  # fmt: skip
+        style = dict(height="auto", object_fit="contain", allow_preview=True, elem_classes="arr-texture", show_label=False)
+        gr.Markdown(f"**{CHANNEL_GROUP_LABELS[0]}**")
+        out = [gr.Gallery(columns=6, elem_id="texture-colour", **style)]
+        with gr.Row():
+            with gr.Column(scale=4):
+                gr.Markdown(f"**{CHANNEL_GROUP_LABELS[1]}**")
+                out.append(gr.Gallery(columns=4, **style))
+            with gr.Column(scale=3):
+                gr.Markdown(f"**{CHANNEL_GROUP_LABELS[2]}**")
+                out.append(gr.Gallery(columns=3, **style))
+    return out
+
+
+def _budget_tab() -> list[Any]:
+    with gr.Tab("LOD budget", id="budget"):
+        _caption(f"Level of detail: vision tokens per cell ({MIN_CELL_TOKENS}–{MAX_CELL_TOKENS} for kept cells, 0 for the rest).")
+        with gr.Row():
+            with gr.Column():
+                image = gr.Image(label="tokens per cell", interactive=False, format="png")
+                gr.HTML(views.colourbar_html("0", f"{MAX_CELL_TOKENS} tokens", "budget"))
+            plot = gr.Plot(label="tokens by relevance rank", elem_id="budget-chart")
+        return [image, gr.Markdown(), plot]
+
+
+def _compare_tab() -> list[Any]:
+    with gr.Tab("vs uniform", id="compare"):
+        _caption("Where the same K cells go: chosen by this query's relevance, or on a query-blind uniform lattice.")
+        with gr.Row():
+            ours = gr.Image(label="ARR-COC", interactive=False)
+            base = gr.Image(label="uniform lattice", interactive=False)
+        md = gr.Markdown()
+        table = gr.DataFrame(label="how the kept cells spread", interactive=False)
+        return [ours, base, table, md]
+
+
+def _metrics_tab() -> list[Any]:
+    with gr.Tab("Metrics", id="metrics"):
+        _caption("How the kept cells spread over the image (regions: a 4×4 split of the grid).")
+        with gr.Row():
+            table = gr.DataFrame(label="metrics", interactive=False, elem_id="metrics-table", scale=3)
+            image = gr.Image(label="kept cells per region (brighter: more)", interactive=False, scale=2)
+        return [table, image]
+
+
+def _impact_tab() -> list[Any]:
+    with gr.Tab("Query impact", id="impact"):
+        _caption("With the query vs without the participatory scorer (its scale set to 0): one extra model call.")
+        with gr.Row():
+            with_q = gr.Image(label="relevance with the query", interactive=False)
+            without = gr.Image(label="without the participatory scorer", interactive=False)
+            change = gr.Image(label="selection change", interactive=False)
+        return [with_q, without, change, gr.Markdown(elem_id="impact-summary")]
+
+
+def _attribution_tab() -> list[Any]:
+    with gr.Tab("Attribution", id="attribution"):
+        return [gr.Plot(label="channel attribution", elem_id="attribution-chart"), gr.Markdown()]
+
+
+def build_views() -> Views:
+    """The match score above the view tabs (so every view shows it) and one tab per view."""
+    match = gr.HTML(views.match_html(None), elem_id="match")
+    with gr.Tabs(elem_id="views"):
+        overview, scale, status = _overview_tab()
+        hom, three = _homunculus_tab(), _three_ways_tab()
+        map_in, opacity, ovl = _overlays_tab()
+        rest = [*hom, *three, ovl, *_texture_tab(), *_budget_tab(), *_compare_tab(), *_metrics_tab()]
+        impact = _impact_tab()
+        rest += _attribution_tab()
+    return Views(overview, status, scale, match, rest, map_in, opacity, ovl, impact)
+
+
+def build_inference_tab(settings: Settings, variant: Variant) -> tuple[InferenceTab, Views]:
+    with gr.Tab("Inference", id="infer"):
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=380):
+                inputs = build_inputs(settings, variant)
+            with gr.Column(scale=3, elem_id="results"):
+                out = build_views()
+    return inputs, out
+
+
+def wire_inference(inp: InferenceTab, v: Views) -> None:
+    state = gr.State(None)
+    ran = inp.run.click(
+        run_model, [inp.image, inp.query, *inp.scales, inp.k, inp.budget, inp.backend, v.scale],
+        [v.match, *v.overview, state, v.status], api_name="run", concurrency_limit=2, scroll_to_output=True,
+        show_progress_on=[v.match, v.overview[1]],
+        api_description="Run the model on one photo and query with the page's controls: (photo, query, information "
+                        "scale, perspectival scale, participatory scale, K, token budget, backend or 'server default', "
+                        "colour scale) -> the match score, the photo, the relevance map, the selected cells and a summary.",
+    )  # fmt: skip
+    inp.query.submit(lambda: None, None, None, js="() => document.querySelector('#run').click()", **PRIVATE)
+    ran.success(render_views, [state, v.map, v.opacity], v.rest, **PRIVATE).then(
+        run_without_query, [state, inp.image, *inp.scales[:2], inp.backend], state, **PRIVATE
+    ).then(render_impact, state, [*v.impact, v.status], **PRIVATE)
+    v.scale.change(set_scale, [state, v.scale], [state, v.overview[1], *v.impact[:2]], show_progress="hidden", **PRIVATE).then(
+        render_views, [state, v.map, v.opacity], v.rest, show_progress="hidden", **PRIVATE
+    )
+    gr.on([v.map.change, v.opacity.change], views.overlay_view, [state, v.map, v.opacity], v.overlay,
+          show_progress="hidden", **PRIVATE)  # fmt: skip
+
+
+def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
+    with gr.Tab("Batch", id="batch"):
+        _caption(f"Many images, one query (or a manifest with a query per file). Zips up to {_mb(settings.max_image_bytes)} "
+                 "here (larger: `arrcoc submit`). Jobs keep running if you close the page: keep the job id (it is also in "
+                 "the address bar) to come back to it.")  # fmt: skip
+        with gr.Row():
+            with gr.Column():
+                zip_in = gr.File(label="images (.zip)", file_types=[".zip"], elem_id="batch-zip")
+                names = " or ".join(MANIFEST_NAMES)
+                manifest = gr.File(label=f"manifest (optional: .csv or .jsonl with file,query; or {names} inside the zip)",
+                                   file_types=[Path(n).suffix for n in MANIFEST_NAMES])  # fmt: skip
+                query = gr.Textbox(label="query for every image", placeholder="e.g. the red one", elem_id="batch-query")
+                submit = gr.Button("Submit batch", variant="primary", elem_id="batch-submit")
+            with gr.Column():
+                with gr.Row():
+                    job = gr.Textbox(label="job id", placeholder="paste a job id to see it again", elem_id="batch-job", scale=3)
+                    show = gr.Button("Show job", scale=1)
+                    cancel = gr.Button("Cancel", variant="stop", scale=1)
+                bar = gr.HTML(jobs.progress_html(None), elem_id="batch-progress")
+                status = gr.Markdown("No job yet.", elem_id="batch-status")
+                file = gr.File(label="results (.zip: overlay PNGs, results.jsonl, summary.csv)", interactive=False, elem_id="batch-results")
+        gallery = gr.Gallery(label="results: overlay · file · query · match score", columns=5, height="auto", object_fit="contain",
+                             elem_id="batch-gallery", elem_classes="arr-gallery")  # fmt: skip
+        failures = gr.Markdown(elem_id="batch-failures")
+        timer = gr.Timer(1.0, active=False)
+        with gr.Row(visible=False):  # the /batch_status API endpoint's own components
+            api_job, api_json, api_file, api_btn = gr.Textbox(), gr.JSON(), gr.File(), gr.Button()
+
+    submit.click(batch_submit, [zip_in, manifest, query], [job, status, bar, timer], api_name="batch_submit",
+                 api_description="Submit a batch job: (images .zip, optional manifest .csv/.jsonl with file,query, query "
+                                 "for every image) -> the job id (and a status line).").then(
+        None, job, None, js=PUSH_JOB_JS, **PRIVATE)  # fmt: skip
+    gr.on([show.click, job.submit, timer.tick], batch_poll, job, [status, bar, file, gallery, failures, timer],
+          show_progress="hidden", **PRIVATE)  # fmt: skip
+    api_btn.click(api_batch_status, api_job, [api_json, api_file], api_name="batch_status",
+                  api_description="A batch job's status as JSON (state, counts, progress, message; when finished, one "
+                                  "entry per item with file, query, match score, top cell as row and column, or the "
+                                  "reason it failed) and the results .zip once it is ready.")  # fmt: skip
+    show.click(None, job, None, js=PUSH_JOB_JS, **PRIVATE)
+    cancel.click(batch_cancel, job, status, api_name="batch_cancel",
+                 api_description="Cancel a batch job by id -> its status line.")  # fmt: skip
+    return job, timer
+
+
+def build_bench_tab(settings: Settings) -> tuple:
+    with gr.Tab("Benchmark", id="bench"):
+        gr.Markdown(gpu_note(), elem_id="gpu-note")
+        with gr.Row():
+            with gr.Column():
+                variant = gr.Dropdown(list_variants(), value=settings.variant, label="variant")
+                backends = gr.CheckboxGroup(list(BACKENDS), value=["eager"], label="backends")
+                buckets = gr.CheckboxGroup([str(b) for b in settings.buckets], value=["1"], label="batch buckets")
+                iters = gr.Slider(1, 300, value=20, step=1, label="timed iterations")
+                cuda_label = "cuda" if torch.cuda.is_available() or settings.broker_url else "cuda (no GPU here)"
+                device = gr.Radio([("auto", "auto"), ("cpu", "cpu"), (cuda_label, "cuda")], value="auto", label="device")
+                submit = gr.Button("Run benchmark", variant="primary")
+            with gr.Column():
+                job = gr.Textbox(label="benchmark job id", placeholder="paste a benchmark job id to see it again")
+                status = gr.Markdown("No benchmark job yet.", elem_id="bench-status")
+        with gr.Row():
+            title = gr.Markdown(elem_id="bench-report-title")
+            stored = gr.Dropdown([], label="stored reports (benchmarks/*.json, newest first)", scale=0, min_width=360, elem_id="bench-stored")
+        with gr.Column(visible=False) as results:
+            table = gr.DataFrame(label="results", interactive=False, elem_id="bench-table")
+            lat = gr.Plot(label="p50 latency by bucket", elem_id="bench-latency")
+            with gr.Row():
+                speed = gr.Plot(label="speedup vs eager", elem_id="bench-speedup")
+                parity = gr.Plot(label="parity vs eager", elem_id="bench-parity")
+            files = gr.File(label="download the report (JSON, CSV)", file_count="multiple", interactive=False)
+        timer = gr.Timer(2.0, active=False)
+
+    out = [title, results, table, lat, speed, parity, files]
+    submit.click(bench_submit, [variant, backends, buckets, iters, device], [job, status, timer], api_name="bench_submit",
+                 api_description="Submit a benchmark job: (variant, backends, batch buckets, timed iterations, device) "
+                                 "-> the job id.").then(None, job, None, js=PUSH_JOB_JS, **PRIVATE)  # fmt: skip
+    gr.on([timer.tick, job.submit], bench_poll, job, [status, timer, *out], api_name="bench_status", show_progress="hidden",
+          api_description="A benchmark job's status; when done, its report: title, results table, charts and files.")  # fmt: skip
+    stored.input(show_stored_report, stored, out, **PRIVATE)
+    return job, timer, stored, out
+
+
+def build_api_infer() -> None:
+    """The /infer endpoint: hidden components, for gradio_client and the "Use via API" page."""
+    with gr.Row(visible=False):
+        image, query = photo_input(label="image"), gr.Textbox()
+        doc, picture, button = gr.JSON(label="result"), gr.Image(type="pil", format="png", label="overlay"), gr.Button()
+    button.click(api_infer, [image, query], [doc, picture], api_name="infer",
+                 api_description="One photo and a query with default controls -> (the result as JSON, the same keys as "
+                                 "`arrcoc infer --json`, including match_score and weak_match; the relevance overlay PNG).")  # fmt: skip
+
+
 def build_demo() -> gr.Blocks:
     settings = get_settings()
+    variant = serving_variant(settings)
     with gr.Blocks(title=TITLE) as demo:
-        state = gr.State(None)
-        gr.Markdown(INTRO)
+        gr.Markdown(intro_markdown(settings, variant))
+        with gr.Accordion("About the model: what it can and cannot find", open=False, elem_id="model-note"):
+            gr.Markdown(model_note(variant))
         with gr.Tabs(elem_id="main-tabs") as tabs:
-            with gr.Tab("Inference", id="infer"):
-                query_in = gr.Textbox(label="Query", placeholder="what should the model look for? e.g. the red mug",
-                                      max_length=settings.max_query_chars, elem_id="query", render=False)  # fmt: skip
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=5):
-                        image_in = photo_input(label="Photo", sources=["upload", "clipboard"], height=360, elem_id="photo")
-                        gr.Examples([[str(EXAMPLES_DIR / f), q] for f, q in EXAMPLES], [image_in, query_in],
-                                    label="Examples: public-domain photos from scikit-image", examples_per_page=5)  # fmt: skip
-                    with gr.Column(scale=4):
-                        query_in.render()
-                        run_btn = gr.Button("Run", variant="primary", elem_id="run")
-                        with gr.Accordion("Controls", open=True):
-                            with gr.Row():
-                                s_info = gr.Slider(0, 3, value=1.0, step=0.05, label="information scale")
-                                s_persp = gr.Slider(0, 3, value=1.0, step=0.05, label="perspectival scale")
-                                s_part = gr.Slider(0, 3, value=1.0, step=0.05, label="participatory scale")
-                            with gr.Row():
-                                k_in = gr.Slider(1, GRID_CELLS, value=200, step=1, label="K (cells kept)")
-                                budget_in = gr.Slider(1024, 102400, value=25600, step=256, label="token budget", info="≥ 64 × K")
-                            backend_in = gr.Dropdown([(BACKEND_LABELS[b], b) for b in BACKENDS], value=service.served_backend(), label="backend",
-                                                     info="the engine that runs the model; the Benchmark tab compares them")
-                with gr.Tabs(elem_id="views"):
-                    with gr.Tab("Overview", id="overview"):
-                        with gr.Row():
-                            ov_photo = gr.Image(label="photo", interactive=False, buttons=["fullscreen"])
-                            ov_heat = gr.Image(label="relevance", interactive=False, format="png", elem_id="relevance-map", buttons=["download", "fullscreen"])
-                            ov_sel = gr.Image(label="selected cells", interactive=False, buttons=["fullscreen"])
-                        with gr.Row(equal_height=True):
-                            gr.HTML(views.colourbar_html("low", "high (the map's peak)", "relevance"))
-                            scale_in = gr.Radio([(k, v) for k, v in views.SCALES.items()], value="sqrt", label="colour scale (every map)",
-                                                elem_id="scale")  # fmt: skip
-                        ov_md = gr.Markdown("Upload a photo, type a query and press **Run** — or click an example.", elem_id="summary")
-                        views_status = gr.Markdown(elem_id="views-status", elem_classes="arr-caption")
-                    with gr.Tab("Homunculus", id="homunculus"):
-                        _caption("What the model keeps: rejected cells are dimmed.")
-                        hom_img = gr.Image(label="homunculus", interactive=False, height=480)
-                        hom_md = gr.Markdown()
-                    with gr.Tab("Three ways", id="three"):
-                        _caption("The three scorers (ways of knowing) and their balanced mix.")
-                        with gr.Row():
-                            tw = [gr.Image(label=n, interactive=False, format="png") for n in ("information", "perspectival", "participatory (query)", "balanced relevance")]
-                        gr.HTML(views.colourbar_html("low", "high (each map's peak)", "score"))
-                        tw_md = gr.Markdown()
-                    with gr.Tab("Overlays", id="overlays"):
-                        with gr.Row():
-                            map_in = gr.Radio(list(views.MAPS), value="relevance (balanced)", label="map")
-                            opacity_in = gr.Slider(0, 1, value=0.55, step=0.05, label="opacity")
-                        ovl_img = gr.Image(label="overlay", interactive=False, height=480, elem_id="overlay")
-                        gr.HTML(views.colourbar_html("low", "high (the map's peak; token budget: 400)", "map value"))
-                    with gr.Tab("Texture", id="texture"):
-                        _caption("The 13 per-cell features the scorers read, each scaled to its own range (shown in brackets).")
-                        gallery = dict(height="auto", object_fit="contain", allow_preview=True, elem_classes="arr-texture")
-                        tex = [gr.Gallery(label=CHANNEL_GROUP_LABELS[0], columns=6, **gallery)]
-                        with gr.Row():
-                            tex.append(gr.Gallery(label=CHANNEL_GROUP_LABELS[1], columns=4, scale=4, **gallery))
-                            tex.append(gr.Gallery(label=CHANNEL_GROUP_LABELS[2], columns=3, scale=3, **gallery))
-                    with gr.Tab("LOD budget", id="budget"):
-                        _caption("Level of detail: vision tokens per cell (64–400 for kept cells).")
-                        with gr.Row():
-                            with gr.Column():
-                                bud_img = gr.Image(label="tokens per cell", interactive=False, format="png")
-                                gr.HTML(views.colourbar_html("0", "400 tokens", "budget"))
-                            bud_plot = gr.LinePlot(x="rank", y="tokens", title="tokens by relevance rank", x_title="rank of kept cell", y_title="tokens", height=320)
-                        bud_md = gr.Markdown()
-                    with gr.Tab("vs uniform", id="compare"):
-                        _caption("ARR-COC's K cells against a query-blind uniform lattice of the same K.")
-                        with gr.Row():
-                            cmp_ours = gr.Image(label="ARR-COC", interactive=False)
-                            cmp_base = gr.Image(label="uniform grid", interactive=False)
-                        cmp_md = gr.Markdown()
-                        cmp_df = gr.DataFrame(label="selection metrics", interactive=False)
-                    with gr.Tab("Metrics", id="metrics"):
-                        _caption(f"How the kept cells spread over the image (regions: a {4}×{4} split of the grid).")
-                        with gr.Row():
-                            met_df = gr.DataFrame(label="metrics", interactive=False, elem_id="metrics-table", scale=3)
-                            met_img = gr.Image(label="kept cells per region (brighter: more)", interactive=False, scale=2)
-                    with gr.Tab("Query impact", id="impact"):
-                        _caption("With the query vs without the participatory scorer (its scale set to 0): one extra model call.")
-                        with gr.Row():
-                            imp_with = gr.Image(label="relevance with the query", interactive=False)
-                            imp_without = gr.Image(label="without the participatory scorer", interactive=False)
-                            imp_change = gr.Image(label="selection change", interactive=False)
-                        imp_md = gr.Markdown(elem_id="impact-summary")
-                    with gr.Tab("Attribution", id="attribution"):
-                        att_plot = gr.BarPlot(x="channel", y="correlation", color="group", title="correlation with relevance", y_lim=[-1, 1], x_label_angle=-40, height=360, sort=None)
-                        att_md = gr.Markdown()
-
-            with gr.Tab("Batch", id="batch"):
-                _caption("Many images, one query (or a manifest with a query per file). Jobs keep running if you close the page: "
-                         "keep the job id (it is also in the address bar) to come back to it.")  # fmt: skip
-                with gr.Row():
-                    with gr.Column():
-                        b_zip = gr.File(label="images (.zip)", file_types=[".zip"], elem_id="batch-zip")
-                        b_manifest = gr.File(label="manifest (optional: .csv or .jsonl with file,query)", file_types=[".csv", ".jsonl"])
-                        b_query = gr.Textbox(label="query for every image", placeholder="e.g. the face", elem_id="batch-query")
-                        b_submit = gr.Button("Submit batch", variant="primary", elem_id="batch-submit")
-                    with gr.Column():
-                        with gr.Row():
-                            b_job = gr.Textbox(label="job id", placeholder="paste a job id to see it again", elem_id="batch-job", scale=3)
-                            b_show = gr.Button("Show job", scale=1)
-                            b_cancel = gr.Button("Cancel", variant="stop", scale=1)
-                        b_bar = gr.HTML(jobs.progress_html(None), elem_id="batch-progress")
-                        b_status = gr.Markdown("No job yet.", elem_id="batch-status")
-                        b_file = gr.File(label="results (.zip: overlay PNGs, results.jsonl, summary.csv)", interactive=False, elem_id="batch-results")
-                b_timer = gr.Timer(1.0, active=False)
-
-            with gr.Tab("Benchmark", id="bench"):
-                gr.Markdown(gpu_note(), elem_id="gpu-note")
-                with gr.Row():
-                    with gr.Column():
-                        bn_variant = gr.Dropdown(list_variants(), value=settings.variant, label="variant")
-                        bn_backends = gr.CheckboxGroup(list(BACKENDS), value=["eager"], label="backends")
-                        bn_buckets = gr.CheckboxGroup([str(b) for b in settings.buckets], value=["1"], label="batch buckets")
-                        bn_iters = gr.Slider(1, 300, value=20, step=1, label="timed iterations")
-                        cuda_label = "cuda" if torch.cuda.is_available() or settings.broker_url else "cuda (no GPU here)"
-                        bn_device = gr.Radio([("auto", "auto"), ("cpu", "cpu"), (cuda_label, "cuda")], value="auto", label="device")
-                        bn_submit = gr.Button("Run benchmark", variant="primary")
-                    with gr.Column():
-                        bn_job = gr.Textbox(label="benchmark job id", placeholder="paste a benchmark job id to see it again")
-                        bn_status = gr.Markdown("No benchmark job yet.", elem_id="bench-status")
-                with gr.Row():
-                    bn_title = gr.Markdown(elem_id="bench-report-title")
-                    bn_stored = gr.Dropdown([], label="stored reports (benchmarks/*.json, newest first)", scale=0, min_width=360)
-                with gr.Column(visible=False) as bn_results:
-                    bn_df = gr.DataFrame(label="results", interactive=False, elem_id="bench-table")
-                    with gr.Row():
-                        bn_lat = gr.LinePlot(x="bucket", y="value", color="series", title="p50 latency by bucket", x_title="batch bucket", y_title="ms", color_map=BACKEND_COLOURS, height=320)
-                        bn_speed = gr.BarPlot(x="bucket", y="value", color="series", title="speedup vs eager (p50)", x_title="bucket · backend", y_title="×", color_map=BACKEND_COLOURS, height=320, sort=None)
-                        bn_parity = gr.BarPlot(x="bucket", y="value", color="series", title="parity: max |Δ| vs eager", x_title="bucket · backend", y_title="max abs diff", color_map=BACKEND_COLOURS, height=320, sort=None)
-                    bn_files = gr.File(label="download the report (JSON, CSV)", file_count="multiple", interactive=False)
-                bn_timer = gr.Timer(2.0, active=False)
-
-        with gr.Row(visible=False):  # the /infer API endpoint's own components
-            api_image = photo_input(label="image")
-            api_query = gr.Textbox()
-            api_json = gr.JSON(label="result")
-            api_overlay = gr.Image(type="pil", format="png", label="overlay")
-            api_btn = gr.Button()
-
-        # ---- wiring --------------------------------------------------------------------------
-        private: dict[str, Any] = {"api_visibility": "private"}
-        view_outputs = [hom_img, hom_md, *tw, tw_md, ovl_img, *tex, bud_img, bud_md, bud_plot,
-                        cmp_ours, cmp_base, cmp_df, cmp_md, met_df, met_img, att_plot, att_md]  # fmt: skip
-        ran = run_btn.click(
-            run_model,
-            [image_in, query_in, s_info, s_persp, s_part, k_in, budget_in, backend_in, scale_in],
-            [state, ov_photo, ov_heat, ov_sel, ov_md, views_status],
-            api_name="run", concurrency_limit=2,
-        )  # fmt: skip
-        query_in.submit(lambda: None, None, None, js="() => document.querySelector('#run').click()", **private)
-        ran.success(render_views, [state, map_in, opacity_in], view_outputs, **private).then(
-            run_without_query, [state, image_in, s_info, s_persp, backend_in], state, **private
-        ).then(render_impact, state, [imp_with, imp_without, imp_change, imp_md, views_status], **private)
-        scale_in.change(set_scale, [state, scale_in], [state, ov_heat, imp_with, imp_without], show_progress="hidden", **private).then(
-            render_views, [state, map_in, opacity_in], view_outputs, show_progress="hidden", **private
-        )
-        gr.on([map_in.change, opacity_in.change], views.overlay_view, [state, map_in, opacity_in], ovl_img,
-              show_progress="hidden", **private)  # fmt: skip
-        api_btn.click(api_infer, [api_image, api_query], [api_json, api_overlay], api_name="infer")
-
-        b_submit.click(batch_submit, [b_zip, b_manifest, b_query], [b_job, b_status, b_bar, b_timer], api_name="batch_submit").then(
-            None, b_job, None, js=PUSH_JOB_JS, **private
-        )
-        gr.on([b_show.click, b_job.submit, b_timer.tick], batch_poll, b_job, [b_status, b_bar, b_file, b_timer],
-              api_name="batch_status", show_progress="hidden")  # fmt: skip
-        b_show.click(None, b_job, None, js=PUSH_JOB_JS, **private)
-        b_cancel.click(batch_cancel, b_job, b_status, api_name="batch_cancel")
-
-        bench_out = [bn_title, bn_results, bn_df, bn_lat, bn_speed, bn_parity, bn_files]
-        bn_submit.click(bench_submit, [bn_variant, bn_backends, bn_buckets, bn_iters, bn_device], [bn_job, bn_status, bn_timer],
-                        api_name="bench_submit").then(None, bn_job, None, js=PUSH_JOB_JS, **private)  # fmt: skip
-        gr.on([bn_timer.tick, bn_job.submit], bench_poll, bn_job, [bn_status, bn_timer, *bench_out],
-              api_name="bench_status", show_progress="hidden")  # fmt: skip
-        demo.load(load_last_report, None, [bn_stored, *bench_out], **private)
-        bn_stored.input(show_stored_report, bn_stored, bench_out, **private)
-        demo.load(on_load, None, [b_job, b_timer, bn_job, bn_timer, tabs], **private)
+            inputs, shown = build_inference_tab(settings, variant)
+            b_job, b_timer = build_batch_tab(settings)
+            bn_job, bn_timer, bn_stored, bench_out = build_bench_tab(settings)
+        build_api_infer()
+        wire_inference(inputs, shown)
+        demo.load(load_last_report, None, [bn_stored, *bench_out], **PRIVATE)
+        demo.load(on_load, None, [b_job, b_timer, bn_job, bn_timer, tabs], **PRIVATE)
     return demo
 
 
@@ -478,7 +685,7 @@ def launch(demo: gr.Blocks | None = None, **kwargs: Any) -> tuple:
     """Launch with the product's theme, CSS and limits (Gradio 6 takes them in launch())."""
     demo = demo or build_demo()
     demo.queue(default_concurrency_limit=2)
-    opts: dict[str, Any] = {"theme": THEME, "css": CSS, "max_file_size": MAX_FILE_SIZE, "footer_links": ["api"]}
+    opts: dict[str, Any] = {"theme": THEME, "css": CSS, "max_file_size": get_settings().max_image_bytes, "footer_links": ["api"]}
     opts.update(kwargs)
     return demo.launch(**opts)
 

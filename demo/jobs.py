@@ -182,25 +182,6 @@ def report_frame(report: dict[str, Any] | None) -> pd.DataFrame:
     return df.dropna(axis=1, how="all") if rows else df
 
 
-def plot_frames(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(latency by bucket, speedup vs eager, parity) frames for the native plots."""
-    df = df.dropna(subset=["bucket"]) if "bucket" in df else df.iloc[0:0]
-    if df.empty:
-        empty = pd.DataFrame({"bucket": [], "value": [], "series": []})
-        return empty, empty, empty
-    df = df.reindex(columns=list(RESULT_COLUMNS))
-    series = df["backend"].astype(str) + (" · " + df["variant"].astype(str) if df["variant"].nunique() > 1 else "")
-    base = pd.DataFrame({"bucket": df["bucket"].astype(int), "series": series})
-    latency = base.assign(value=df["p50_ms"]).dropna()
-    # bars side by side (native bar plots stack by colour): one x category per bucket and backend;
-    # eager is the reference (speedup 1, difference 0) and is left out
-    others = df["backend"] != "eager"
-    cats = base.assign(bucket=df["bucket"].astype(int).astype(str) + " · " + series)[others]
-    speedup = cats.assign(value=df.loc[others, "speedup_vs_eager"]).dropna()
-    parity = cats.assign(value=df.loc[others, "max_abs_diff"]).dropna()
-    return latency, speedup, parity
-
-
 def report_markdown(report: dict[str, Any] | None, source: str) -> str:
     if not report:
         return "**No benchmark report yet.** Run one above; the newest stored report (`benchmarks/*.json`) is shown here once it exists."

@@ -16,6 +16,7 @@ from arrcoc.settings import get_settings
 
 _lock = threading.Lock()
 _executor: Executor | None = None
+_ready: set[str] = set()  # backends that have answered a request from this process
 
 
 def executor() -> Executor:
@@ -34,6 +35,7 @@ def set_executor(ex: Executor | None) -> None:
         old, _executor = _executor, ex
     if old is not None and old is not ex:
         old.close()
+    _ready.clear()
 
 
 def served_backend() -> str:
@@ -41,6 +43,14 @@ def served_backend() -> str:
     return get_settings().backend
 
 
+def is_ready(backend: str) -> bool:
+    """Whether a request on this backend will be quick: it has answered before, or a queue's worker
+    (built and warmed before it takes work) serves it."""
+    return backend in _ready or bool(get_settings().broker_url)
+
+
 def infer(image: bytes, query: str, controls: Controls, backend: str | None = None) -> RelevanceResult:
     """One image + query through the executor, on the chosen backend (None: the server's default)."""
-    return executor().infer(image, query, controls, backend=backend)
+    result = executor().infer(image, query, controls, backend=backend)
+    _ready.add(backend or served_backend())
+    return result

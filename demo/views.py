@@ -1,12 +1,13 @@
 """Every view of the Inference tab, drawn from one stored run (never by running the model again).
 
 Each function takes a `Run` and returns what its Gradio components show: PIL images, markdown,
-HTML legends or pandas frames for the native plots.
+HTML legends, pandas frames for tables and plotly figures (demo/charts.py) for charts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from html import escape
 
 import numpy as np
 import pandas as pd
@@ -14,8 +15,11 @@ from PIL import Image
 
 from arrcoc import metrics
 from arrcoc.render import budget_image, colorize, colormap_hex, heatmap_image, homunculus, overlay, tint_cells
-from arrcoc.result import SCORER_NAMES, TENSION_NAMES, RelevanceResult
+from arrcoc.request import MAX_CELL_TOKENS, MIN_CELL_TOKENS
+from arrcoc.result import SCORER_NAMES, TENSION_NAMES, WEAK_MATCH, RelevanceResult
 from arrcoc.texture import CHANNEL_NAMES, COMPAT_CHANNEL_NAMES
+
+from . import charts
 
 DISPLAY_SIDE = 640  # longest side of the images the views show
 CHANNEL_GROUPS = {  # texture channel indices per group (arrcoc/texture.py order)
@@ -33,7 +37,7 @@ MAPS = {  # overlay choices: label -> (RelevanceResult attribute, value range)
     "information": ("information", (0.0, 1.0)),
     "perspectival": ("perspectival", (0.0, 1.0)),
     "participatory": ("participatory", (0.0, 1.0)),
-    "token budget": ("budget_map", (0.0, 400.0)),
+    "token budget": ("budget_map", (0.0, float(MAX_CELL_TOKENS))),
 }
 SELECTED_RGB = (64, 224, 208)  # turquoise: stands out on the warm heatmap colours
 GAINED_RGB, LOST_RGB, KEPT_RGB = (46, 204, 113), (231, 76, 60), (240, 240, 240)
@@ -95,6 +99,35 @@ def _cell(i: int, grid: int) -> str:
     return f"({i // grid}, {i % grid})"
 
 
+def cell_size(r: RelevanceResult) -> str:
+    """A cell in the photo's own pixels: the grid spans the whole photo, so cells of a non-square
+    photo are not square (a 600x400 photo's cell is 18.8 x 12.5 px)."""
+    w, h = r.image_size
+    return f"{w / r.grid:.3g} × {h / r.grid:.3g} px"
+
+
+# ---- the match score: shown above every view --------------------------------------------------
+
+
+def match_html(r: RelevanceResult | None) -> str:
+    """The match score with a plain-words verdict; a weak match says the map is mostly noise."""
+    if r is None:
+        return '<div class="arr-match arr-match-none">Match score: run the model to see how well the query matches.</div>'
+    if r.match_score is None:
+        return '<div class="arr-match arr-match-none">Match score: not reported by this server.</div>'
+    q = escape(r.query)
+    if r.weak_match:
+        return (
+            f'<div class="arr-match arr-match-weak"><b>Weak match: {r.match_score:.2f}</b> (below {WEAK_MATCH:.2f}). '
+            f"Little in this photo matches “{q}”: the maps below are mostly noise (each is scaled to its own "
+            "peak, so it always looks confident). Position-only queries also score low while pointing the right way.</div>"
+        )
+    return (
+        f'<div class="arr-match arr-match-ok"><b>Match score: {r.match_score:.2f}</b> '
+        f"(a match from {WEAK_MATCH:.2f} up; comparable across photos). “{q}” matches something here.</div>"
+    )
+
+
 # ---- overview -------------------------------------------------------------------------------
 
 
@@ -106,6 +139,7 @@ def overview(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, str]:
 
 
 def summary_markdown(r: RelevanceResult) -> str:
+    match = "n/a" if r.match_score is None else f"**{r.match_score:.2f}**" + (" (**weak match**)" if r.weak_match else "")
     weights = " · ".join(f"{n} **{w:.2f}**" for n, w in zip(SCORER_NAMES, r.balance, strict=True))
     top = ", ".join(_cell(int(i), r.grid) for i in r.selected[:3])
     best = int(np.argmax(r.relevance))
@@ -119,7 +153,7 @@ def summary_markdown(r: RelevanceResult) -> str:
     return (
         f"**“{r.query}”** — {r.k} of {r.grid * r.grid} cells selected, "
         f"{int(r.budgets.sum()):,} of {r.token_budget:,} tokens. Peak relevance {r.relevance.flat[best]:.3f}; "
-        f"most relevant cells (row, col): {top}.\n\n"
+        f"most relevant cells (row, col): {top}. Match score {match}. One cell is {cell_size(r)} of this photo.\n\n"
         f"Balancer weights: {weights}. Time: {timing}. "
         f"Model `{r.variant}` · weights `{r.weights_version}` · backend `{r.backend}`.{note}"
     )
@@ -131,10 +165,10 @@ def summary_markdown(r: RelevanceResult) -> str:
 def homunculus_view(run: Run) -> tuple[Image.Image, str]:
     r = run.result
     cells = r.grid * r.grid
-    full_tokens = cells * 400
+    full_tokens = cells * MAX_CELL_TOKENS
     md = (
         f"### {r.k} / {cells} cells kept — {cells / r.k:.1f}× fewer cells\n"
-        f"The model looks at the bright cells only; each gets 64–400 vision tokens by relevance. "
+        f"The model looks at the bright cells only; each gets {MIN_CELL_TOKENS}–{MAX_CELL_TOKENS} vision tokens by relevance. "
         f"{int(r.budgets.sum()):,} tokens in all, {full_tokens / max(int(r.budgets.sum()), 1):.1f}× fewer than "
         f"giving every cell the maximum ({full_tokens:,})."
     )
@@ -177,12 +211,12 @@ def texture_view(run: Run) -> tuple[list, list, list]:
             ch = np.asarray(r.texture[c], dtype=np.float64)
             lo, hi = float(ch.min()), float(ch.max())
             tile = Image.fromarray(colorize(ch, lo, hi if hi > lo else lo + 1)).resize((224, 224), Image.Resampling.NEAREST)
-            items.append((tile, f"{names[c]}  {lo:.2f}–{hi:.2f}"))
+            items.append((tile, f"{names[c].replace('_', ' ')} [{lo:.2f}, {hi:.2f}]"))
         galleries.append(items)
     return tuple(galleries)  # type: ignore[return-value]
 
 
-def budget_view(run: Run) -> tuple[Image.Image, str, pd.DataFrame]:
+def budget_view(run: Run) -> tuple[Image.Image, str, object]:
     r = run.result
     b = r.budgets
     md = (
@@ -190,8 +224,7 @@ def budget_view(run: Run) -> tuple[Image.Image, str, pd.DataFrame]:
         f"min {int(b.min())}, median {int(np.median(b))}, max {int(b.max())} tokens per cell. "
         "Dark cells were not selected (0 tokens)."
     )
-    curve = pd.DataFrame({"rank": np.arange(1, r.k + 1), "tokens": b.astype(int)})
-    return budget_image(r.budget_map, run.size), md, curve
+    return budget_image(r.budget_map, run.size), md, charts.budget_curve(b.astype(int))
 
 
 # ---- baseline, metrics -------------------------------------------------------------------------------
@@ -205,9 +238,9 @@ METRIC_ROWS = (  # field, label, what it means
 )
 
 
-def _metric_table(named: dict[str, metrics.SelectionMetrics]) -> pd.DataFrame:
+def _metric_table(named: dict[str, metrics.SelectionMetrics], which: tuple = METRIC_ROWS) -> pd.DataFrame:
     rows = []
-    for field, label, meaning in METRIC_ROWS:
+    for field, label, meaning in which:
         row = {"metric": label}
         for name, m in named.items():
             v = getattr(m, field)
@@ -217,18 +250,27 @@ def _metric_table(named: dict[str, metrics.SelectionMetrics]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+SPREAD_ROWS = tuple(row for row in METRIC_ROWS if row[0] != "relevance_captured")
+
+
 def comparison_view(run: Run) -> tuple[Image.Image, Image.Image, pd.DataFrame, str]:
+    """Where the same K cells go: by this query's relevance, or on a query-blind lattice. Only how
+    the cells spread is compared: the share of *this* map each keeps would be circular (the top
+    cells of a map always hold more of it than a lattice does) and says nothing about whether the
+    map is right."""
     r = run.result
     base = metrics.uniform_selection(r.grid, r.k)
     ours_m = metrics.selection_metrics(r.relevance, r.selected)
     base_m = metrics.selection_metrics(r.relevance, base)
     both = len(set(map(int, base)) & set(map(int, r.selected)))
     md = (
-        f"Same K = {r.k}. ARR-COC keeps **{ours_m.relevance_captured:.0%}** of the map's relevance, the "
-        f"query-blind uniform grid **{base_m.relevance_captured:.0%}**; they share {both} cells."
+        f"Same K = {r.k} cells, {r.k / (r.grid * r.grid):.0%} of the image; they share {both} cells. ARR-COC puts them "
+        f"in **{ours_m.clusters}** group(s) covering {ours_m.coverage:.0%} of the {metrics.REGIONS}×{metrics.REGIONS} "
+        f"regions; the lattice covers {base_m.coverage:.0%}. Which is better depends on whether the map is right "
+        "(see the match score above): the table compares where the cells go, not how good they are."
     )
     images = [homunculus(run.image, sel, r.grid, dim=0.18) for sel in (r.selected, base)]
-    return images[0], images[1], _metric_table({"ARR-COC": ours_m, "uniform grid": base_m}), md
+    return images[0], images[1], _metric_table({"ARR-COC": ours_m, "uniform lattice": base_m}, SPREAD_ROWS), md
 
 
 def metrics_view(run: Run) -> tuple[pd.DataFrame, Image.Image]:
@@ -265,7 +307,7 @@ def impact_view(run: Run) -> tuple[Image.Image | None, Image.Image | None, Image
     return heat(r.relevance, run.size, top, run.scale), heat(w.relevance, run.size, top, run.scale), change, md
 
 
-def attribution_view(run: Run) -> tuple[pd.DataFrame, str]:
+def attribution_view(run: Run) -> tuple[object, str]:
     r = run.result
     names = COMPAT_CHANNEL_NAMES if "compat" in r.variant else CHANNEL_NAMES
     corr = metrics.channel_attribution(r.texture, r.relevance)
@@ -281,4 +323,4 @@ def attribution_view(run: Run) -> tuple[pd.DataFrame, str]:
         "Pearson correlation, over the cells of this image, between each texture channel and the "
         f"relevance map. Strongest: {top}. Correlation is a description, not a causal attribution."
     )
-    return df, md
+    return charts.attribution(df), md

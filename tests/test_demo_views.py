@@ -70,13 +70,17 @@ HARNESS_REPORT = {
 
 
 def test_report_tables_and_plots(tmp_path):
-    from demo import jobs
+    from demo import charts, jobs
 
     df = jobs.report_frame(HARNESS_REPORT)
     assert df["backend"].tolist() == ["eager", "compiled"]
-    latency, speedup, parity = jobs.plot_frames(df)
-    assert latency["value"].tolist() == [10.0, 1.0] and speedup["value"].tolist() == [10.0]
-    assert speedup["bucket"].tolist() == ["1 · compiled"] and parity["value"].tolist() == [2e-6]
+    latency, speedup, parity = charts.report_figures(df)
+    assert [(t.name, list(t.y)) for t in latency.data] == [("eager", [10.0]), ("compiled", [1.0])]
+    assert [(t.name, list(t.x), list(t.y)) for t in speedup.data] == [("compiled", ["1"], [10.0])]
+    assert [list(t.y) for t in parity.data] == [[2e-6]]
+    for fig in (latency, speedup, parity):  # one colour per backend, in every chart
+        for t in fig.data:
+            assert t.marker.color == charts.BACKEND_COLOURS[t.name]
     assert "NVIDIA H100" in jobs.report_markdown(HARNESS_REPORT, "h100.json")
     assert "No benchmark report yet" in jobs.report_markdown(None, "")
     # a report without speedups (the service's fallback timer) gets them from p50
@@ -128,3 +132,87 @@ def test_arrcoc_demo_command():
 
     args = build_parser().parse_args(["demo", "--port", "7999", "--host", "0.0.0.0"])
     assert (args.port, args.host) == (7999, "0.0.0.0") and args.func.__module__ == "arrcoc.cli.demo"
+
+
+def test_charts_facet_variants_and_group_buckets():
+    from demo import charts, jobs
+
+    rows = [dict(variant=v, backend=b, bucket=n, p50_ms=p, speedup_vs_eager=s, max_abs_diff=d)
+            for v in ("arrcoc-texture", "arrcoc-clip-b16") for n in (1, 8)
+            for b, p, s, d in (("eager", 10.0, 1.0, 0.0), ("compiled", 2.0, 5.0, 1e-6), ("onnx", 4.0, 2.5, 2e-6))]  # fmt: skip
+    df = jobs.report_frame({"results": rows})
+    latency, speedup, _ = charts.report_figures(df)
+    assert {t.xaxis for t in latency.data} == {"x", "x2"}  # one panel per variant
+    assert [t.name for t in latency.data if t.showlegend] == ["eager", "compiled", "onnx"]  # one legend entry each
+    assert speedup.layout.barmode == "group" and {tuple(t.x) for t in speedup.data} == {("1", "8")}
+    assert "No report" in charts.latency(jobs.report_frame(None)).layout.annotations[0].text
+
+
+def _result(match: float | None, query: str = "the red one"):
+    from arrcoc.result import RelevanceResult
+
+    g = 32
+    rel = np.random.default_rng(0).random((g, g))
+    return RelevanceResult(
+        variant="arrcoc-texture", weights_version="v", backend="eager", query=query, relevance=rel, information=rel,
+        perspectival=rel, participatory=rel, balance=np.array([0.2, 0.2, 0.6]), tensions=np.zeros(3),
+        selected=np.array([33, 0]), budgets=np.array([400, 64]), budget_map=np.zeros((g, g)), texture=np.zeros((13, g, g)),
+        image_size=(600, 400), token_budget=25600, match_score=match,
+    )  # fmt: skip
+
+
+def test_match_score_is_shown_and_weak_matches_say_so():
+    from arrcoc.result import WEAK_MATCH
+    from demo import views
+
+    strong, weak = _result(0.91), _result(WEAK_MATCH - 0.1, "a <giraffe>")
+    assert "Match score: 0.91" in views.match_html(strong) and "Weak" not in views.match_html(strong)
+    assert "Weak match" in views.match_html(weak) and "noise" in views.match_html(weak)
+    assert "&lt;giraffe&gt;" in views.match_html(weak)  # the query is escaped
+    assert "**weak match**" in views.summary_markdown(weak) and "0.91" in views.summary_markdown(strong)
+    assert "18.8 × 12.5 px" in views.summary_markdown(strong)  # a 600x400 photo's cell is not 16x16
+    assert "run the model" in views.match_html(None)
+
+
+def test_batch_view_reads_the_results_zip(tmp_path):
+    from PIL import Image
+
+    from arrcoc.service.jobs.types import JobKind, JobState, JobStatus
+    from demo import batchview
+
+    z = tmp_path / "results.zip"
+    good = {"index": 0, "file": "a.jpg", "query": "the red one", "ok": True, "error": None,
+            "result": {"grid": 32, "selected": [70, 1], "match_score": 0.3, "weak_match": True, "tokens_used": 100}}
+    bad = {"index": 1, "file": "b.jpg", "query": "the red one", "ok": False, "error": "not an image"}  # fmt: skip
+    png = io.BytesIO()
+    Image.new("RGB", (40, 30), "red").save(png, format="PNG")
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("results.jsonl", json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        zf.writestr("overlays/00000_a.png", png.getvalue())
+    shown, failures = batchview.gallery(z)
+    assert len(shown) == 1 and shown[0][1].startswith("a.jpg · “the red one” · match 0.30 · weak match")
+    assert "(row 2, col 6)" in shown[0][1]
+    assert "b.jpg" in failures and "not an image" in failures
+    st = JobStatus("batch-x", JobKind.BATCH, JobState.DONE, total=2, done=1, failed=1)
+    doc = batchview.status_json(st, z)
+    json.dumps(doc)  # plain JSON
+    assert doc["state"] == "done" and doc["items"][0]["top_cell"] == {"row": 2, "col": 6}
+    assert doc["items"][1] == {"index": 1, "file": "b.jpg", "query": "the red one", "ok": False, "error": "not an image"}
+
+
+def test_the_page_reads_the_variant_and_settings():
+    from arrcoc.registry import get_variant
+    from arrcoc.settings import get_settings
+    from demo import app
+
+    page = app.build_demo()
+    config = get_variant(get_settings().variant).config
+    sliders = {c.label: c for c in page.blocks.values() if type(c).__name__ == "Slider"}
+    k = next(c for label, c in sliders.items() if label and label.startswith("K "))
+    assert (k.maximum, k.value) == (config.grid**2, config.k)
+    assert sliders["token budget"].value == config.token_budget
+    backend = next(c for c in page.blocks.values() if getattr(c, "elem_id", None) == "backend")
+    assert backend.value == app.SERVER_DEFAULT and app._backend(backend.value) is None
+    assert "footer" not in app.CSS  # the "Use via API" link stays visible
+    with pytest.raises(Exception, match="the limit is"):
+        app._query("x" * (get_settings().max_query_chars + 1))
