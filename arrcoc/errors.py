@@ -34,6 +34,14 @@ class JobError(ArrcocError):
     """A job is unknown, expired, cancelled or failed."""
 
 
+class JobCancelled(JobError):
+    """The job was cancelled (or ran past its time limit) while it ran: its work stops here."""
+
+
+class AccessDenied(ArrcocError):
+    """The request lacks the API token this server requires, or sent too many requests."""
+
+
 class ServiceUnavailableError(ArrcocError):
     """The queue (Redis), its workers or the engine did not answer in time: check that they run, then retry."""
 

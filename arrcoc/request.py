@@ -72,10 +72,20 @@ def _whole(x: object, what: str) -> int:
     return int(x)
 
 
+# Control characters (NUL, ESC and the rest of C0/C1, DEL) and the bidirectional overrides that
+# reorder text on screen: a query holding them is refused, never echoed into logs, terminals or
+# pages. Tab and newlines are whitespace and are normalised away.
+_CONTROL = {*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0),
+            *range(0x202A, 0x202F), *range(0x2066, 0x206A)}  # fmt: skip
+
+
 def validate_query(query: object, max_chars: int) -> str:
     """A clean query string (whitespace normalised), or a clear error."""
     if not isinstance(query, str):
         raise InvalidInputError(f"The query must be text, got {type(query).__name__}.")
+    bad = next((ch for ch in query if ord(ch) in _CONTROL), None)
+    if bad is not None:
+        raise InvalidInputError(f"The query holds a control character (U+{ord(bad):04X}); type plain text.")
     text = " ".join(query.split())
     if not text:
         raise InvalidInputError("The query is empty: describe what to look for, e.g. 'the red mug'.")

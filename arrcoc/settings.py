@@ -62,7 +62,30 @@ class Settings(BaseSettings):
     redis_prefix: str = "arrcoc"  # job store and image keys
     redis_timeout_s: float = 5.0  # socket timeouts: no client call hangs on a dead Redis
     max_archive_bytes: int = 1024 * 1024 * 1024  # batch zip upload
-    max_archive_ratio: int = 200  # uncompressed / compressed per entry above this: a zip bomb
+    max_archive_ratio: int = 200  # uncompressed / compressed, for every entry: above this, a zip bomb
+    # what a batch zip may expand to on disk, all entries together (checked before anything is
+    # written, from the central directory, and again while writing: declared sizes are not trusted)
+    max_unpacked_bytes: int = 2 * 1024 * 1024 * 1024
+    max_archive_entries: int = 4096  # files + folders in a batch zip (junk such as __MACOSX included)
+    max_manifest_bytes: int = 8 * 1024 * 1024
+    # Benchmark jobs: caps on what one job may ask for, and how long it may hold the device
+    max_bench_iterations: int = 1000
+    max_bench_warmup: int = 100
+    max_bench_buckets: int = 8
+    max_bench_variants: int = 4
+    bench_time_limit_s: int = 1800
+    # Access control (docs/security.md). None: open (a private deployment behind its own network).
+    # Set: the demo's job and benchmark endpoints and `arrcoc submit/job` require this token.
+    api_token: str | None = None
+    # which job kinds need the token when one is set: "batch,bench", or "bench" for a public Space
+    # where anyone may run batch jobs (bound to their browser) but only token holders benchmark
+    token_scope: Annotated[tuple[str, ...], NoDecode] = ("batch", "bench")
+    # per client (token, browser or address) and minute, on the demo; 0: no limit
+    rate_limit_infer_per_min: int = 60
+    rate_limit_jobs_per_min: int = 6
+    # the reaper: expired job folders and the demo's temporary files are removed this often
+    reap_interval_s: int = 600
+    temp_max_age_s: int = 3600
     worker_threads: int | None = None  # None: batch_max_size + 4 (threads pool: batching needs them)
     # Celery processes per device sharing one engine process (docs/service.md: one process takes
     # ~135 messages/s; several feed one batcher). 1: the engine runs inside the worker process.
@@ -71,7 +94,7 @@ class Settings(BaseSettings):
     engine_socket: str | None = None
     engine_authkey: str | None = None
 
-    @field_validator("backends", "buckets", mode="before")
+    @field_validator("backends", "buckets", "token_scope", mode="before")
     @classmethod
     def _list_from_env(cls, v: object) -> object:
         if isinstance(v, str):
@@ -99,6 +122,24 @@ class Settings(BaseSettings):
         if not v or any(b < 1 for b in v):
             raise ValueError("ARRCOC_BUCKETS must be positive batch sizes, e.g. 1,2,4,8")
         return tuple(sorted(set(v)))
+
+    @field_validator("token_scope")
+    @classmethod
+    def _known_scope(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(k not in ("batch", "bench") for k in v):
+            raise ValueError("ARRCOC_TOKEN_SCOPE must name some of batch, bench, e.g. bench")
+        return tuple(v)
+
+    @field_validator("api_token")
+    @classmethod
+    def _token_strength(cls, v: str | None) -> str | None:
+        if v is not None and v.strip() and len(v.strip()) < 16:
+            raise ValueError("ARRCOC_API_TOKEN must be at least 16 characters (e.g. `openssl rand -hex 16`)")
+        return v.strip() or None if v is not None else None
+
+    def token_required(self, kind: str) -> bool:
+        """Whether jobs of this kind ("batch", "bench") need the API token."""
+        return self.api_token is not None and kind in self.token_scope
 
     @property
     def results_backend(self) -> str | None:

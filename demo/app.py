@@ -162,7 +162,7 @@ def _backend(choice: str | None) -> str | None:
 
 def _query(query: str | None) -> str:
     """The query as typed, checked for length here: the text box never cuts it silently."""
-    text = (query or "").strip()
+    text = jobs.text_field(query, "The query").strip()  # a number or a list is refused, not turned into text
     if not text:
         raise InvalidInputError("Type a query: what should the model look for? e.g. 'the red one'.")
     limit = get_settings().max_query_chars
@@ -184,14 +184,15 @@ def progress_note(backend: str | None) -> str:
 
 def run_model(
     image_path: str | None, query: str, s_info: float, s_persp: float, s_part: float, k: float,
-    budget: float, backend: str, scale: str = "sqrt", progress: gr.Progress = gr.Progress(),
+    budget: float, backend: str, scale: str = "sqrt", request: gr.Request = None, progress: gr.Progress = gr.Progress(),
 ) -> tuple:  # fmt: skip
     """Run the model once; store the run; return the match score, the overview and the run."""
     try:
         progress(0.05, desc="Reading the photo")
+        jobs.rate_limit(request, "infer")
         data = _read_image(image_path)
         text = _query(query)
-        controls = Controls(float(s_info), float(s_persp), float(s_part), int(k), int(budget))
+        controls = jobs.controls_from(s_info, s_persp, s_part, k, budget)  # numbers only, never converted
         image = views.display_image(load_image(data))
         chosen = _backend(backend)
         progress(0.25, desc=progress_note(chosen))
@@ -248,8 +249,9 @@ def render_impact(run: Run | None) -> tuple:
     return (*views.impact_view(run), ready)
 
 
-def api_infer(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
+def api_infer(image_path: str | None, query: str, request: gr.Request = None) -> tuple[dict[str, Any], Any]:
     try:
+        jobs.rate_limit(request, "infer")
         data = _read_image(image_path)
         result = service.infer(data, _query(query), Controls())
         return result.to_json(), overlay(load_image(data), result.relevance)
@@ -260,41 +262,47 @@ def api_infer(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
 # ---- handlers: batch -----------------------------------------------------------------------------
 
 
-def batch_submit(zip_path: str | None, manifest_path: str | None, query: str) -> tuple[str, str, str, gr.Timer]:
+def batch_submit(zip_path: str | None, manifest_path: str | None, query: str, token: str | None = None,
+                 request: gr.Request = None) -> tuple[str, str, str, gr.Timer]:  # fmt: skip
     try:
-        job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls())
+        owner = jobs.owner_of(request, token, "batch")  # the job is bound to this token, browser or session
+        jobs.rate_limit(request, "jobs", token)
+        job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls(), owner=owner)
     except Exception as e:
         raise _user_error(e) from e
     gr.Info(f"Batch job {job_id} submitted.")
     return job_id, f"batch job `{job_id}` submitted", jobs.progress_html(None), gr.Timer(active=True)
 
 
-def batch_poll(job_id: str) -> tuple:
+def batch_poll(job_id: str, token: str | None = None, request: gr.Request = None) -> tuple:
     """The page's poll: status, bar, results file, gallery, failures, timer."""
     keep = (gr.skip(), gr.skip())
-    if not (job_id or "").strip():
+    if not job_id or (isinstance(job_id, str) and not job_id.strip()):
         return ("Submit a batch or paste a job id.", jobs.progress_html(None), None, *keep, gr.Timer(active=False))
     try:
-        st = jobs.job_status(job_id)
-        file = jobs.batch_results_file(st.job_id) if st.state == JobState.DONE else None
+        owner = jobs.owner_of(request, token, "batch")
+        st = jobs.job_status(job_id, owner)
+        file = jobs.batch_results_file(st.job_id, owner) if st.state == JobState.DONE else None
     except Exception as e:
         return (f"**Error:** {jobs.friendly(e)}", jobs.progress_html(None), None, *keep, gr.Timer(active=False))
     shown = batchview.gallery(file) if file else ([], batchview.failures_markdown([], st))
     return (jobs.status_markdown(st), jobs.progress_html(st), file, *shown, gr.Timer(active=not st.state.finished))
 
 
-def api_batch_status(job_id: str) -> tuple[dict[str, Any], str | None]:
+def api_batch_status(job_id: str, token: str | None = None, request: gr.Request = None) -> tuple[dict[str, Any], str | None]:
     try:
-        st = jobs.job_status(job_id)
-        file = jobs.batch_results_file(st.job_id) if st.state == JobState.DONE else None
+        owner = jobs.owner_of(request, token, "batch")
+        st = jobs.job_status(job_id, owner)
+        file = jobs.batch_results_file(st.job_id, owner) if st.state == JobState.DONE else None
     except Exception as e:
         raise _user_error(e) from e
     return batchview.status_json(st, file), file
 
 
-def batch_cancel(job_id: str) -> str:
+def batch_cancel(job_id: str, token: str | None = None, request: gr.Request = None) -> str:
     try:
-        st = service.executor().cancel(job_id.strip())
+        owner = jobs.owner_of(request, token, "batch")
+        st = service.executor().cancel(jobs.text_field(job_id, "The job id").strip(), owner=owner)
     except Exception as e:
         raise _user_error(e) from e
     return jobs.status_markdown(st)
@@ -306,7 +314,7 @@ def on_load(request: gr.Request) -> tuple[str, gr.Timer, str, gr.Timer, Any]:
     if not job_id:
         return "", gr.Timer(active=False), "", gr.Timer(active=False), gr.Tabs()
     try:
-        kind = jobs.job_status(job_id).kind
+        kind = jobs.job_status(job_id, jobs.owner_of(request, None, "batch")).kind
     except Exception:
         kind = JobKind.BATCH
     if kind == JobKind.BENCH:
@@ -326,11 +334,14 @@ def gpu_note() -> str:
             "`compiled` runs without CUDA graphs (compiling on CPU takes a while).")  # fmt: skip
 
 
-def bench_submit(variant: str, backends: list[str], buckets: list[str], iterations: float, device: str) -> tuple[str, str, gr.Timer]:
+def bench_submit(variant: str, backends: list[str], buckets: list[str], iterations: float, device: str,
+                 token: str | None = None, request: gr.Request = None) -> tuple[str, str, gr.Timer]:  # fmt: skip
     if device == "cuda" and not torch.cuda.is_available() and not get_settings().broker_url:
         raise gr.Error("No GPU is visible on this server: choose the cpu (or auto) device.", title="GPU only")
     try:
-        job_id = jobs.submit_bench(variant, backends, buckets, int(iterations), device)
+        owner = jobs.owner_of(request, token, "bench")  # ARRCOC_TOKEN_SCOPE=bench: token holders only
+        jobs.rate_limit(request, "jobs", token)
+        job_id = jobs.submit_bench(variant, backends, buckets, iterations, device, owner=owner)
     except Exception as e:
         raise _user_error(e) from e
     return job_id, f"benchmark job `{job_id}` submitted", gr.Timer(active=True)
@@ -343,15 +354,16 @@ def _report_outputs(report: dict[str, Any] | None, source: str) -> tuple:
             *charts.report_figures(df), files)  # fmt: skip
 
 
-def bench_poll(job_id: str) -> tuple:
+def bench_poll(job_id: str, token: str | None = None, request: gr.Request = None) -> tuple:
     keep = (gr.skip(),) * 7
-    if not (job_id or "").strip():
+    if not job_id or (isinstance(job_id, str) and not job_id.strip()):
         return ("", gr.Timer(active=False), *keep)
     try:
-        st = jobs.job_status(job_id)
+        owner = jobs.owner_of(request, token, "bench")
+        st = jobs.job_status(job_id, owner)
         if st.state != JobState.DONE:
             return (jobs.status_markdown(st), gr.Timer(active=not st.state.finished), *keep)
-        report = service.executor().bench_report(st.job_id)
+        report = service.executor().bench_report(st.job_id, owner=owner)
     except Exception as e:
         return (f"**Error:** {jobs.friendly(e)}", gr.Timer(active=False), *keep)
     return (jobs.status_markdown(st), gr.Timer(active=False), *_report_outputs(report, f"job {st.job_id}"))
@@ -584,6 +596,8 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
                 manifest = gr.File(label=f"manifest (optional: .csv or .jsonl with file,query; or {names} inside the zip)",
                                    file_types=[Path(n).suffix for n in MANIFEST_NAMES])  # fmt: skip
                 query = gr.Textbox(label="query for every image", placeholder="e.g. the red one", elem_id="batch-query")
+                token = gr.Textbox(label="API token", type="password", visible=settings.token_required("batch"),
+                                   elem_id="batch-token")  # fmt: skip
                 submit = gr.Button("Submit batch", variant="primary", elem_id="batch-submit")
             with gr.Column():
                 with gr.Row():
@@ -599,19 +613,20 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
         timer = gr.Timer(1.0, active=False)
         with gr.Row(visible=False):  # the /batch_status API endpoint's own components
             api_job, api_json, api_file, api_btn = gr.Textbox(), gr.JSON(), gr.File(), gr.Button()
+            api_token = gr.Textbox(value="")
 
-    submit.click(batch_submit, [zip_in, manifest, query], [job, status, bar, timer], api_name="batch_submit",
+    submit.click(batch_submit, [zip_in, manifest, query, token], [job, status, bar, timer], api_name="batch_submit",
                  api_description="Submit a batch job: (images .zip, optional manifest .csv/.jsonl with file,query, query "
                                  "for every image) -> the job id (and a status line).").then(
         None, job, None, js=PUSH_JOB_JS, **PRIVATE)  # fmt: skip
-    gr.on([show.click, job.submit, timer.tick], batch_poll, job, [status, bar, file, gallery, failures, timer],
+    gr.on([show.click, job.submit, timer.tick], batch_poll, [job, token], [status, bar, file, gallery, failures, timer],
           show_progress="hidden", **PRIVATE)  # fmt: skip
-    api_btn.click(api_batch_status, api_job, [api_json, api_file], api_name="batch_status",
+    api_btn.click(api_batch_status, [api_job, api_token], [api_json, api_file], api_name="batch_status",
                   api_description="A batch job's status as JSON (state, counts, progress, message; when finished, one "
                                   "entry per item with file, query, match score, top cell as row and column, or the "
                                   "reason it failed) and the results .zip once it is ready.")  # fmt: skip
     show.click(None, job, None, js=PUSH_JOB_JS, **PRIVATE)
-    cancel.click(batch_cancel, job, status, api_name="batch_cancel",
+    cancel.click(batch_cancel, [job, token], status, api_name="batch_cancel",
                  api_description="Cancel a batch job by id -> its status line.")  # fmt: skip
     return job, timer
 
@@ -627,6 +642,8 @@ def build_bench_tab(settings: Settings) -> tuple:
                 iters = gr.Slider(1, 300, value=20, step=1, label="timed iterations")
                 cuda_label = "cuda" if torch.cuda.is_available() or settings.broker_url else "cuda (no GPU here)"
                 device = gr.Radio([("auto", "auto"), ("cpu", "cpu"), (cuda_label, "cuda")], value="auto", label="device")
+                token = gr.Textbox(label="API token", type="password", visible=settings.token_required("bench"),
+                                   elem_id="bench-token")  # fmt: skip
                 submit = gr.Button("Run benchmark", variant="primary")
             with gr.Column():
                 job = gr.Textbox(label="benchmark job id", placeholder="paste a benchmark job id to see it again")
@@ -644,10 +661,10 @@ def build_bench_tab(settings: Settings) -> tuple:
         timer = gr.Timer(2.0, active=False)
 
     out = [title, results, table, lat, speed, parity, files]
-    submit.click(bench_submit, [variant, backends, buckets, iters, device], [job, status, timer], api_name="bench_submit",
+    submit.click(bench_submit, [variant, backends, buckets, iters, device, token], [job, status, timer], api_name="bench_submit",
                  api_description="Submit a benchmark job: (variant, backends, batch buckets, timed iterations, device) "
                                  "-> the job id.").then(None, job, None, js=PUSH_JOB_JS, **PRIVATE)  # fmt: skip
-    gr.on([timer.tick, job.submit], bench_poll, job, [status, timer, *out], api_name="bench_status", show_progress="hidden",
+    gr.on([timer.tick, job.submit], bench_poll, [job, token], [status, timer, *out], api_name="bench_status", show_progress="hidden",
           api_description="A benchmark job's status; when done, its report: title, results table, charts and files.")  # fmt: skip
     stored.input(show_stored_report, stored, out, **PRIVATE)
     return job, timer, stored, out
@@ -666,7 +683,8 @@ def build_api_infer() -> None:
 def build_demo() -> gr.Blocks:
     settings = get_settings()
     variant = serving_variant(settings)
-    with gr.Blocks(title=TITLE) as demo:
+    # Gradio's cache (uploads, served results) is swept on the reaper's schedule
+    with gr.Blocks(title=TITLE, delete_cache=(settings.reap_interval_s, settings.temp_max_age_s)) as demo:
         gr.Markdown(intro_markdown(settings, variant))
         with gr.Accordion("About the model: what it can and cannot find", open=False, elem_id="model-note"):
             gr.Markdown(model_note(variant))
@@ -677,6 +695,7 @@ def build_demo() -> gr.Blocks:
         build_api_infer()
         wire_inference(inputs, shown)
         demo.load(load_last_report, None, [bn_stored, *bench_out], **PRIVATE)
+        demo.load(None, None, None, js=jobs.SET_CLIENT_COOKIE_JS, **PRIVATE)  # this browser's id: its jobs
         demo.load(on_load, None, [b_job, b_timer, bn_job, bn_timer, tabs], **PRIVATE)
     return demo
 
@@ -684,6 +703,7 @@ def build_demo() -> gr.Blocks:
 def launch(demo: gr.Blocks | None = None, **kwargs: Any) -> tuple:
     """Launch with the product's theme, CSS and limits (Gradio 6 takes them in launch())."""
     demo = demo or build_demo()
+    jobs.start_housekeeping()  # expired jobs' files and old temp files, on a schedule
     demo.queue(default_concurrency_limit=2)
     opts: dict[str, Any] = {"theme": THEME, "css": CSS, "max_file_size": get_settings().max_image_bytes, "footer_links": ["api"]}
     opts.update(kwargs)

@@ -36,7 +36,7 @@ configure(get_settings())
 
 @signals.worker_process_init.connect
 def _warm_child(**_) -> None:  # prefork child: after the fork, before the first task
-    state.reset()
+    state.reset()  # (the parent started the reaper in celeryd_after_setup)
     state.host().warm()
 
 
@@ -44,7 +44,9 @@ def _warm_child(**_) -> None:  # prefork child: after the fork, before the first
 def _warm_before_consuming(sender=None, instance=None, **_) -> None:
     """threads/solo: build and warm the engine in this process before the consumer starts, so no
     message sits unacknowledged behind a cold engine (past the visibility timeout it would be
-    delivered again while still running)."""
+    delivered again while still running). Every worker's main process also starts the reaper of
+    expired jobs' files (the data store is shared; sweeping twice is harmless)."""
+    state.on_start()
     cls = getattr(instance, "pool_cls", "")
     pool = f"{getattr(cls, '__module__', '')}.{getattr(cls, '__name__', cls)}".lower()
     if "prefork" in pool or "processes" in pool:

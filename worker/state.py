@@ -84,7 +84,22 @@ class WorkerState:
         self.store()
         return self._raw
 
+    def on_start(self) -> None:
+        """Once per worker: the reaper of expired jobs' files, and the API token's hash where
+        `arrcoc submit/job` checks tokens (arrcoc.service.access)."""
+        from arrcoc.service.access import publish_token
+        from arrcoc.service.jobs.files import Reaper
+
+        if getattr(self, "_reaper", None) is None:
+            self._reaper = Reaper(self.settings).start()
+        try:
+            publish_token(self.store().r, self.settings)
+        except Exception as e:  # noqa: BLE001 -- Redis not up yet: the worker still starts
+            log.warning("could not publish the API token's hash: %s", e)
+
     def close(self) -> None:
+        if getattr(self, "_reaper", None) is not None:
+            self._reaper.stop()
         if self._host is not None:
             self._host.close()
 

@@ -15,7 +15,7 @@ import torch
 from ..engine import create_backend, resolve_device
 from ..engine.base import Backend, example_inputs, parse_dtype
 from ..engine.compiled import compile_count
-from ..errors import EngineError
+from ..errors import EngineError, JobCancelled
 from ..registry import create_model, get_variant
 from ..settings import BACKENDS
 from .env import collect_env
@@ -58,11 +58,13 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
     total = len(config.variants) * (len(backends) + len(config.buckets)) + len(startup_jobs)
     done = 0
 
-    def step(msg: str) -> None:
+    def step(msg: str | None) -> None:
+        """One more step done (msg None: a timed iteration, progress only). The callback may raise
+        to stop the run (a cancelled job's JobCancelled): that error is let through."""
         nonlocal done
-        done += 1
+        done += msg is not None
         if progress is not None:
-            progress(done / total, msg)
+            progress(done / total, msg or "timing")
 
     report = {"schema": SCHEMA, "env": collect_env(device), "config": config.to_json(), "results": [],
               "startup": [], "warmup": [], "errors": [], "recompiles_after_warmup": 0}  # fmt: skip
@@ -73,6 +75,8 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
     for variant, backend in startup_jobs:
         try:
             report["startup"].append(measure_startup(variant, backend, config.buckets, str(device), config.weights))
+        except JobCancelled:
+            raise
         except Exception as e:  # one failed start must not lose the rest of the report
             report["errors"].append({"variant": variant, "backend": backend, "stage": "startup", "error": str(e)[-2000:]})
         step(f"startup {variant} {backend}")
@@ -120,7 +124,8 @@ def _bench_variant(variant, backends, config: BenchConfig, device, dtype, cache:
     compiles0 = compile_count()
     rows = []
     for bucket in config.buckets:
-        rows += _bench_bucket(variant, v.benchmark_only, bucket, ready, reference, warm_info, model, config, device)
+        rows += _bench_bucket(variant, v.benchmark_only, bucket, ready, reference, warm_info, model, config, device,
+                              tick=lambda: step(None))  # fmt: skip
         step(f"{variant}: bucket {bucket}")
     recompiles = compile_count() - compiles0
     report["recompiles_after_warmup"] += recompiles
@@ -161,7 +166,8 @@ def _parity(bucket, ready, reference, model, device) -> dict[str, dict]:
     return out
 
 
-def _bench_bucket(variant, benchmark_only, bucket, ready, reference, warm_info, model, config, device) -> list[dict]:
+def _bench_bucket(variant, benchmark_only, bucket, ready, reference, warm_info, model, config, device,
+                  tick=None) -> list[dict]:  # fmt: skip
     parity = _parity(bucket, ready, reference, model, device)
     sets = [example_inputs(model, bucket, device, seed=100 + s) for s in range(max(1, config.input_sets))]
 
@@ -172,7 +178,8 @@ def _bench_bucket(variant, benchmark_only, bucket, ready, reference, warm_info, 
 
         return call
 
-    times = time_interleaved({n: caller(be) for n, be in ready.items()}, config.iters, config.warmup_iters, device)
+    times = time_interleaved({n: caller(be) for n, be in ready.items()}, config.iters, config.warmup_iters, device,
+                             tick=tick)  # fmt: skip
     eager_p50 = summarize(times["eager"])["p50_ms"]
     dtype = parse_dtype(config.dtype)
     tol = TOL[dtype]

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ArrcocError as e:
+    except ArrcocError as e:  # the user's to fix: one line, no traceback
         print(f"arrcoc: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

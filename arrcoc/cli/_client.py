@@ -2,16 +2,74 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 
 
-def executor(broker: str | None = None):
+def executor(broker: str | None = None, token: str | None = None):
     from ..service.client.celery_executor import CeleryExecutor
     from ..settings import get_settings
 
     s = get_settings()
-    return CeleryExecutor(s.model_copy(update={"broker_url": broker or s.queue_url}))
+    update = {"broker_url": broker or s.queue_url} | ({"api_token": token.strip() or None} if token is not None else {})
+    return CeleryExecutor(s.model_copy(update=update))
+
+
+def owner(ex) -> str | None:
+    """Who this CLI is to the job store: its API token's owner (None without a token). Refused
+    (AccessDenied) when the deployment requires a token and this one is missing or wrong."""
+    from ..errors import ServiceUnavailableError
+    from ..service.access import cli_owner
+
+    try:
+        return cli_owner(ex.store.r, ex.settings)
+    except (ConnectionError, OSError) as e:
+        raise ServiceUnavailableError(f"Redis did not answer ({e}); is it running?") from None
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite, positive number of seconds."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0")
+    return value
+
+
+def read_input(path: Path, what: str = "file") -> bytes:
+    """A file's bytes, or a one-line error that says what is wrong with the path."""
+    from ..errors import InvalidInputError
+
+    if not path.exists():
+        raise InvalidInputError(f"No such {what}: {path}")
+    if path.is_dir():
+        raise InvalidInputError(f"{path} is a folder; give the path of the {what}.")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InvalidInputError(f"Cannot read {path}: {e.strerror or e}") from None
+
+
+def check_output(path: Path | None) -> None:
+    """Fail before any work when an output path cannot be written ('-': stdout)."""
+    from ..errors import InvalidInputError
+
+    if path is None or str(path) == "-":
+        return
+    if path.is_dir():
+        raise InvalidInputError(f"{path} is a folder; give a file name to write.")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InvalidInputError(f"Cannot write {path}: the folder {parent} does not exist.")
+    if not os.access(parent, os.W_OK):
+        raise InvalidInputError(f"Cannot write {path}: the folder {parent} is not writable.")
 
 
 def describe(st) -> str:
@@ -23,15 +81,26 @@ def describe(st) -> str:
     return line + (f"  ({st.message})" if st.message else "")
 
 
-def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False):
-    """Print progress until the job finishes; returns its final status."""
+PENDING_TIMEOUT_S = 300.0  # `submit batch/bench` without --timeout: how long a job may wait for a worker
+
+
+def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False, timeout: float | None = None,
+           owner: str | None = None):  # fmt: skip
+    """Print progress until the job finishes; returns its final status. Gives up (a clear error; the
+    job stays queued) after `timeout` seconds, or, without one, when no worker has picked the job
+    up within PENDING_TIMEOUT_S."""
     from ..errors import ServiceUnavailableError
 
     last = ""
     outage_since: float | None = None
+    t0 = time.monotonic()
     while True:
+        waited = time.monotonic() - t0
+        if timeout is not None and waited > timeout:
+            raise ServiceUnavailableError(f"{job_id} did not finish within {timeout:.0f} s; it goes on without"
+                                          f" this command: `arrcoc job status {job_id}`.")  # fmt: skip
         try:
-            st = ex.status(job_id)
+            st = ex.status(job_id, owner=owner)
             outage_since = None
         except ServiceUnavailableError as e:  # a Redis restart: keep following for a while
             outage_since = outage_since or time.monotonic()
@@ -47,4 +116,9 @@ def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False):
             last = line
         if st.state.finished:
             return st
+        if timeout is None and st.state.value == "pending" and waited > PENDING_TIMEOUT_S:
+            raise ServiceUnavailableError(
+                f"{job_id} is still pending after {PENDING_TIMEOUT_S:.0f} s: no worker has picked it up. Is"
+                f" `arrcoc worker` running on this broker? The job stays queued: `arrcoc job status {job_id}`."
+            )  # fmt: skip
         time.sleep(poll)

@@ -30,7 +30,11 @@ def run(args) -> int:
     from ..render import overlay
     from ..request import Controls
     from ..settings import get_settings
+    from ._client import check_output, read_input
 
+    data = read_input(args.image, "image file")  # a missing file or a folder: one line, before the model loads
+    check_output(args.json_out)
+    check_output(args.png_out)
     settings = get_settings()
     weights = None if args.weights == "none" else args.weights
     pipe = RelevancePipeline(
@@ -39,7 +43,7 @@ def run(args) -> int:
     )  # fmt: skip
     pipe.warmup()
     controls = Controls(k=args.k, token_budget=args.token_budget)
-    prepared = pipe.prepare(args.image, args.query, controls)
+    prepared = pipe.prepare(data, args.query, controls)
     pipe.run([prepared])  # warm-up, not timed: loads the query encoder, first-call kernel setup
     [result] = pipe.run([prepared])
     doc = result.to_json()
@@ -50,7 +54,7 @@ def run(args) -> int:
         else:
             args.json_out.write_text(text)
     if args.png_out is not None:
-        overlay(load_image(args.image), result.relevance).save(args.png_out)
+        overlay(load_image(data), result.relevance).save(args.png_out)
     if args.json_out is None or str(args.json_out) != "-":
         top = ", ".join(f"({i // result.grid},{i % result.grid})" for i in result.selected[:5])
         bal = " ".join(f"{n}={w:.2f}" for n, w in zip(doc["balance_names"], doc["balance"], strict=True))

@@ -15,19 +15,22 @@ def add_parser(sub) -> None:
     p.add_argument("--out", "-o", type=Path, help="fetch: where to write (default ./<id>.zip or .json)")
     p.add_argument("--json", action="store_true", help="status: print JSON")
     p.add_argument("--broker", help="Redis URL (default ARRCOC_BROKER_URL or the local Redis)")
+    p.add_argument("--token", help="the deployment's API token (default ARRCOC_API_TOKEN)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..service.jobs.types import JobKind
-    from ._client import describe, executor
+    from ._client import check_output, describe, executor, owner
 
-    ex = executor(args.broker)
+    check_output(args.out)
+    ex = executor(args.broker, args.token)
     try:
+        who = owner(ex)
         if args.action == "cancel":
-            print(describe(ex.cancel(args.job_id)))
+            print(describe(ex.cancel(args.job_id, owner=who)))
             return 0
-        st = ex.status(args.job_id)
+        st = ex.status(args.job_id, owner=who)
         if args.action == "status":
             if args.json:
                 doc = {"job_id": st.job_id, "kind": st.kind.value, "state": st.state.value, "total": st.total,
@@ -38,10 +41,10 @@ def run(args) -> int:
             return 0 if st.state.value != "failed" else 1
         if st.kind == JobKind.BENCH:
             out = args.out or Path(f"{args.job_id}.json")
-            out.write_text(json.dumps(ex.bench_report(args.job_id), indent=2))
+            out.write_text(json.dumps(ex.bench_report(args.job_id, owner=who), indent=2))
         else:
             out = args.out or Path(f"{args.job_id}.zip")
-            shutil.copyfile(ex.batch_results(args.job_id), out)
+            shutil.copyfile(ex.batch_results(args.job_id, owner=who), out)
         print(out, file=sys.stderr)
         return 0
     finally:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..settings import BACKENDS, DEFAULT_BROKER_URL
+from ._client import seconds
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LOADTEST_QUERIES = ("the red mug", "a cat's face", "the sky", "text on a sign", "a person", "the rocket",
@@ -17,6 +18,7 @@ LOADTEST_QUERIES = ("the red mug", "a cat's face", "the sky", "text on a sign", 
 def add_parser(sub) -> None:
     p = sub.add_parser("submit", help="send work to the workers (ARRCOC_BROKER_URL, default local Redis)")
     p.add_argument("--broker", help=f"Redis URL (default ARRCOC_BROKER_URL or {DEFAULT_BROKER_URL})")
+    p.add_argument("--token", help="the deployment's API token (default ARRCOC_API_TOKEN)")
     kinds = p.add_subparsers(dest="kind", required=True)
 
     q = kinds.add_parser("infer", help="one image + one query; prints or writes the `arrcoc infer` JSON")
@@ -28,7 +30,7 @@ def add_parser(sub) -> None:
     q.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here")
     q.add_argument("--backend", choices=BACKENDS,
                    help="one the workers serve (ARRCOC_BACKENDS); default their ARRCOC_BACKEND")  # fmt: skip
-    q.add_argument("--timeout", type=float, default=120.0)
+    q.add_argument("--timeout", type=seconds, default=120.0, help="seconds to wait for the result")
     q.set_defaults(func=run_infer)
 
     b = kinds.add_parser("batch", help="a zip of images (one query, or manifest.csv/.jsonl with file,query)")
@@ -38,6 +40,8 @@ def add_parser(sub) -> None:
     b.add_argument("--token-budget", type=int)
     b.add_argument("--out", "-o", type=Path, help="results zip (default ./<job id>.zip)")
     b.add_argument("--no-follow", action="store_true", help="print the job id and return")
+    b.add_argument("--timeout", type=seconds, help="give up following after this many seconds (default: 300 s"
+                   " while no worker picks the job up, no limit once it runs); the job goes on")  # fmt: skip
     b.set_defaults(func=run_batch)
 
     n = kinds.add_parser("bench", help="run the benchmark harness on a worker, device held exclusively")
@@ -49,6 +53,7 @@ def add_parser(sub) -> None:
     n.add_argument("--device", default="auto")
     n.add_argument("--out", "-o", type=Path, help="report JSON (default ./<job id>.json)")
     n.add_argument("--no-follow", action="store_true")
+    n.add_argument("--timeout", type=seconds, help="give up following after this many seconds (see batch)")
     n.set_defaults(func=run_bench)
 
     t = kinds.add_parser("loadtest", help="N concurrent clients of `infer`: throughput and latency")
@@ -56,7 +61,7 @@ def add_parser(sub) -> None:
     t.add_argument("--requests", type=int, default=256, help="in total")
     t.add_argument("--image", type=Path, default=EXAMPLES / "coffee.jpg")
     t.add_argument("--json", dest="json_out", type=Path)
-    t.add_argument("--timeout", type=float, default=300.0)
+    t.add_argument("--timeout", type=seconds, default=300.0)
     t.add_argument("--processes", type=int, default=1,
                    help="client processes the clients are spread over (one process's GIL caps its threads)")  # fmt: skip
     t.set_defaults(func=run_loadtest)
@@ -71,12 +76,14 @@ def _controls(args):
 def run_infer(args) -> int:
     from ..images import load_image
     from ..render import overlay
-    from ._client import executor
+    from ._client import check_output, executor, read_input
 
-    ex = executor(args.broker)
+    image = read_input(args.image, "image file")
+    check_output(args.json_out)
+    check_output(args.png_out)
+    ex = executor(args.broker, args.token)
     try:
-        result = ex.infer(args.image.read_bytes(), args.query, _controls(args), timeout=args.timeout,
-                          backend=args.backend)  # fmt: skip
+        result = ex.infer(image, args.query, _controls(args), timeout=args.timeout, backend=args.backend)
     finally:
         ex.close()
     doc = result.to_json()
@@ -93,19 +100,22 @@ def run_infer(args) -> int:
 
 
 def run_batch(args) -> int:
-    from ._client import executor, follow
+    from ._client import check_output, executor, follow, owner, read_input
 
-    ex = executor(args.broker)
+    archive = read_input(args.archive, "zip file")
+    check_output(args.out)
+    ex = executor(args.broker, args.token)
     try:
-        job_id = ex.submit_batch(args.archive.read_bytes(), args.query, _controls(args))
+        who = owner(ex)
+        job_id = ex.submit_batch(archive, args.query, _controls(args), owner=who)
         print(job_id, flush=True)
         if args.no_follow:
             return 0
-        st = follow(ex, job_id)
+        st = follow(ex, job_id, timeout=args.timeout, owner=who)
         if st.state.value not in ("done", "cancelled"):
             return 1
         out = args.out or Path(f"{job_id}.zip")
-        shutil.copyfile(ex.batch_results(job_id), out)
+        shutil.copyfile(ex.batch_results(job_id, owner=who), out)
         print(f"results: {out}", file=sys.stderr)
         return 0
     finally:
@@ -113,23 +123,29 @@ def run_batch(args) -> int:
 
 
 def run_bench(args) -> int:
+    from ..errors import InvalidInputError
     from ..service.jobs.types import BenchRequest
-    from ._client import executor, follow
+    from ._client import check_output, executor, follow, owner
 
     split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
-    req = BenchRequest(split(args.variants), split(args.backends), tuple(int(b) for b in split(args.buckets)),
-                       args.iterations, args.warmup, args.device)  # fmt: skip
-    ex = executor(args.broker)
     try:
-        job_id = ex.submit_bench(req)
+        buckets = tuple(int(b) for b in split(args.buckets))
+    except ValueError:
+        raise InvalidInputError(f"--buckets takes whole numbers separated by commas, e.g. 1,8; got {args.buckets!r}.") from None
+    req = BenchRequest(split(args.variants), split(args.backends), buckets, args.iterations, args.warmup, args.device)
+    check_output(args.out)
+    ex = executor(args.broker, args.token)
+    try:
+        who = owner(ex)
+        job_id = ex.submit_bench(req, owner=who)  # checked against the caps before anything is queued
         print(job_id, flush=True)
         if args.no_follow:
             return 0
-        st = follow(ex, job_id)
+        st = follow(ex, job_id, timeout=args.timeout, owner=who)
         if st.state.value != "done":
             return 1
         out = args.out or Path(f"{job_id}.json")
-        out.write_text(json.dumps(ex.bench_report(job_id), indent=2))
+        out.write_text(json.dumps(ex.bench_report(job_id, owner=who), indent=2))
         print(f"report: {out}", file=sys.stderr)
         return 0
     finally:
@@ -140,9 +156,10 @@ def run_loadtest(args) -> int:
     import functools
 
     from ..bench.load import run_load
-    from ._client import executor
+    from ._client import check_output, executor, read_input
 
-    report = run_load(functools.partial(executor, args.broker), args.image.read_bytes(), LOADTEST_QUERIES,
+    check_output(args.json_out)
+    report = run_load(functools.partial(executor, args.broker, args.token), read_input(args.image, "image file"), LOADTEST_QUERIES,
                       args.clients, args.requests, args.timeout, args.processes)  # fmt: skip
     text = json.dumps(report, indent=2)
     if args.json_out:

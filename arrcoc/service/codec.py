@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import (
+    AccessDenied,
     ArrcocError,
     DeadlineExceeded,
     EngineError,
     ImageError,
     InvalidInputError,
+    JobCancelled,
     JobError,
     ServiceUnavailableError,
     UnknownVariantError,
@@ -61,8 +63,8 @@ def result_from_wire(doc: dict[str, Any]) -> RelevanceResult:
 # Errors cross the queue as {"type": name, "message": text} and are raised again on the client.
 _ERRORS: dict[str, type[ArrcocError]] = {
     c.__name__: c
-    for c in (ArrcocError, InvalidInputError, ImageError, EngineError, JobError, DeadlineExceeded,
-              ServiceUnavailableError, UnknownVariantError, WeightsError)  # fmt: skip
+    for c in (ArrcocError, InvalidInputError, ImageError, EngineError, JobError, JobCancelled, DeadlineExceeded,
+              ServiceUnavailableError, UnknownVariantError, WeightsError, AccessDenied)  # fmt: skip
 }
 
 

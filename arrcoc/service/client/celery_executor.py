@@ -55,6 +55,8 @@ class CeleryExecutor(Executor):
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         s = self.settings
+        self._check_types(image, controls)
+        image = bytes(image)
         check_image_header(image, s)
         text = validate_query(query, s.max_query_chars)
         controls = controls or Controls()  # checked where the variant is known (the worker)
@@ -89,8 +91,10 @@ class CeleryExecutor(Executor):
         return result_from_wire(doc["result"])
 
     # -- jobs --------------------------------------------------------------------------------
-    def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None) -> str:
-        job_id, chunks = batch.create_batch_job(archive, query, controls, self.settings, self.store)
+    def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None,
+                     owner: str | None = None) -> str:  # fmt: skip
+        self._check_types(archive, controls)
+        job_id, chunks = batch.create_batch_job(bytes(archive), query, controls, self.settings, self.store, owner)
         try:
             for start, stop in chunks:
                 self._send(TASK_CHUNK, [job_id, start, stop], self.settings.queue_gpu, PRIORITY_CHUNK)
@@ -99,8 +103,8 @@ class CeleryExecutor(Executor):
             raise
         return job_id
 
-    def submit_bench(self, request: BenchRequest) -> str:
-        job_id = bench.create_bench_job(request, self.settings, self.store)
+    def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:
+        job_id = bench.create_bench_job(request, self.settings, self.store, owner)
         self._send(TASK_BENCH, [job_id], self.settings.queue_bench, 0)
         return job_id
 

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...errors import InvalidInputError
 from ...request import Controls
 from ...settings import Settings
 from ..jobs import batch, bench
@@ -44,29 +45,46 @@ class Executor(ABC):
 
     @abstractmethod
     def submit_batch(
-        self, archive: bytes, query: str | None = None, controls: Controls | None = None
+        self, archive: bytes, query: str | None = None, controls: Controls | None = None, owner: str | None = None
     ) -> str:
-        """A zip of images (one query for all) or a zip with manifest.csv/.jsonl (file,query)."""
+        """A zip of images (one query for all) or a zip with manifest.csv/.jsonl (file,query).
+
+        owner: who may see the job afterwards (arrcoc.service.access; None: anyone with the id).
+        """
 
     @abstractmethod
-    def submit_bench(self, request: BenchRequest) -> str:
+    def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:
         """Run the benchmark harness with the device held exclusively; returns a job id."""
 
-    def status(self, job_id: str) -> JobStatus:
+    def _job(self, job_id: object, owner: str | None) -> str:
+        if not isinstance(job_id, str):
+            raise InvalidInputError(f"A job id is text, got {type(job_id).__name__}.")
         job_dir(self.settings, job_id)  # checks the id's form
+        self.store.check_owner(job_id, owner)
+        return job_id
+
+    def status(self, job_id: str, owner: str | None = None) -> JobStatus:
+        return self.store.status(self._job(job_id, owner))
+
+    def cancel(self, job_id: str, owner: str | None = None) -> JobStatus:
+        self.store.cancel(self._job(job_id, owner))
         return self.store.status(job_id)
 
-    def cancel(self, job_id: str) -> JobStatus:
-        self.store.cancel(job_id)
-        return self.store.status(job_id)
-
-    def batch_results(self, job_id: str) -> Path:
+    def batch_results(self, job_id: str, owner: str | None = None) -> Path:
         """Path of the results zip (overlay PNGs, results.jsonl, summary.csv) of a batch job."""
-        return batch.results_zip(job_id, self.store, self.settings)
+        return batch.results_zip(self._job(job_id, owner), self.store, self.settings)
 
-    def bench_report(self, job_id: str) -> dict[str, Any]:
+    def bench_report(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
         """The benchmark report (JSON document) of a finished bench job."""
-        return bench.bench_report(job_id, self.store, self.settings)
+        return bench.bench_report(self._job(job_id, owner), self.store, self.settings)
+
+    @staticmethod
+    def _check_types(image: object, controls: object) -> None:
+        """Strict types at the boundary: encoded image bytes and a Controls (or None)."""
+        if not isinstance(image, bytes | bytearray | memoryview):
+            raise InvalidInputError(f"The image must be encoded bytes (a PNG, JPEG, ... file), got {type(image).__name__}.")
+        if controls is not None and not isinstance(controls, Controls):
+            raise InvalidInputError(f"The controls must be a Controls, got {type(controls).__name__}.")
 
     def close(self) -> None:  # noqa: B027 -- optional hook
         """Release connections and threads."""

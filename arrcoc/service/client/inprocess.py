@@ -16,6 +16,7 @@ from ...result import RelevanceResult
 from ...settings import Settings, get_settings
 from ..host.runtime import Runtime
 from ..jobs import batch, bench
+from ..jobs.files import Reaper
 from ..jobs.store import MemoryJobStore
 from ..jobs.types import BenchRequest, JobState
 from .executor import Executor
@@ -28,6 +29,7 @@ class InProcessExecutor(Executor):
         super().__init__(settings or get_settings(), MemoryJobStore())
         self.runtime = Runtime(self.settings, pipeline)
         self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrcoc-job")
+        self.reaper = Reaper(self.settings).start()  # expired jobs' files go on time
 
     def warmup(self) -> None:
         """Build and warm the engine now instead of on the first request."""
@@ -35,10 +37,13 @@ class InProcessExecutor(Executor):
 
     def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0,
               backend: str | None = None) -> RelevanceResult:  # fmt: skip
-        return self.runtime.infer(image, query, controls or Controls(), timeout, backend)
+        self._check_types(image, controls)
+        return self.runtime.infer(bytes(image), query, controls or Controls(), timeout, backend)
 
-    def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None) -> str:
-        job_id, chunks = batch.create_batch_job(archive, query, controls, self.settings, self.store)
+    def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None,
+                     owner: str | None = None) -> str:  # fmt: skip
+        self._check_types(archive, controls)
+        job_id, chunks = batch.create_batch_job(bytes(archive), query, controls, self.settings, self.store, owner)
         self._jobs.submit(self._run_batch, job_id, chunks)
         return job_id
 
@@ -54,11 +59,12 @@ class InProcessExecutor(Executor):
             self.store.set_state(job_id, JobState.FAILED, f"The job failed: {type(e).__name__}: {e}",
                                  expect=(JobState.PENDING, JobState.RUNNING))  # fmt: skip
 
-    def submit_bench(self, request: BenchRequest) -> str:
-        job_id = bench.create_bench_job(request, self.settings, self.store)
+    def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:
+        job_id = bench.create_bench_job(request, self.settings, self.store, owner)
         self._jobs.submit(bench.run_bench_job, job_id, self.runtime, self.store, self.settings)
         return job_id
 
     def close(self) -> None:
+        self.reaper.stop()
         self._jobs.shutdown(wait=False, cancel_futures=True)
         self.runtime.close()

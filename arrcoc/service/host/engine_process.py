@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ArrcocError, DeadlineExceeded, EngineError, ServiceUnavailableError
+from ...errors import ArrcocError, DeadlineExceeded, EngineError, JobCancelled, ServiceUnavailableError
 from ...pipeline import PreparedRequest, prepare_request
 from ...registry import get_variant
 from ...request import Controls, image_limits
@@ -206,7 +206,23 @@ class EngineServer:
         return [error_to_wire(r) if isinstance(r, BaseException) else r for r in out]
 
     def _op_bench(self, peer: _Peer, request: BenchRequest) -> tuple[dict[str, Any], dict[str, Any]]:
-        return self.runtime.benchmark(request, lambda f, m: _send(peer.conn, ("progress", f, m)))
+        last = [0.0]
+
+        def progress(fraction: float, message: str) -> None:
+            """Progress to the client, which answers go or stop (its job was cancelled): a stop
+            raises JobCancelled here, so the benchmark ends and the device is free at once."""
+            if time.monotonic() - last[0] < BENCH_PROGRESS_EVERY_S and fraction < 1:
+                return
+            last[0] = time.monotonic()
+            _send(peer.conn, ("progress", fraction, message))
+            answer, *why = _recv(peer.conn)
+            if answer == "stop":
+                raise JobCancelled(why[0] if why else "The benchmark was cancelled.")
+
+        return self.runtime.benchmark(request, progress)
+
+
+BENCH_PROGRESS_EVERY_S = 0.25  # a benchmark's progress (and with it a cancel) crosses the socket this often
 
 
 # -- the client: in each Celery worker process ------------------------------------------------------
@@ -264,8 +280,13 @@ class EngineClient(EngineHost):
                 kind, *payload = _recv(conn)
                 if kind != "progress":
                     break
-                if on_progress:
-                    on_progress(*payload)
+                try:  # every progress message is answered: go on, or stop (the job was cancelled)
+                    if on_progress:
+                        on_progress(*payload)
+                    _send(conn, ("go",))
+                except JobCancelled as e:
+                    on_progress = None
+                    _send(conn, ("stop", str(e)))
         except (EOFError, OSError, AuthenticationError) as e:
             self._drop()
             if isinstance(e, ArrcocError):  # DeadlineExceeded is a TimeoutError, hence an OSError

@@ -1,8 +1,10 @@
 """Batch job input: a zip of images (+ optional manifest) checked and unpacked into the data store.
 
 Refused with a message that says what to fix: not a zip, too large, a likely zip bomb, unsafe
-names (absolute, `..`, drive letters), no images, too many items, a manifest naming files the
-zip lacks or rows without a query. Bytes are never trusted to match the sizes the zip declares.
+or duplicate names (every one named), no images, too many items, a manifest that is not UTF-8,
+names files the zip lacks or has rows without a valid query. The zip is inspected from its
+central directory before anything is decompressed; extraction then streams to disk against a
+running byte budget, so the sizes the zip declares are never trusted.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import io
 import json
 import posixpath
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import InvalidInputError
+from ...request import validate_query
 from ...settings import Settings
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
@@ -33,14 +37,12 @@ class Item:
         return {"index": self.index, "file": self.file, "query": self.query, "path": self.path}
 
 
-def _safe_name(name: str) -> str:
+def _clean(name: str) -> str | None:
+    """The entry's normalised relative name, or None when it is unsafe (absolute, `..`, drive)."""
     clean = name.replace("\\", "/")
     parts = clean.split("/")
-    if clean.startswith("/") or ".." in parts or (parts and ":" in parts[0]):
-        raise InvalidInputError(
-            f"The zip entry {name!r} has an unsafe path (absolute or with '..'); rebuild the zip with"
-            " plain relative names."
-        )
+    if clean.startswith("/") or ".." in parts or (parts and ":" in parts[0]) or "\x00" in clean:
+        return None
     return posixpath.normpath(clean)
 
 
@@ -49,7 +51,7 @@ def _is_junk(name: str) -> bool:
     return name.startswith("__MACOSX/") or base.startswith(".") or not base
 
 
-def _open(archive: bytes, settings: Settings) -> zipfile.ZipFile:
+def open_archive(archive: bytes, settings: Settings) -> zipfile.ZipFile:
     if not archive:
         raise InvalidInputError("The uploaded file is empty; upload a .zip of images.")
     if len(archive) > settings.max_archive_bytes:
@@ -60,50 +62,138 @@ def _open(archive: bytes, settings: Settings) -> zipfile.ZipFile:
     try:
         zf = zipfile.ZipFile(io.BytesIO(archive))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
-        raise InvalidInputError(f"This is not a readable zip archive ({e}); upload a .zip of images.") from e
+        raise InvalidInputError(f"This is not a readable .zip archive ({e}); upload a .zip of images.") from e
     except NotImplementedError as e:  # unsupported compression method
         raise InvalidInputError(f"The zip uses an unsupported compression method ({e}); use deflate.") from e
     return zf
 
 
-def _check_sizes(infos: list[zipfile.ZipInfo], settings: Settings) -> None:
-    total = 0
-    for info in infos:
-        total += info.file_size
-        ratio = info.file_size / max(info.compress_size, 1)
-        if info.file_size > 1024 * 1024 and ratio > settings.max_archive_ratio:
-            raise InvalidInputError(
-                f"The zip entry {info.filename!r} expands {ratio:.0f}x (to {info.file_size / 1e6:.0f} MB):"
-                " this looks like a zip bomb and was refused."
-            )
-    limit = settings.max_batch_items * settings.max_image_bytes
-    if total > limit:
-        raise InvalidInputError(f"The zip expands to {total / 1e9:.1f} GB; the limit is {limit / 1e9:.1f} GB.")
+def _listing(names: list[str], limit: int = 5) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(repr(n) for n in names[:limit]) + more
 
 
-def _read_manifest(zf: zipfile.ZipFile, name: str, default_query: str | None) -> list[tuple[str, str]]:
-    raw = zf.open(name).read(16 * 1024 * 1024).decode("utf-8-sig", errors="replace")
-    rows: list[dict] = []
+def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInfo]:
+    """Check the zip from its central directory, before a byte is decompressed: entry count,
+    unsafe and duplicate names, each entry's size and expansion ratio, and the total it expands
+    to. Every problem of a kind is named, never dropped. Returns {clean name: entry} of the files
+    (folders and junk such as __MACOSX/ and dot files left out)."""
+    infos = zf.infolist()
+    if len(infos) > settings.max_archive_entries:
+        raise InvalidInputError(f"The zip has {len(infos)} entries; the limit is {settings.max_archive_entries}."
+                                " Split it into several jobs.")  # fmt: skip
+    files = [i for i in infos if not i.is_dir() and not _is_junk(i.filename)]
+    unsafe = [i.filename for i in files if _clean(i.filename) is None]
+    if unsafe:
+        raise InvalidInputError(f"Some zip entries have unsafe paths (absolute or with '..'): {_listing(unsafe)};"
+                                " rebuild the zip with plain relative names.")  # fmt: skip
+    by_name: dict[str, zipfile.ZipInfo] = {}
+    dups: list[str] = []
+    for info in files:
+        name = _clean(info.filename)
+        if name in by_name:  # a second entry of the same name would silently replace the first
+            dups.append(name)
+        by_name[name] = info
+    if dups:
+        raise InvalidInputError(f"The zip holds several entries named {_listing(sorted(set(dups)))}; each item"
+                                " needs its own name. Rename them and upload again.")  # fmt: skip
+    encrypted = [i.filename for i in files if i.flag_bits & 0x1]
+    if encrypted:
+        raise InvalidInputError(f"Some zip entries are encrypted: {_listing(encrypted)}; upload an unencrypted zip.")
+    bombs = [i for i in files if i.file_size > 4096 and i.file_size > settings.max_archive_ratio * max(i.compress_size, 1)]
+    if bombs:
+        worst = max(bombs, key=lambda i: i.file_size / max(i.compress_size, 1))
+        raise InvalidInputError(
+            f"{len(bombs)} zip entries expand more than {settings.max_archive_ratio}x (the worst, {worst.filename!r},"
+            f" {worst.file_size / max(worst.compress_size, 1):.0f}x to {worst.file_size / 1e6:.1f} MB): this looks"
+            " like a zip bomb and was refused."
+        )  # fmt: skip
+    big = [i.filename for i in files if i.file_size > max(settings.max_image_bytes, settings.max_manifest_bytes)]
+    if big:
+        limit = max(settings.max_image_bytes, settings.max_manifest_bytes)
+        raise InvalidInputError(f"Some zip entries are larger than {limit / 1e6:.0f} MB: {_listing(big)}."
+                                " Downscale those images.")  # fmt: skip
+    total = sum(i.file_size for i in files)
+    if total > settings.max_unpacked_bytes:
+        raise InvalidInputError(f"The zip expands to {total / 1e9:.2f} GB; the limit is"
+                                f" {settings.max_unpacked_bytes / 1e9:.2f} GB. Split it into several jobs.")  # fmt: skip
+    return by_name
+
+
+class _Budget:
+    """Bytes still allowed on disk for this job: counted while writing, whatever the zip declares."""
+
+    def __init__(self, total: int):
+        self.left = total
+
+    def copy(self, src, dst, name: str, limit: int) -> int:
+        written = 0
+        while chunk := src.read(1024 * 1024):
+            written += len(chunk)
+            self.left -= len(chunk)
+            if written > limit or self.left < 0:
+                raise InvalidInputError(f"The zip entry {name!r} expands past what the zip declares; refused"
+                                        " (a corrupt or hostile zip).")  # fmt: skip
+            dst.write(chunk)
+        return written
+
+
+def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes:
+    buf = io.BytesIO()
+    try:
+        with zf.open(info) as src:
+            _Budget(limit).copy(src, buf, info.filename, limit)
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
+        raise InvalidInputError(f"The zip entry {info.filename!r} is corrupt or encrypted ({e}); rebuild the zip.") from e
+    return buf.getvalue()
+
+
+def decode_manifest(raw: bytes, name: str) -> str:
+    """The manifest's text: UTF-8 (a BOM is fine), or a clear error, never U+FFFD in a query."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InvalidInputError(
+            f"{name} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start} is not valid UTF-8);"
+            " save it as UTF-8 (e.g. 'CSV UTF-8' in a spreadsheet) and upload again."
+        ) from None
+
+
+def parse_manifest(raw: str, name: str, default_query: str | None, max_query_chars: int) -> list[tuple[str, str]]:
+    """Rows (file, query) of a manifest (CSV with a file,query header, or JSONL); files and queries
+    must be text. `max_query_chars` is kept for callers; queries are checked per item when they run."""
+    rows: list[object] = []
     if name.endswith(".jsonl"):
         for n, line in enumerate(raw.splitlines(), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise InvalidInputError(f"{name} line {n} is not JSON ({e}); write one object per line.") from e
+                except (json.JSONDecodeError, RecursionError) as e:
+                    raise InvalidInputError(f"{name} line {n} is not JSON ({e}); write one object per line.") from None
     else:
-        reader = csv.DictReader(io.StringIO(raw))
-        if not reader.fieldnames or "file" not in reader.fieldnames:
-            raise InvalidInputError(f"{name} needs a header row with the columns file,query.")
-        rows = list(reader)
+        reader = csv.DictReader(io.StringIO(raw, newline=""))
+        try:
+            if not reader.fieldnames or "file" not in reader.fieldnames:
+                raise InvalidInputError(f"{name} needs a header row with the columns file,query.")
+            rows = list(reader)
+        except csv.Error as e:
+            raise InvalidInputError(f"{name} line {reader.line_num} cannot be read as CSV ({e}); a field may be"
+                                    f" too long (the limit is {csv.field_size_limit()} characters).") from None  # fmt: skip
     out = []
     for n, row in enumerate(rows, 1):
-        if not isinstance(row, dict) or not str(row.get("file") or "").strip():
-            raise InvalidInputError(f"{name} row {n} has no 'file'.")
-        query = str(row.get("query") or "").strip() or (default_query or "")
-        if not query:
-            raise InvalidInputError(f"{name} row {n} ({row['file']}) has no query, and no default query was given.")
-        out.append((str(row["file"]).strip(), query))
+        if not isinstance(row, dict):
+            raise InvalidInputError(f"{name} row {n} is not an object with file and query.")
+        file, query = row.get("file"), row.get("query")
+        if not isinstance(file, str) or not file.strip():
+            raise InvalidInputError(f"{name} row {n} has no 'file' (a text value).")
+        if query is None or (isinstance(query, str) and not query.strip()):
+            if not default_query:
+                raise InvalidInputError(f"{name} row {n} ({file.strip()!r}) has no query, and no default query was given.")
+            query = default_query
+        if not isinstance(query, str):  # a number or a list is not turned into text
+            raise InvalidInputError(f"{name} row {n} ({file.strip()!r}): the query must be text, got {type(query).__name__}.")
+        # a query the model refuses (too long, control characters) fails its item only, with the reason
+        out.append((file.strip(), query.strip()))
     if not out:
         raise InvalidInputError(f"{name} lists no files.")
     return out
@@ -111,22 +201,28 @@ def _read_manifest(zf: zipfile.ZipFile, name: str, default_query: str | None) ->
 
 def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings) -> list[Item]:
     """Check the zip, write its items under job_dir/inputs and job_dir/items.jsonl; return them."""
-    zf = _open(archive, settings)
-    infos = [i for i in zf.infolist() if not i.is_dir() and not _is_junk(i.filename)]
-    by_name = {_safe_name(i.filename): i for i in infos}  # raises on unsafe names
-    _check_sizes(infos, settings)
-    manifest = next((n for n in by_name if posixpath.basename(n).lower() in MANIFEST_NAMES), None)
-    if manifest is not None:
-        pairs = _read_manifest(zf, manifest, query)
-        missing = [f for f, _ in pairs if posixpath.normpath(f.replace("\\", "/")) not in by_name]
-        if missing:
-            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise InvalidInputError(f"The manifest names files the zip lacks: {', '.join(missing[:5])}{more}.")
+    zf = open_archive(archive, settings)
+    by_name = inspect(zf, settings)
+    if query is not None and not (isinstance(query, str) and not query.strip()):
+        query = validate_query(query, settings.max_query_chars)
     else:
-        if not query or not query.strip():
+        query = None
+    manifests = sorted(n for n in by_name if posixpath.basename(n).lower() in MANIFEST_NAMES)
+    if len(manifests) > 1:
+        raise InvalidInputError(f"The zip holds {len(manifests)} manifests ({_listing(manifests)}); keep one.")
+    if manifests:
+        manifest = manifests[0]
+        raw = decode_manifest(_read_entry(zf, by_name[manifest], settings.max_manifest_bytes), manifest)
+        pairs = parse_manifest(raw, manifest, query, settings.max_query_chars)
+        missing = [f for f, _ in pairs if _clean(f) not in by_name]
+        if missing:
+            raise InvalidInputError(f"The manifest names files the zip lacks: {', '.join(missing[:5])}"
+                                    + (f" and {len(missing) - 5} more." if len(missing) > 5 else "."))  # fmt: skip
+    else:
+        if not query:
             raise InvalidInputError("Give a query for all images, or put a manifest.csv (file,query) in the zip.")
         names = sorted(n for n in by_name if posixpath.splitext(n)[1].lower() in IMAGE_EXTENSIONS)
-        pairs = [(n, query.strip()) for n in names]
+        pairs = [(n, query) for n in names]
     if not pairs:
         raise InvalidInputError(
             f"The zip holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))}); add some and upload again."
@@ -135,17 +231,21 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings)
         raise InvalidInputError(f"The zip has {len(pairs)} items; the limit is {settings.max_batch_items} per job.")
     inputs = job_dir / "inputs"
     inputs.mkdir(parents=True, exist_ok=True)
+    budget = _Budget(settings.max_unpacked_bytes)
+    written: dict[str, str] = {}  # one copy per file, however many manifest rows name it
     items = []
     for index, (name, q) in enumerate(pairs):
-        name = posixpath.normpath(name.replace("\\", "/"))
-        ext = posixpath.splitext(name)[1].lower()[:6] or ".bin"
-        rel = f"inputs/{index:05d}{ext}"
-        try:
-            with zf.open(by_name[name]) as src:
-                data = src.read(settings.max_image_bytes + 1)  # never past the limit, whatever the header says
-        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as e:
-            raise InvalidInputError(f"The zip entry {name!r} is corrupt or encrypted ({e}); rebuild the zip.") from e
-        (job_dir / rel).write_bytes(data)
+        name = _clean(name)
+        rel = written.get(name)
+        if rel is None:
+            ext = posixpath.splitext(name)[1].lower()[:6] or ".bin"
+            rel = written[name] = f"inputs/{index:05d}{ext}"
+            info = by_name[name]
+            try:
+                with zf.open(info) as src, open(job_dir / rel, "wb") as dst:
+                    budget.copy(src, dst, name, min(info.file_size, settings.max_image_bytes))
+            except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
+                raise InvalidInputError(f"The zip entry {name!r} is corrupt or encrypted ({e}); rebuild the zip.") from e
         items.append(Item(index, name, q, rel))
     with open(job_dir / "items.jsonl", "w") as f:
         for it in items:

@@ -30,7 +30,7 @@ from ...request import Controls, validate_image
 from ...settings import Settings
 from ..codec import error_to_wire
 from .archive import Item, load_items, unpack
-from .files import atomic_write, job_dir, new_job_id, sweep_expired
+from .files import atomic_write, job_dir, new_job_id
 from .store import JobStore
 from .types import JobKind, JobState
 
@@ -44,10 +44,11 @@ OVERLAY_MAX_SIDE = 1024
 
 
 def create_batch_job(
-    archive: bytes, query: str | None, controls: Controls | None, settings: Settings, store: JobStore
+    archive: bytes, query: str | None, controls: Controls | None, settings: Settings, store: JobStore,
+    owner: str | None = None,
 ) -> tuple[str, list[tuple[int, int]]]:
-    """Check and unpack the zip, record the job; returns its id and its chunks [start, stop)."""
-    sweep_expired(settings)
+    """Check and unpack the zip, record the job; returns its id and its chunks [start, stop).
+    Expired jobs' files are removed by the reaper (files.Reaper), not here."""
     job_id = new_job_id(JobKind.BATCH)
     jd = job_dir(settings, job_id)
     jd.mkdir(parents=True)
@@ -58,7 +59,7 @@ def create_batch_job(
                 "total": len(items), "chunk": chunk, "expires_at": time.time() + settings.job_ttl_s}  # fmt: skip
         (jd / "job.json").write_text(json.dumps(meta))
         store.create(job_id, JobKind.BATCH, len(items), settings.job_ttl_s,
-                     {"controls": meta["controls"], "chunk": str(chunk)})  # fmt: skip
+                     {"controls": meta["controls"], "chunk": str(chunk)} | ({"owner": owner} if owner else {}))  # fmt: skip
     except BaseException:
         shutil.rmtree(jd, ignore_errors=True)
         raise

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import JobError
 from ...settings import Settings
 from .types import JobKind
 
+log = logging.getLogger(__name__)
 _JOB_ID = re.compile(r"^(batch|bench)-[0-9a-f]{16}$")
 
 
@@ -33,16 +37,76 @@ def atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+ORPHAN_AGE_S = 24 * 3600  # a job folder without job.json (its creation died) is removed after this
+
+
 def sweep_expired(settings: Settings, now: float | None = None) -> int:
-    """Delete job folders whose TTL has passed; returns how many."""
+    """Delete job folders whose TTL has passed (and orphans: no job.json a day on); returns how many."""
     root = Path(settings.data_dir) / "jobs"
     now = now or time.time()
     removed = 0
-    for meta in root.glob("*/job.json") if root.is_dir() else ():
+    for folder in root.iterdir() if root.is_dir() else ():
+        if not _JOB_ID.match(folder.name) or not folder.is_dir():
+            continue
         try:
-            if json.loads(meta.read_text()).get("expires_at", now + 1) <= now:
-                shutil.rmtree(meta.parent, ignore_errors=True)
-                removed += 1
-        except (OSError, ValueError):
+            meta = folder / "job.json"
+            if meta.exists():
+                expires = float(json.loads(meta.read_text()).get("expires_at", now + 1))
+            else:
+                expires = folder.stat().st_mtime + ORPHAN_AGE_S
+        except (OSError, ValueError, TypeError):
+            continue
+        if expires <= now:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def sweep_old_files(root: Path, max_age_s: float, now: float | None = None) -> int:
+    """Delete what sits directly under `root` (files or folders) older than max_age_s; returns how many."""
+    now = now or time.time()
+    removed = 0
+    for entry in root.iterdir() if root.is_dir() else ():
+        try:
+            if entry.lstat().st_mtime + max_age_s > now:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed += 1
+        except OSError:
             continue
     return removed
+
+
+class Reaper:
+    """A daemon thread that runs `sweep_expired` (and any extra sweeps) every `interval_s`, so an
+    expired job's files go on time, not when the next job is submitted. `stop()` ends it."""
+
+    def __init__(self, settings: Settings, extra: list[Callable[[], object]] | None = None,
+                 interval_s: float | None = None):  # fmt: skip
+        self.settings = settings
+        self.sweeps: list[Callable[[], object]] = [lambda: sweep_expired(settings), *(extra or [])]
+        self.interval_s = float(interval_s or settings.reap_interval_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="arrcoc-reaper", daemon=True)
+
+    def start(self) -> Reaper:
+        self._thread.start()
+        return self
+
+    def run_once(self) -> None:
+        for sweep in self.sweeps:
+            try:
+                sweep()
+            except Exception:  # noqa: BLE001 -- a sweep that failed once must not end the reaper
+                log.warning("reaper: a sweep failed", exc_info=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.run_once()
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -9,6 +9,7 @@ a job whose TTL passed reports "expired", and an id never issued reports "unknow
 
 from __future__ import annotations
 
+import hmac
 import json
 import threading
 import time
@@ -94,6 +95,15 @@ class JobStore(ABC):
 
 def _encode(fields: dict[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()}
+    def check_owner(self, job_id: str, owner: str | None) -> None:
+        """A job made by another owner (session or token) is "no such job" to this one; owner None:
+        no check (the library, or a CLI with direct access to Redis)."""
+        if owner is None:
+            return
+        fields = self._fields(job_id)
+        if fields and not hmac.compare_digest(fields.get("owner", "").encode(), owner.encode()):
+            raise JobError(f"No job {job_id!r}: check the id (jobs are kept for a limited time).")
+
 
 
 class MemoryJobStore(JobStore):
