@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,53 +60,99 @@ def read_bytes(source: str | Path | bytes | bytearray, limits: ImageLimits = Ima
     return data
 
 
-def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
-    """Decode bytes to an upright 8-bit RGB PIL image, with clear errors for bad input."""
-    with _guarded(limits):
-        img = _open(data, limits)
-        img.load()
-    return to_rgb(img, limits)
+@dataclass(frozen=True)
+class Decoded:
+    """An image as the model needs it: upright 8-bit RGB, possibly reduced while decoding, and the
+    size of the upright original (heatmaps are drawn back at that size)."""
+
+    image: Image.Image
+    size: tuple[int, int]
 
 
-def check_header(data: bytes, limits: ImageLimits = ImageLimits()) -> tuple[int, int]:
+# Pillow refuses to open above 2x its own MAX_IMAGE_PIXELS (~179 MP): past that, even the header
+# of a JPEG we could decode at 1/8 scale is refused as a likely decompression bomb.
+_BOMB_PIXELS = 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else 178_956_970
+# Decodes over this many pixels run a few at a time per process, so concurrent large uploads cannot
+# together exhaust memory (each costs up to 3 bytes a pixel while it decodes).
+_LARGE_PIXELS = 12_000_000
+_large_decodes = threading.BoundedSemaphore(2)
+# The pixel limits are ours (checked on the declared size before any decode); Pillow's own bomb
+# warning would only repeat that check.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+def decode(data: bytes, limits: ImageLimits = ImageLimits(), side: int | None = None) -> Image.Image:
+    """Decode bytes to an upright 8-bit RGB PIL image, with clear errors for bad input (see
+    decode_image)."""
+    return decode_image(data, limits, side).image
+
+
+def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), side: int | None = None) -> Decoded:
+    """Decode bytes, checking every limit on the declared size first.
+
+    side: the size the caller will resize to (the model's S). A JPEG larger than twice that is
+    decoded at 1/2, 1/4 or 1/8 scale while it is read (Pillow's draft: the DCT does the scaling,
+    almost for free), so a 12 MP photo costs a few ms and a phone's 48 MP photo is accepted: only
+    the reduced image must fit the pixel limit. Without `side`, or for other formats, the image
+    decodes at full size and must fit the limit itself.
+    """
+    with _guarded():
+        img = Image.open(io.BytesIO(data))  # reads the header only
+        declared = img.size
+        if side is not None and img.format == "JPEG":
+            img.draft(img.mode if img.mode in ("RGB", "L") else None, (side, side))
+        _check_pixels(img, declared, limits)
+        big = img.size[0] * img.size[1] > _LARGE_PIXELS
+        with _large_decodes if big else contextlib.nullcontext():
+            img.load()
+            upright = to_rgb(img, limits)
+    return Decoded(upright, _upright_size(img, declared))
+
+
+def _check_pixels(img: Image.Image, declared: tuple[int, int], limits: ImageLimits) -> None:
+    w, h = img.size  # after any draft: what will be decoded
+    dw, dh = declared
+    if dw * dh > _BOMB_PIXELS or w * h > limits.max_pixels:
+        reducible = " (JPEG photos are reduced while decoding; other formats are not)" if (w, h) == declared else ""
+        raise ImageError(
+            f"The image is {dw}x{dh} = {dw * dh / 1e6:.0f} megapixels; the limit is"
+            f" {limits.max_pixels / 1e6:.0f} megapixels decoded{reducible}. Downscale it first."
+        )
+
+
+def _upright_size(img: Image.Image, declared: tuple[int, int]) -> tuple[int, int]:
+    """The original's (width, height) after its EXIF orientation (5-8 swap the sides)."""
+    with contextlib.suppress(Exception):
+        if img.getexif().get(0x0112, 1) in (5, 6, 7, 8):
+            return declared[1], declared[0]
+    return declared
+
+
+def check_header(data: bytes, limits: ImageLimits = ImageLimits(), side: int | None = None) -> tuple[int, int]:
     """(width, height) from the header alone: the format is one we read and the size is within the
-    limits. A submitting side that only forwards the bytes needs no more; whoever decodes them
-    still reports a corrupt or truncated body (`decode`)."""
-    with _guarded(limits):
-        img = _open(data, limits)
-    w, h = img.size
+    limits (as `decode_image` with the same `side` checks them). A submitting side that only
+    forwards the bytes needs no more; whoever decodes them still reports a corrupt or truncated
+    body."""
+    with _guarded():
+        img = Image.open(io.BytesIO(data))
+        declared = img.size
+        if side is not None and img.format == "JPEG":
+            img.draft(img.mode if img.mode in ("RGB", "L") else None, (side, side))
+        _check_pixels(img, declared, limits)
+    w, h = declared
     if min(w, h) < limits.min_side:
         raise ImageError(f"The image is {w}x{h}; each side must be at least {limits.min_side} px.")
     return w, h
 
 
-def _open(data: bytes, limits: ImageLimits) -> Image.Image:
-    img = Image.open(io.BytesIO(data))  # reads the header only
-    w, h = img.size
-    if w * h > limits.max_pixels:
-        raise ImageError(
-            f"The image is {w}x{h} = {w * h / 1e6:.0f} megapixels; the limit is"
-            f" {limits.max_pixels / 1e6:.0f}. Downscale it first."
-        )
-    return img
-
-
 @contextlib.contextmanager
-def _guarded(limits: ImageLimits) -> Iterator[None]:
-    """Pillow's errors as ImageErrors that say what to do; its bomb check at our pixel limit."""
+def _guarded() -> Iterator[None]:
+    """Pillow's errors as ImageErrors that say what to do."""
     try:
-        with warnings.catch_warnings():
-            # Pillow warns between MAX_IMAGE_PIXELS and 2x it; we want an error at our own limit.
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            old = Image.MAX_IMAGE_PIXELS
-            Image.MAX_IMAGE_PIXELS = limits.max_pixels
-            try:
-                yield
-            finally:
-                Image.MAX_IMAGE_PIXELS = old
+        yield
     except ImageError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+    except Image.DecompressionBombError as e:
         raise ImageError(
             f"The image is too large to decode safely ({e}). Downscale it first."
         ) from e
@@ -125,10 +172,7 @@ def to_rgb(img: Image.Image, limits: ImageLimits = ImageLimits()) -> Image.Image
     if min(w, h) < limits.min_side:
         raise ImageError(f"The image is {w}x{h}; each side must be at least {limits.min_side} px.")
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        arr = np.asarray(img, dtype=np.float64)
-        peak = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
-        arr = np.clip(arr / peak * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        img = Image.fromarray(arr, mode="L")
+        img = Image.fromarray(_to_uint8(img), mode="L")
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
         rgba = img.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -136,17 +180,36 @@ def to_rgb(img: Image.Image, limits: ImageLimits = ImageLimits()) -> Image.Image
     return img.convert("RGB")
 
 
-def load_image(source: ImageLike, limits: ImageLimits = ImageLimits()) -> Image.Image:
-    """Any supported input -> upright 8-bit RGB PIL image."""
+def _to_uint8(img: Image.Image, rows: int = 256) -> np.ndarray:
+    """A 16-bit or 32-bit grey image as 8 bits, a band of rows at a time: never a float64 copy of
+    the whole image (6300x6300 at 8 bytes a pixel was 320 MB)."""
+    arr = np.asarray(img)
+    peak = 65535 if img.mode.startswith("I;16") or int(arr.max()) > 255 else 255
+    out = np.empty(arr.shape, dtype=np.uint8)
+    for r in range(0, arr.shape[0], rows):
+        band = np.clip(np.nan_to_num(arr[r : r + rows].astype(np.float32)), 0, peak)
+        out[r : r + rows] = (band * (255.0 / peak) + 0.5).astype(np.uint8)
+    return out
+
+
+def load_image(source: ImageLike, limits: ImageLimits = ImageLimits(), side: int | None = None) -> Image.Image:
+    """Any supported input -> upright 8-bit RGB PIL image (see decode_image for `side`)."""
+    return load_decoded(source, limits, side).image
+
+
+def load_decoded(source: ImageLike, limits: ImageLimits = ImageLimits(), side: int | None = None) -> Decoded:
+    """Any supported input -> Decoded (the image, and the upright original's size)."""
     if isinstance(source, Image.Image):
         w, h = source.size
         if w * h > limits.max_pixels:
-            raise ImageError(f"The image is {w}x{h}; the limit is {limits.max_pixels} pixels.")
-        return to_rgb(source, limits)
+            raise ImageError(f"The image is {w}x{h}; the limit is {limits.max_pixels:,} pixels. Downscale it first.")
+        img = to_rgb(source, limits)
+        return Decoded(img, img.size)
     if isinstance(source, np.ndarray):
-        return to_rgb(_array_to_pil(source), limits)
+        img = to_rgb(_array_to_pil(source), limits)
+        return Decoded(img, img.size)
     if isinstance(source, (str, Path, bytes, bytearray)):
-        return decode(read_bytes(source, limits), limits)
+        return decode_image(read_bytes(source, limits), limits, side)
     raise InvalidInputError(
         f"Expected an image path, bytes, PIL image or numpy array, got {type(source).__name__}."
     )

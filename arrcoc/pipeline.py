@@ -9,6 +9,7 @@ Executors (in-process and Celery) and the CLI all call this, so every path gives
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +17,9 @@ import numpy as np
 import torch
 
 from .engine import Backend, create_backend, resolve_device
-from .errors import InvalidInputError
-from .images import ImageLike, ImageLimits, load_image
-from .preprocess import to_tensor
+from .errors import ArrcocError, InvalidInputError
+from .images import ImageLike, ImageLimits, load_decoded, read_bytes
+from .preprocess import Decoder, to_tensor
 from .query import QueryEncoder
 from .registry import create_model, get_variant
 from .request import Controls, validate_query
@@ -34,24 +35,6 @@ class PreparedRequest:
     query: str  # validated, whitespace normalised
     controls: Controls  # validated, defaults filled in
     prepare_ms: float
-
-
-def prepare_request(
-    image: ImageLike, query: str, controls: Controls | None, config, image_size: int, max_chars: int,
-    limits: ImageLimits,
-) -> PreparedRequest:  # fmt: skip
-    """Everything per request that needs no model: checks, decoding, resizing.
-
-    Servers call this in the request's own thread (or process), so a batch waits only for the
-    engine (Pillow releases the GIL while it decodes and resizes: requests prepare in parallel).
-    `config` is the variant's model config (grid, k, token_budget).
-    """
-    t0 = time.perf_counter()
-    checked = (controls or Controls()).validated(config.grid * config.grid, config.k, config.token_budget)
-    text = validate_query(query, max_chars)
-    pil = load_image(image, limits)
-    pixels = to_tensor(pil, image_size)
-    return PreparedRequest(pixels, pil.size, text, checked, (time.perf_counter() - t0) * 1e3)
 
 
 class RelevancePipeline:
@@ -77,6 +60,9 @@ class RelevancePipeline:
             self.backend = create_backend(backend, self.model, self.device, buckets, dtype, cache_dir)
         self.encoder = query_encoder or QueryEncoder()
         self.limits = limits
+        # one decoding path per device (arrcoc.preprocess): every caller of this pipeline gets the
+        # same pixels for the same bytes
+        self.decoder = Decoder(self.device, self.variant.image_size, limits)
 
     def warmup(self) -> None:
         self.backend.warmup()
@@ -106,9 +92,47 @@ class RelevancePipeline:
         return self.run([self.prepare(im, q, c) for im, q, c in zip(images, queries, controls, strict=True)])
 
     def prepare(self, image: ImageLike, query: str, controls: Controls | None = None) -> PreparedRequest:
-        """Everything per request that needs no model (see `prepare_request`)."""
-        return prepare_request(image, query, controls, self.model.config, self.variant.image_size,
-                               self.encoder.max_chars, self.limits)  # fmt: skip
+        """Everything per request that needs no model: checks, decoding (once), resizing.
+
+        Servers call this in the request's own thread, so a batch waits only for the engine
+        (Pillow releases the GIL while it decodes and resizes: requests prepare in parallel).
+        """
+        t0 = time.perf_counter()
+        checked = self.checked_controls(controls)
+        text = validate_query(query, self.encoder.max_chars)
+        if isinstance(image, (bytes, bytearray, str, Path)):
+            got = self.decoder.decode([read_bytes(image, self.limits)])[0]
+            if isinstance(got, ArrcocError):
+                raise got
+            pixels, size = got.pixels, got.size
+        else:  # an image already in memory (PIL, numpy)
+            decoded = load_decoded(image, self.limits, self.variant.image_size)
+            pixels, size = to_tensor(decoded.image, self.variant.image_size), decoded.size
+        return PreparedRequest(pixels, size, text, checked, (time.perf_counter() - t0) * 1e3)
+
+    def prepare_many(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls | None = None,
+                     view_side: int | None = None) -> list[tuple[PreparedRequest, torch.Tensor | None] | ArrcocError]:  # fmt: skip
+        """A batch job's items decoded together (on the GPU when it can): per item the prepared
+        request and, with `view_side`, the upright image at most that size on a side (for its
+        overlay), or the item's error."""
+        t0 = time.perf_counter()
+        checked = self.checked_controls(controls)
+        decoded = self.decoder.decode(images, view_side)
+        ms = (time.perf_counter() - t0) * 1e3 / max(1, len(images))
+        out: list[tuple[PreparedRequest, torch.Tensor | None] | ArrcocError] = []
+        for got, query in zip(decoded, queries, strict=True):
+            try:
+                if isinstance(got, ArrcocError):
+                    raise got
+                out.append((PreparedRequest(got.pixels, got.size, validate_query(query, self.encoder.max_chars),
+                                            checked, ms), got.view))  # fmt: skip
+            except ArrcocError as e:
+                out.append(e)
+        return out
+
+    def checked_controls(self, controls: Controls | None) -> Controls:
+        cfg = self.model.config
+        return (controls or Controls()).validated(cfg.grid * cfg.grid, cfg.k, cfg.token_budget)
 
     def run(self, requests: list[PreparedRequest]) -> list[RelevanceResult]:
         """Prepared requests -> one engine call (queries encoded together) -> one result each."""

@@ -1,13 +1,31 @@
-"""Pixels for the engine: checked RGB images -> uint8 tensors [B, 3, S, S]."""
+"""Pixels for the engine: encoded images -> uint8 tensors (3, S, S), decoded once, where the engine is.
+
+Two paths, one per device, so every way of serving a request on a given device gives the same
+pixels:
+- CPU (and any image the GPU cannot decode): Pillow, with a large JPEG decoded at 1/2, 1/4 or 1/8
+  scale (arrcoc.images.decode_image), resized with Pillow's bilinear filter; batches decode in a
+  thread pool (Pillow releases the GIL while it decodes and resizes).
+- GPU with torchvision's nvJPEG: the JPEGs of a batch decode in one call on the device, EXIF
+  orientation is applied there, and the resize runs there (bilinear with antialiasing: the same
+  filter as Pillow's). Pillow still reads every header first, so the limits and errors are the
+  same on both paths. docs/service.md states how far the two paths' maps differ.
+"""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
-from .errors import InvalidInputError
-from .images import ImageLike, ImageLimits, load_image
+from .errors import ArrcocError, InvalidInputError
+from .images import ImageLike, ImageLimits, check_header, decode_image, load_image, read_bytes
 
 
 def to_tensor(img: Image.Image, size: int) -> torch.Tensor:
@@ -27,3 +45,145 @@ def prepare_batch(
     images = [load_image(s, limits) for s in sources]
     batch = torch.stack([to_tensor(im, size) for im in images])
     return batch, [im.size for im in images]
+
+
+@dataclass(frozen=True)
+class Pixels:
+    """One decoded image: what the engine takes, and what an overlay is drawn on."""
+
+    pixels: torch.Tensor  # uint8 (3, S, S), on the decoding device
+    size: tuple[int, int]  # the upright original's (width, height)
+    view: torch.Tensor | None  # uint8 (3, h, w): the upright image at most `view_side` on a side, or None
+
+
+@cache
+def gpu_decoder_available() -> bool:
+    """torchvision with nvJPEG and a GPU: the GPU path can run."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from torchvision.io import decode_jpeg  # noqa: F401
+    except Exception:  # noqa: BLE001 -- not installed, or built without its image extension
+        return False
+    return True
+
+
+def uses_gpu_decoder(device: torch.device) -> bool:
+    return device.type == "cuda" and gpu_decoder_available()
+
+
+class Decoder:
+    """Decodes batches of encoded images for one engine device (see the module docstring)."""
+
+    def __init__(self, device: torch.device, side: int, limits: ImageLimits, threads: int = 8):
+        self.device = device
+        self.side = side
+        self.limits = limits
+        self.gpu = uses_gpu_decoder(device)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="arrcoc-decode")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def decode(self, images: Sequence[bytes], view_side: int | None = None) -> list[Pixels | ArrcocError]:
+        """One Pixels (on this decoder's device) or one ImageError per image, in order."""
+        out: list[Pixels | ArrcocError | None] = [None] * len(images)
+        jpegs: dict[int, int] = {}  # index -> EXIF orientation, for the GPU
+        if self.gpu:
+            for i, data in enumerate(images):
+                try:
+                    ok, orientation = _header(data, self.limits)
+                except ArrcocError as e:
+                    out[i] = e
+                    continue
+                if ok:
+                    jpegs[i] = orientation
+        rest = [i for i in range(len(images)) if out[i] is None and i not in jpegs]
+        cpu = self._pool.map(lambda i: self._cpu_one(images[i], view_side), rest)
+        if jpegs:
+            got = self._gpu_many([images[i] for i in jpegs], list(jpegs.values()), view_side)
+            for i, one in zip(jpegs, got, strict=True):
+                out[i] = one
+        for i, got in zip(rest, cpu, strict=True):
+            out[i] = got
+        return out  # type: ignore[return-value]
+
+    def _cpu_one(self, data: bytes, view_side: int | None) -> Pixels | ArrcocError:
+        try:
+            decoded = decode_image(read_bytes(data, self.limits), self.limits, self.side)
+            pixels = to_tensor(decoded.image, self.side)
+            view = None
+            if view_side is not None:
+                img = decoded.image.copy()
+                img.thumbnail((view_side, view_side))
+                view = torch.from_numpy(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1).copy())
+            if self.device.type == "cuda":
+                pixels = pixels.to(self.device, non_blocking=True)
+                view = None if view is None else view.to(self.device, non_blocking=True)
+            return Pixels(pixels, decoded.size, view)
+        except ArrcocError as e:
+            return e
+
+    def _gpu_many(self, images: list[bytes], orientations: list[int], view_side: int | None) -> list[Pixels | ArrcocError]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        datas = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in images]
+        try:
+            decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:  # one of them nvJPEG refuses (an odd or corrupt JPEG): each on its own
+            return [self._gpu_one(d, o, view_side) for d, o in zip(images, orientations, strict=True)]
+        return [self._finish(img, o, view_side) for img, o in zip(decoded, orientations, strict=True)]
+
+    def _gpu_one(self, data: bytes, orientation: int, view_side: int | None) -> Pixels | ArrcocError:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        try:
+            img = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
+                              device=self.device)  # fmt: skip
+        except RuntimeError:
+            return self._cpu_one(data, view_side)  # Pillow decodes it, or says what is wrong
+        return self._finish(img, orientation, view_side)
+
+    def _finish(self, img: torch.Tensor, orientation: int, view_side: int | None) -> Pixels:
+        img = _orient(img, orientation)
+        h, w = img.shape[1:]
+        pixels = resize(img, self.side, self.side)
+        view = None
+        if view_side is not None:
+            scale = min(1.0, view_side / max(h, w))
+            view = img if scale == 1.0 else resize(img, max(1, round(h * scale)), max(1, round(w * scale)))
+        return Pixels(pixels, (int(w), int(h)), view)
+
+
+def resize(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """uint8 (3, h, w) -> uint8 (3, height, width), bilinear with antialiasing (Pillow's filter)."""
+    out = F.interpolate(img.unsqueeze(0).float(), size=(height, width), mode="bilinear", align_corners=False,
+                        antialias=True)  # fmt: skip
+    return out.squeeze(0).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _header(data: bytes, limits: ImageLimits) -> tuple[bool, int]:
+    """Reads the header as the CPU path does (ImageError if a limit fails). Returns whether nvJPEG
+    decodes it as Pillow would (a JPEG in RGB or grey, not CMYK, small enough to decode in full:
+    a larger one goes to Pillow, which decodes it at a fraction of its size) and its EXIF
+    orientation."""
+    check_header(data, limits)
+    img = Image.open(io.BytesIO(data))
+    w, h = img.size
+    ok = img.format == "JPEG" and img.mode in ("RGB", "L") and w * h <= limits.max_pixels
+    try:
+        orientation = int(img.getexif().get(0x0112, 1)) if ok else 1
+    except Exception:  # noqa: BLE001 -- unreadable EXIF: as stored
+        orientation = 1
+    return ok, orientation
+
+
+def _orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
+    """EXIF orientation 1-8 applied to (3, h, w), as PIL.ImageOps.exif_transpose does."""
+    if orientation in (5, 6, 7, 8):
+        img = img.transpose(-1, -2)
+    flips = {2: (-1,), 3: (-1, -2), 4: (-2,), 6: (-1,), 7: (-1, -2), 8: (-2,)}.get(orientation, ())
+    return (img.flip(flips) if flips else img).contiguous()
+
+
+__all__ = ["Decoder", "Pixels", "prepare_batch", "resize", "to_tensor", "uses_gpu_decoder"]

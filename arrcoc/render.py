@@ -28,7 +28,10 @@ def heatmap_image(grid_values: np.ndarray, size: tuple[int, int], vmin: float = 
     return Image.fromarray(colorize(grid_values, vmin, vmax)).resize(size, Image.Resampling.NEAREST)
 
 
-def overlay(image: Image.Image, grid_values: np.ndarray, alpha: float = 0.55) -> Image.Image:
+OVERLAY_ALPHA = 0.55  # how much of the map shows over the image
+
+
+def overlay(image: Image.Image, grid_values: np.ndarray, alpha: float = OVERLAY_ALPHA) -> Image.Image:
     """The map blended over the image at the image's own size."""
     base = image.convert("RGB")
     heat = heatmap_image(grid_values, base.size)

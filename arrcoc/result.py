@@ -24,8 +24,12 @@ JSON_KEYS = (
 WEAK_MATCH = 0.5
 
 
+def _rounded(a: np.ndarray) -> np.ndarray:
+    return np.round(np.asarray(a, dtype=np.float64), 6)
+
+
 def _grid(a: np.ndarray) -> list[list[float]]:
-    return np.round(a.astype(np.float64), 6).tolist()
+    return _rounded(a).tolist()
 
 
 @dataclass(frozen=True)
@@ -66,20 +70,26 @@ class RelevanceResult:
     def k(self) -> int:
         return int(self.selected.shape[0])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, numpy_arrays: bool = False) -> dict[str, Any]:
+        """The result as a JSON document (`arrcoc infer --json`). numpy_arrays: the maps and index
+        lists stay (rounded) numpy arrays, for `orjson.dumps(..., option=OPT_SERIALIZE_NUMPY)`,
+        which writes the same JSON ~10x faster than lists through json.dumps (a batch job writes
+        one document per item)."""
+        grid = _rounded if numpy_arrays else _grid
+        ints = (lambda a: np.ascontiguousarray(a, dtype=np.int64)) if numpy_arrays else (lambda a: np.asarray(a, dtype=np.int64).tolist())
         out: dict[str, Any] = {
             "variant": self.variant,
             "weights_version": self.weights_version,
             "backend": self.backend,
             "grid": self.grid,
-            "relevance": _grid(self.relevance),
-            "information": _grid(self.information),
-            "perspectival": _grid(self.perspectival),
-            "participatory": _grid(self.participatory),
+            "relevance": grid(self.relevance),
+            "information": grid(self.information),
+            "perspectival": grid(self.perspectival),
+            "participatory": grid(self.participatory),
             "balance": [round(float(x), 6) for x in self.balance],
             "tensions": {n: round(float(x), 6) for n, x in zip(TENSION_NAMES, self.tensions, strict=True)},
-            "selected": [int(x) for x in self.selected],
-            "budgets": [int(x) for x in self.budgets],
+            "selected": ints(self.selected),
+            "budgets": ints(self.budgets),
             # extras
             "query": self.query,
             "match_score": None if self.match_score is None else round(float(self.match_score), 6),
@@ -88,7 +98,7 @@ class RelevanceResult:
             "token_budget": self.token_budget,
             "tokens_used": int(self.budgets.sum()),
             "balance_names": list(SCORER_NAMES),
-            "budget_map": np.asarray(self.budget_map, dtype=np.int64).tolist(),
+            "budget_map": ints(self.budget_map),
             "image_size": list(self.image_size),
             "benchmark_only": self.benchmark_only,
             "bucket": self.bucket,

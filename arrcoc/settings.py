@@ -18,6 +18,9 @@ BACKENDS = ("eager", "compiled", "onnx", "aot")
 # Where `arrcoc worker`, `arrcoc submit` and the Celery executor look for Redis when no
 # ARRCOC_BROKER_URL is given (the in-process executor needs none).
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+# How a batch job draws its overlays: JPEG (rendered and encoded on the GPU when there is one), PNG
+# (lossless, on the CPU) or none (results.jsonl and summary.csv only).
+OVERLAY_FORMATS = ("jpeg", "png", "none")
 
 
 class Settings(BaseSettings):
@@ -45,6 +48,8 @@ class Settings(BaseSettings):
     min_image_side: int = 16
     max_query_chars: int = 500
     max_batch_items: int = 2000
+    overlay_format: str = "jpeg"  # one of OVERLAY_FORMATS
+    batch_chunk_items: int = 256  # items per batch-job task (a unit of redelivery and progress)
 
     # Service
     broker_url: str | None = None  # None: in-process executor
@@ -114,6 +119,13 @@ class Settings(BaseSettings):
     def _known_backends(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v or any(b not in BACKENDS for b in v):
             raise ValueError(f"ARRCOC_BACKENDS must name some of {', '.join(BACKENDS)}, e.g. eager,onnx")
+        return v
+
+    @field_validator("overlay_format")
+    @classmethod
+    def _known_overlay(cls, v: str) -> str:
+        if v not in OVERLAY_FORMATS:
+            raise ValueError(f"ARRCOC_OVERLAY_FORMAT must be one of {', '.join(OVERLAY_FORMATS)}")
         return v
 
     @field_validator("buckets")

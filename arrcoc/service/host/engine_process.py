@@ -3,20 +3,17 @@
 Why: one Celery process takes its messages through one consumer thread under one GIL (receive,
 acks_late bookkeeping, task events, results), ~135 requests/s on the H100 host, so batching in
 that process cannot go faster than that (docs/service.md). `arrcoc worker --processes N` runs N
-Celery processes that check, decode and resize requests in parallel and send them here, where one
-Runtime (engine + dynamic batcher) serves them all: vLLM splits its API server from its engine
-core for the same reason.
+Celery processes that take messages and fetch image bytes in parallel and send them here, where
+one Runtime (engine + dynamic batcher) decodes them on the engine's own path (nvJPEG on a GPU, so a
+result is the same whichever way it came) and serves them all: vLLM splits its API server from its
+engine core for the same reason.
 
 Wire: pickled tuples over a local socket (`multiprocessing.connection`, AF_UNIX, an auth key the
 supervisor makes per group). One connection per client thread; a request is `(op, *args)`, the
-reply `("ok", value)` or `("err", error)` (the wire form of arrcoc.service.codec), with `("progress", fraction, message)` before a
-benchmark's reply. An interactive request's pixels do not go through the socket: each connection
-has a pixel buffer in shared memory (a memfd the client hands over once, SCM_RIGHTS), the client
-writes its request's pixels there and the engine copies them to the device before it queues the
-request: receiving, unpickling and pinning 0.8 MB per request had been the engine process's
-largest cost besides the model (its CPU per request fell 4.7 -> 4.0 ms, scripts/batching_bench.py
-on the H100). Batch chunks still pickle their pixels as numpy arrays (torch's own pickling for
-multiprocessing expects shared-memory handles).
+reply `("ok", value)` or `("err", error)` (the wire form of arrcoc.service.codec), with
+`("progress", fraction, message)` before a benchmark's reply. Images cross as their encoded bytes
+(a JPEG is ~20x smaller than its decoded pixels), batch-job items with their overlays coming back
+encoded.
 """
 
 from __future__ import annotations
@@ -24,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
-import mmap
 import os
 import pickle
 import signal
@@ -35,21 +30,15 @@ import time
 from collections.abc import Sequence
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
-from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
-import numpy as np
-import torch
-
 from ...errors import ArrcocError, DeadlineExceeded, EngineError, JobCancelled, ServiceUnavailableError
-from ...pipeline import PreparedRequest, prepare_request
-from ...registry import get_variant
-from ...request import Controls, image_limits
+from ...request import Controls
 from ...result import RelevanceResult
 from ...settings import Settings, get_settings
 from ..codec import error_from_wire, error_to_wire
 from ..jobs.types import BenchRequest
-from .interface import EngineHost, Progress
+from .interface import EngineHost, ProcessedBatch, Progress
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -67,73 +56,11 @@ def _recv(conn: Connection) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
-def _to_wire(r: PreparedRequest) -> PreparedRequest:
-    return dataclasses.replace(r, pixels=r.pixels.numpy())
-
-
-def _from_wire(r: PreparedRequest) -> PreparedRequest:
-    return dataclasses.replace(r, pixels=torch.from_numpy(r.pixels))
-
-
-class PixelBuffer:
-    """Memory shared by one client thread and its connection's server thread: a memfd, mapped by
-    both, seen as a uint8 array of one request's pixels (3, S, S). The client creates it and hands
-    the descriptor over once (`send`); the engine maps what it receives. Neither keeps the
-    descriptor: the maps keep the memory, freed when both are gone. Used by one request at a time:
-    the client writes the next only after the reply to the last, and the engine copies out before
-    it queues a request."""
-
-    MAX_BYTES = 3 * 4096 * 4096
-
-    def __init__(self, shape: tuple[int, ...], fd: int | None = None):
-        self.shape = tuple(int(n) for n in shape)
-        size = math.prod(self.shape)
-        received = fd is not None
-        if fd is None:
-            fd = os.memfd_create("arrcoc-pixels", os.MFD_CLOEXEC)
-        try:
-            if not 0 < size <= self.MAX_BYTES:
-                raise EngineError(f"A pixel buffer of shape {self.shape} is out of range.")
-            if not received:
-                os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
-        if received:
-            os.close(fd)
-        self._fd = None if received else fd
-        self.array: np.ndarray | None = np.frombuffer(self._map, dtype=np.uint8).reshape(self.shape)
-
-    def send(self, conn: Connection) -> None:
-        """Hand the memory to the other end of `conn` (SCM_RIGHTS), then drop our descriptor."""
-        send_handle(conn, self._fd, 0)
-        os.close(self._fd)
-        self._fd = None
-
-    def tensor(self) -> torch.Tensor:
-        """The buffer as a CPU tensor (no copy: copy it before the client may write again)."""
-        return torch.from_numpy(self.array)
-
-    def close(self) -> None:
-        self.array = None  # the map cannot close while an array still exports it
-        with contextlib.suppress(BufferError, OSError, ValueError):
-            self._map.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
 @dataclasses.dataclass
 class _Peer:
     """One client connection as the server sees it."""
 
     conn: Connection
-    pixels: PixelBuffer | None = None
-
-    def close(self) -> None:
-        if self.pixels is not None:
-            self.pixels.close()
 
 
 # -- the server: in the engine process ------------------------------------------------------------
@@ -161,30 +88,22 @@ class EngineServer:
     def _serve(self, conn: Connection) -> None:
         peer = _Peer(conn)
         with conn:
-            try:
-                while True:
-                    try:
-                        op, *args = _recv(conn)
-                    except (EOFError, OSError):
-                        return  # the client thread or its process went away
-                    try:
-                        handler = getattr(self, f"_op_{op}", None)
-                        if handler is None:
-                            raise EngineError(f"Unknown engine operation {op!r}.")
-                        reply = ("ok", handler(peer, *args))
-                    except Exception as e:  # noqa: BLE001 -- every error goes back to the caller
-                        reply = ("err", error_to_wire(e))
-                    try:
-                        _send(conn, reply)
-                    except (OSError, ValueError):
-                        return
-            finally:  # nothing queued refers to the buffer: requests copy out of it first
-                peer.close()
-
-    def _op_attach(self, peer: _Peer, shape: tuple[int, ...]) -> None:
-        fd = recv_handle(peer.conn)  # sent right after this message
-        peer.close()
-        peer.pixels = PixelBuffer(shape, fd)
+            while True:
+                try:
+                    op, *args = _recv(conn)
+                except (EOFError, OSError):
+                    return  # the client thread or its process went away
+                try:
+                    handler = getattr(self, f"_op_{op}", None)
+                    if handler is None:
+                        raise EngineError(f"Unknown engine operation {op!r}.")
+                    reply = ("ok", handler(peer, *args))
+                except Exception as e:  # noqa: BLE001 -- every error goes back to the caller
+                    reply = ("err", error_to_wire(e))
+                try:
+                    _send(conn, reply)
+                except (OSError, ValueError):
+                    return
 
     def _op_info(self, peer: _Peer) -> dict[str, Any]:
         return {
@@ -193,17 +112,13 @@ class EngineServer:
             "device": str(self.runtime.pipeline.device),
         }
 
-    def _op_infer(
-        self, peer: _Peer, request: PreparedRequest, timeout: float, backend: str | None
-    ) -> RelevanceResult:
-        if peer.pixels is None:  # the pixels wait in this connection's shared buffer
-            raise EngineError("No pixel buffer is attached to this connection.")
-        pixels = self.runtime.copy_to_device(peer.pixels.tensor(), backend)
-        return self.runtime.infer_prepared(dataclasses.replace(request, pixels=pixels), timeout, backend)
+    def _op_infer(self, peer: _Peer, image: Any, query: str, controls: Controls, timeout: float,
+                  backend: str | None) -> RelevanceResult:  # fmt: skip
+        return self.runtime.infer(image, query, controls, timeout, backend)
 
-    def _op_run(self, peer: _Peer, items: list[PreparedRequest], backend: str | None) -> list[Any]:
-        out = self.runtime.run_batch([_from_wire(r) for r in items], backend)
-        return [error_to_wire(r) if isinstance(r, BaseException) else r for r in out]
+    def _op_process(self, peer: _Peer, images: list[bytes], queries: list[str], controls: Controls,
+                    overlay: str, backend: str | None) -> ProcessedBatch:  # fmt: skip
+        return self.runtime.process(images, queries, controls, overlay, backend)
 
     def _op_bench(self, peer: _Peer, request: BenchRequest) -> tuple[dict[str, Any], dict[str, Any]]:
         last = [0.0]
@@ -227,52 +142,33 @@ BENCH_PROGRESS_EVERY_S = 0.25  # a benchmark's progress (and with it a cancel) c
 
 # -- the client: in each Celery worker process ------------------------------------------------------
 class EngineClient(EngineHost):
-    """The engine host as a Celery worker process of a group sees it: the engine process.
-
-    Requests are checked, decoded and resized here (in the task's thread), so only the engine's
-    work is serialised in the engine process.
-    """
+    """The engine host as a Celery worker process of a group sees it: the engine process, which
+    decodes, batches and runs what this process sends (see the module docstring)."""
 
     def __init__(self, settings: Settings, address: str, authkey: bytes):
         self.settings = settings
         self._address = address
         self._authkey = authkey
-        self._variant = get_variant(settings.variant)
-        self._limits = image_limits(settings)
         self._local = threading.local()  # one connection per thread: replies never interleave
         self._info: dict[str, Any] | None = None
 
-    def _conn(self) -> tuple[Connection, PixelBuffer]:
+    def _conn(self) -> Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = Client(self._address, family="AF_UNIX", authkey=self._authkey)
-            size = self._variant.image_size
-            pixels = self._local.pixels = PixelBuffer((3, size, size))
-            _send(conn, ("attach", pixels.shape))
-            pixels.send(conn)
-            kind, *payload = _recv(conn)
-            if kind == "err":
-                raise error_from_wire(payload[0])
-        return conn, self._local.pixels
+        return conn
 
     def _drop(self) -> None:
-        """Forget this thread's connection and its pixel buffer (a reply may still be on its way)."""
+        """Forget this thread's connection (a reply may still be on its way)."""
         conn = getattr(self._local, "conn", None)
-        pixels = getattr(self._local, "pixels", None)
-        self._local.conn = self._local.pixels = None
+        self._local.conn = None
         if conn is not None:
             with contextlib.suppress(OSError):
                 conn.close()
-        if pixels is not None:
-            pixels.close()
 
-    def _call(self, msg: tuple, timeout: float | None = None,
-              on_progress: Progress | None = None,
-              pixels: torch.Tensor | None = None) -> Any:  # fmt: skip
+    def _call(self, msg: tuple, timeout: float | None = None, on_progress: Progress | None = None) -> Any:
         try:
-            conn, buffer = self._conn()
-            if pixels is not None:  # into the shared buffer: the message carries none
-                np.copyto(buffer.array, pixels.numpy())
+            conn = self._conn()
             _send(conn, msg)
             while True:
                 if not conn.poll(timeout):
@@ -314,27 +210,19 @@ class EngineClient(EngineHost):
     def max_batch(self) -> int:
         return int(self.info["max_batch"])
 
-    def prepare(self, image: Any, query: str, controls: Controls) -> PreparedRequest:
-        return prepare_request(image, query, controls, self._variant.config, self._variant.image_size,
-                               self.settings.max_query_chars, self._limits)  # fmt: skip
-
     def infer(
         self, image: Any, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
         self.settings.served_backend(backend)  # an unserved backend is a clear error, before any work
-        request = self.prepare(image, query, controls)
         t0 = time.perf_counter()
         # the engine keeps the deadline; the extra second is for the reply to arrive
-        result = self._call(("infer", dataclasses.replace(request, pixels=None), timeout, backend),
-                            timeout=timeout + 1.0, pixels=request.pixels)  # fmt: skip
+        result = self._call(("infer", image, query, controls, timeout, backend), timeout=timeout + 1.0)
         # the round trip: batching delay + engine + the socket both ways (model_ms is the engine's part)
         return dataclasses.replace(result, timings_ms=result.timings_ms | {"engine_wall_ms": (time.perf_counter() - t0) * 1e3})
 
-    def run_batch(
-        self, items: Sequence[PreparedRequest], backend: str | None = None
-    ) -> list[RelevanceResult | Exception]:
-        out = self._call(("run", [_to_wire(r) for r in items], backend))
-        return [error_from_wire(r) if isinstance(r, dict) else r for r in out]
+    def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
+                backend: str | None = None) -> ProcessedBatch:  # fmt: skip
+        return self._call(("process", list(images), list(queries), controls, overlay, backend))
 
     def benchmark(self, request: BenchRequest, progress: Progress | None = None
                   ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip

@@ -11,16 +11,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the types only: importing this module loads no engine
     from ...images import ImageLike
-    from ...pipeline import PreparedRequest
     from ...request import Controls
     from ...result import RelevanceResult
     from ..jobs.types import BenchRequest
 
 Progress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class Processed:
+    """One batch-job item as the engine host hands it back (picklable: it crosses to a group's
+    Celery processes)."""
+
+    result: RelevanceResult | None = None
+    error: dict[str, str] | None = None  # the item's error in the wire form (arrcoc.service.codec)
+    overlay: bytes | None = None  # the encoded overlay (ProcessedBatch.overlay_format), if any
+
+
+@dataclass(frozen=True)
+class ProcessedBatch:
+    items: list[Processed]
+    # where the batch's time went, in ms (decode, engine, render_encode): the end-to-end breakdown
+    stage_ms: dict[str, float] = field(default_factory=dict)
 
 
 class EngineHost(ABC):
@@ -34,18 +51,16 @@ class EngineHost(ABC):
         """The largest batch one engine call takes."""
 
     @abstractmethod
-    def prepare(self, image: ImageLike, query: str, controls: Controls) -> PreparedRequest:
-        """Check, decode and resize one request in the caller's thread (no engine needed)."""
-
-    @abstractmethod
     def infer(self, image: ImageLike, query: str, controls: Controls, timeout: float,
               backend: str | None = None) -> RelevanceResult:  # fmt: skip
         """One interactive request through the dynamic batcher; waits at most `timeout` s."""
 
     @abstractmethod
-    def run_batch(self, items: Sequence[PreparedRequest],
-                  backend: str | None = None) -> list[RelevanceResult | Exception]:  # fmt: skip
-        """Prepared requests -> one result or one error per item (a batch job's chunk)."""
+    def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
+                backend: str | None = None) -> ProcessedBatch:  # fmt: skip
+        """A batch job's items, bytes to results: decoded together on the engine's path, run in as
+        few engine calls as the buckets allow, overlays rendered and encoded (`overlay`: jpeg,
+        png or none). One Processed per item, in order; a bad item fails alone."""
 
     @abstractmethod
     def benchmark(self, request: BenchRequest, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -13,10 +13,12 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from ... import overlays
 from ...engine import create_backend, resolve_device
 from ...engine.base import parse_dtype
 from ...errors import ArrcocError, DeadlineExceeded
@@ -25,9 +27,10 @@ from ...pipeline import PreparedRequest, RelevancePipeline
 from ...request import Controls, image_limits
 from ...result import RelevanceResult
 from ...settings import Settings
+from ..codec import error_to_wire
 from ..jobs.types import BenchRequest
 from .batching import DynamicBatcher
-from .interface import EngineHost, Progress
+from .interface import EngineHost, Processed, ProcessedBatch, Progress
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class Runtime(EngineHost):
         self._batchers: dict[str, DynamicBatcher] = {}
         self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
         self._copy_streams = threading.local()  # a CUDA stream per thread for copy_to_device
+        self._render_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="arrcoc-render")  # CPU overlays
 
     # -- the engine ------------------------------------------------------------------------
     @property
@@ -132,6 +136,33 @@ class Runtime(EngineHost):
                 except ArrcocError as e:
                     out.append(e)
             return out
+
+    # -- batch jobs: bytes to results and overlays, on the engine's device ---------------------
+    def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
+                backend: str | None = None) -> ProcessedBatch:  # fmt: skip
+        pipe = self.pipeline_for(backend)
+        sync = torch.cuda.synchronize if pipe.device.type == "cuda" else (lambda: None)
+        t0 = time.perf_counter()
+        prepared = pipe.prepare_many(images, queries, controls, None if overlay == "none" else overlays.VIEW_SIDE)
+        sync()  # the stage times below are the device's too
+        t1 = time.perf_counter()
+        ok = [i for i, p in enumerate(prepared) if not isinstance(p, ArrcocError)]
+        results = self.run_batch([prepared[i][0] for i in ok], backend) if ok else []
+        t2 = time.perf_counter()
+        done = [(i, r) for i, r in zip(ok, results, strict=True) if not isinstance(r, BaseException)]
+        encoded = [None] * len(done)
+        if overlay != "none" and done:
+            views = [prepared[i][1] for i, _ in done]
+            encoded = overlays.encode(views, [r.relevance for _, r in done], overlay, self._render_pool)
+        t3 = time.perf_counter()
+        items = [Processed(error=error_to_wire(p)) if isinstance(p, ArrcocError) else None for p in prepared]
+        for i, r in zip(ok, results, strict=True):
+            if isinstance(r, BaseException):
+                items[i] = Processed(error=error_to_wire(r))
+        for (i, r), data in zip(done, encoded, strict=True):
+            items[i] = Processed(result=r, overlay=data)
+        stage_ms = {"decode": (t1 - t0) * 1e3, "engine": (t2 - t1) * 1e3, "render_encode": (t3 - t2) * 1e3}
+        return ProcessedBatch(items, stage_ms)
 
     # -- interactive requests: through the batcher -----------------------------------------
     def batcher_for(self, backend: str | None) -> DynamicBatcher:
@@ -235,3 +266,5 @@ class Runtime(EngineHost):
             batcher.close()
         for pipe in self._pipelines.values():
             pipe.backend.close()
+            pipe.decoder.close()
+        self._render_pool.shutdown(wait=False, cancel_futures=True)

@@ -19,28 +19,26 @@ import secrets
 import shutil
 import time
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PIL import Image
+import orjson
 
-from ...errors import ArrcocError, JobError
-from ...render import overlay
-from ...request import Controls, validate_image
+from ... import overlays
+from ...errors import InvalidInputError, JobError
+from ...request import Controls
 from ...settings import Settings
-from ..codec import error_to_wire
 from .archive import Item, load_items, unpack
 from .files import atomic_write, job_dir, new_job_id
 from .store import JobStore
 from .types import JobKind, JobState
 
 if TYPE_CHECKING:
-    from ...pipeline import PreparedRequest
-    from ..host.interface import EngineHost
+    from ..host.interface import EngineHost, ProcessedBatch
 
 log = logging.getLogger(__name__)
 
-OVERLAY_MAX_SIDE = 1024
 
 
 def create_batch_job(
@@ -54,7 +52,7 @@ def create_batch_job(
     jd.mkdir(parents=True)
     try:
         items = unpack(archive, query, jd, settings)
-        chunk = max(1, min(settings.batch_max_size, max(settings.buckets)))
+        chunk = max(1, settings.batch_chunk_items)
         meta = {"job_id": job_id, "kind": "batch", "query": query, "controls": (controls or Controls()).to_wire(),
                 "total": len(items), "chunk": chunk, "expires_at": time.time() + settings.job_ttl_s}  # fmt: skip
         (jd / "job.json").write_text(json.dumps(meta))
@@ -67,22 +65,27 @@ def create_batch_job(
 
 
 # -- running a chunk --------------------------------------------------------------------------
-def _write_item(jd: Path, it: Item, image: Image.Image | None, row: dict[str, Any]) -> None:
-    (jd / "results").mkdir(exist_ok=True)
-    if image is not None and row.get("ok"):
-        (jd / "overlays").mkdir(exist_ok=True)
-        img = image.copy()
-        img.thumbnail((OVERLAY_MAX_SIDE, OVERLAY_MAX_SIDE))
-        buf = io.BytesIO()
-        overlay(img, row["_relevance"]).save(buf, "PNG")
-        atomic_write(jd / "overlays" / f"{it.index:05d}.png", buf.getvalue())
-    row.pop("_relevance", None)
-    atomic_write(jd / "results" / f"{it.index:05d}.json", json.dumps(row).encode())
+# A chunk runs as a pipeline of steps (bounded: one step read ahead, one being written): while the
+# engine host decodes, runs and renders step k, a thread reads step k+1's files and another
+# writes step k-1's results. A step is one engine-host call: decoded together (on the GPU when it
+# can), run in the largest buckets, overlays encoded together: two engine batches (64 items on a
+# GPU), at least 8 (a CPU runs one at a time) so that progress moves on a small job.
+STEP_ITEMS = 64
+MIN_STEP_ITEMS = 8
 
 
-def _fail_item(jd: Path, store: JobStore, job_id: str, it: Item, message: str) -> None:
-    _write_item(jd, it, None, {"index": it.index, "file": it.file, "query": it.query, "ok": False, "error": message})
-    store.mark_item(job_id, it.index, message)
+def _row(it: Item, ok: bool, error: str | None = None) -> dict[str, Any]:
+    return {"index": it.index, "file": it.file, "query": it.query, "ok": ok, "error": error}
+
+
+def _write_row(jd: Path, row: dict[str, Any]) -> None:
+    atomic_write(jd / "results" / f"{row['index']:05d}.json", orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def _fail_items(jd: Path, store: JobStore, job_id: str, failed: list[tuple[Item, str]]) -> None:
+    for it, message in failed:
+        _write_row(jd, _row(it, False, message))
+    store.mark_items(job_id, [(it.index, message) for it, message in failed])
 
 
 def run_chunk(
@@ -96,56 +99,108 @@ def run_chunk(
         return {"job_id": job_id, "skipped": state.value}
     store.set_state(job_id, JobState.RUNNING, expect=(JobState.PENDING,))
     jd = job_dir(settings, job_id)
+    (jd / "results").mkdir(exist_ok=True)
+    (jd / "overlays").mkdir(exist_ok=True)
     controls = Controls.from_wire(json.loads(rec.get("controls") or "{}"))
-    todo = [it for it in load_items(jd)[start:stop] if not store.item_finished(job_id, it.index)]
+    items = load_items(jd)[start:stop]
+    finished = store.finished_items(job_id, [it.index for it in items])
+    todo = [it for it in items if it.index not in finished]
+    attempts = store.attempt_items(job_id, [it.index for it in todo])
     fresh: list[Item] = []
     suspect: list[Item] = []
-    for it in todo:
-        n = store.attempt(job_id, it.index)
+    skipped: list[tuple[Item, str]] = []
+    for it, n in zip(todo, attempts, strict=True):
         if n > settings.max_redeliveries:
-            _fail_item(jd, store, job_id, it, f"Skipped after {n - 1} attempts: the worker stopped each time"
-                       " it processed this item (crash, out of memory or time limit).")  # fmt: skip
+            skipped.append((it, f"Skipped after {n - 1} attempts: the worker stopped each time it processed"
+                                " this item (crash, out of memory or time limit)."))  # fmt: skip
         else:
             (suspect if n > 1 else fresh).append(it)
+    _fail_items(jd, store, job_id, skipped)
+    stages: dict[str, float] = {}
     processed = 0
     for group in [fresh] + [[it] for it in suspect]:  # after a crash, suspects run alone
         if not group:
             continue
-        if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
-            return {"job_id": job_id, "skipped": "cancelled", "processed": processed}
-        if deadline is not None and time.monotonic() > deadline:
-            for it in group:
-                _fail_item(jd, store, job_id, it, "The chunk ran past its time limit; this item was not processed.")
-            continue
-        processed += _run_group(job_id, jd, group, controls, host, store, settings)
+        done = _run_group(job_id, jd, group, controls, host, store, settings, deadline, stages)
+        if done is None:
+            return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
+        processed += done
     maybe_finalize(job_id, store, settings)
-    return {"job_id": job_id, "processed": processed}
+    if stages:
+        store.add_stage_ms(job_id, stages)
+    return {"job_id": job_id, "processed": processed, "stage_ms": stages}
+
+
+def _read(jd: Path, items: list[Item]) -> list[bytes]:
+    out = []
+    for it in items:
+        try:
+            out.append((jd / it.path).read_bytes())
+        except OSError:
+            out.append(b"")  # reported by the decoder as an empty image
+    return out
 
 
 def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, host: EngineHost, store: JobStore,
-               settings: Settings) -> int:  # fmt: skip
-    ready: list[tuple[Item, Image.Image, PreparedRequest]] = []
-    for it in group:  # a bad image or query fails its item, not the group
-        try:
-            img = validate_image((jd / it.path).read_bytes(), settings)
-            ready.append((it, img, host.prepare(img, it.query, controls)))
-        except ArrcocError as e:
-            _fail_item(jd, store, job_id, it, str(e))
-    if not ready:
-        return 0
-    step = host.max_batch
-    results = []
-    for i in range(0, len(ready), step):
-        results += host.run_batch([r[2] for r in ready[i : i + step]])
-    for (it, img, _), res in zip(ready, results, strict=True):
-        if isinstance(res, BaseException):
-            _fail_item(jd, store, job_id, it, error_to_wire(res)["message"])
+               settings: Settings, deadline: float | None, stages: dict[str, float]) -> int | None:  # fmt: skip
+    """The group's items through the pipeline; how many ran, or None if the job was cancelled."""
+    size = min(STEP_ITEMS, max(MIN_STEP_ITEMS, 2 * host.max_batch))
+    steps = [group[i : i + size] for i in range(0, len(group), size)]
+    fmt = settings.overlay_format
+    with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-read") as reader, \
+            ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write") as writer:  # fmt: skip
+        reading = reader.submit(_read, jd, steps[0])
+        writing: Future | None = None
+        ran = 0
+        for k, step in enumerate(steps):
+            t0 = time.perf_counter()
+            datas = reading.result()
+            _add(stages, "read_wait", t0)
+            if k + 1 < len(steps):
+                reading = reader.submit(_read, jd, steps[k + 1])
+            if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
+                if writing is not None:
+                    writing.result()
+                return None
+            if deadline is not None and time.monotonic() > deadline:
+                _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
+                                                for it in step])  # fmt: skip
+                continue
+            batch = host.process(datas, [it.query for it in step], controls, fmt)
+            for name, ms in batch.stage_ms.items():
+                stages[name] = stages.get(name, 0.0) + ms
+            t1 = time.perf_counter()
+            if writing is not None:  # back-pressure: one step being written at a time
+                writing.result()
+            _add(stages, "write_wait", t1)
+            writing = writer.submit(_write_step, job_id, jd, step, batch, fmt, store, stages)
+            ran += len(step)
+        if writing is not None:
+            writing.result()
+    return ran
+
+
+def _add(stages: dict[str, float], name: str, since: float) -> None:
+    stages[name] = stages.get(name, 0.0) + (time.perf_counter() - since) * 1e3
+
+
+def _write_step(job_id: str, jd: Path, step: list[Item], batch: ProcessedBatch, fmt: str, store: JobStore,
+                stages: dict[str, float]) -> None:  # fmt: skip
+    t0 = time.perf_counter()
+    marks: list[tuple[int, str | None]] = []
+    for it, got in zip(step, batch.items, strict=True):
+        if got.result is None:
+            message = (got.error or {}).get("message", "The item failed.")
+            _write_row(jd, _row(it, False, message))
+            marks.append((it.index, message))
             continue
-        row = {"index": it.index, "file": it.file, "query": it.query, "ok": True, "error": None,
-               "result": res.to_json(), "_relevance": res.relevance}  # fmt: skip
-        _write_item(jd, it, img, row)
-        store.mark_item(job_id, it.index)
-    return len(ready)
+        if got.overlay is not None:
+            atomic_write(jd / "overlays" / f"{it.index:05d}{overlays.EXTENSIONS[fmt]}", got.overlay)
+        row = _row(it, True) | {"result": got.result.to_json(numpy_arrays=True)}
+        _write_row(jd, row)
+        marks.append((it.index, None))
+    store.mark_items(job_id, marks)
+    _add(stages, "write", t0)
 
 
 # -- finishing ------------------------------------------------------------------------------------
@@ -183,22 +238,24 @@ def _summary_row(row: dict[str, Any], overlay_name: str | None) -> dict[str, Any
 
 
 def build_results_zip(jd: Path) -> Path:
-    """results.zip: overlays/*.png, results.jsonl and summary.csv, one row per recorded item."""
-    jsonl = io.StringIO()
+    """results.zip: overlays/*, results.jsonl and summary.csv, one row per recorded item."""
+    jsonl = io.BytesIO()
     csv_buf = io.StringIO()
     writer = csv.DictWriter(csv_buf, fieldnames=SUMMARY_FIELDS)
     writer.writeheader()
+    drawn = {p.stem: p for p in (jd / "overlays").iterdir()} if (jd / "overlays").is_dir() else {}
     tmp = jd / f".results.{secrets.token_hex(4)}.zip"
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in sorted((jd / "results").glob("*.json")) if (jd / "results").is_dir() else ():
-            row = json.loads(path.read_text())
-            png = jd / "overlays" / f"{row['index']:05d}.png"
+            text = path.read_bytes()  # one JSON document: the jsonl line as it is
+            row = orjson.loads(text)
+            picture = drawn.get(f"{row['index']:05d}")
             name = None
-            if row["ok"] and png.exists():
+            if row["ok"] and picture is not None:
                 stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(row["file"]).stem)[:80]
-                name = f"overlays/{row['index']:05d}_{stem}.png"
-                zf.write(png, name, compress_type=zipfile.ZIP_STORED)
-            jsonl.write(json.dumps(row) + "\n")
+                name = f"overlays/{row['index']:05d}_{stem}{picture.suffix}"
+                zf.write(picture, name, compress_type=zipfile.ZIP_STORED)  # already compressed
+            jsonl.write(text + b"\n")
             writer.writerow(_summary_row(row, name))
         zf.writestr("results.jsonl", jsonl.getvalue())
         zf.writestr("summary.csv", csv_buf.getvalue())

@@ -62,6 +62,27 @@ class JobStore(ABC):
     def jobs_ahead(self, job_id: str, kind: JobKind, created_at: float) -> int:
         """Unfinished jobs of this kind created before this one: its place in the queue."""
 
+    # many items at once: a batch job records a step of items in one call (one Redis round trip)
+    def mark_items(self, job_id: str, marks: list[tuple[int, str | None]]) -> None:
+        for index, error in marks:
+            self.mark_item(job_id, index, error)
+
+    def finished_items(self, job_id: str, indices: list[int]) -> set[int]:
+        return {i for i in indices if self.item_finished(job_id, i)}
+
+    def attempt_items(self, job_id: str, indices: list[int]) -> list[int]:
+        return [self.attempt(job_id, i) for i in indices]
+
+    def add_stage_ms(self, job_id: str, stage_ms: dict[str, float]) -> None:
+        """Add a chunk's time per stage to the job's (`stage_ms` field: the end-to-end breakdown)."""
+        with self._stage_lock:
+            total = json.loads(self._fields(job_id).get("stage_ms") or "{}")
+            for name, ms in stage_ms.items():
+                total[name] = round(total.get(name, 0.0) + ms, 3)
+            self.set_fields(job_id, stage_ms=total)
+
+    _stage_lock = threading.Lock()
+
     def record(self, job_id: str) -> dict[str, str]:
         """The job's fields; {"state": "expired"} past its TTL; JobError for an unknown id."""
         fields = self._fields(job_id)
@@ -73,6 +94,15 @@ class JobStore(ABC):
         if expires <= time.time() + 1.0:
             return {"state": JobState.EXPIRED.value, "message": "The job's results expired and were deleted."}
         return {"state": JobState.FAILED.value, "message": "The job's state was lost (was Redis flushed?)."}
+
+    def check_owner(self, job_id: str, owner: str | None) -> None:
+        """A job made by another owner (session or token) is "no such job" to this one; owner None:
+        no check (the library, or a CLI with direct access to Redis)."""
+        if owner is None:
+            return
+        fields = self._fields(job_id)
+        if fields and not hmac.compare_digest(fields.get("owner", "").encode(), owner.encode()):
+            raise JobError(f"No job {job_id!r}: check the id (jobs are kept for a limited time).")
 
     def cancel(self, job_id: str) -> None:
         """Cancel a pending or running job (a finished one stays as it is)."""
@@ -95,15 +125,6 @@ class JobStore(ABC):
 
 def _encode(fields: dict[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()}
-    def check_owner(self, job_id: str, owner: str | None) -> None:
-        """A job made by another owner (session or token) is "no such job" to this one; owner None:
-        no check (the library, or a CLI with direct access to Redis)."""
-        if owner is None:
-            return
-        fields = self._fields(job_id)
-        if fields and not hmac.compare_digest(fields.get("owner", "").encode(), owner.encode()):
-            raise JobError(f"No job {job_id!r}: check the id (jobs are kept for a limited time).")
-
 
 
 class MemoryJobStore(JobStore):
@@ -318,6 +339,34 @@ class RedisJobStore(JobStore):
 
     def failed_items(self, job_id):
         return {int(k): v for k, v in self._call(self.r.hgetall, self.key(job_id, "failed")).items()}
+
+    def mark_items(self, job_id, marks):
+        if not marks:
+            return
+        keys = [self.key(job_id, "done"), self.key(job_id, "failed")]
+        ttl = str(self._ttl(job_id))
+        pipe = self.r.pipeline(transaction=False)
+        for index, error in marks:
+            self._mark(keys=keys, args=[str(index), error or ("failed" if error == "" else ""), ttl], client=pipe)
+        self._call(pipe.execute)
+
+    def finished_items(self, job_id, indices):
+        pipe = self.r.pipeline(transaction=False)
+        pipe.smembers(self.key(job_id, "done"))
+        pipe.hkeys(self.key(job_id, "failed"))
+        done, failed = self._call(pipe.execute)
+        recorded = {int(i) for i in done} | {int(i) for i in failed}
+        return {i for i in indices if i in recorded}
+
+    def attempt_items(self, job_id, indices):
+        if not indices:
+            return []
+        key = self.key(job_id, "attempts")
+        pipe = self.r.pipeline(transaction=False)
+        for i in indices:
+            pipe.hincrby(key, str(i), 1)
+        pipe.expire(key, self._ttl(job_id))
+        return [int(n) for n in self._call(pipe.execute)[:-1]]
 
     def attempt(self, job_id, index):
         key = self.key(job_id, "attempts")

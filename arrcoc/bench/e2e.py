@@ -1,0 +1,357 @@
+"""`arrcoc bench e2e`: the whole system, bytes in -> results out, as a user meets it.
+
+A fixed workload of real photos (scikit-image's, cropped and resized to 800x600 and to 4032x3024
+JPEG, plus PNGs) through the project's own executors:
+- batch jobs: a zip submitted until its results zip is complete, in images/s, with the GPU's busy
+  fraction (nvidia-smi, sampled every 100 ms) and where the time went per stage (unpack, read,
+  decode, engine, render + encode, write; the job runner's own accounting);
+- the engine alone on the same items at the same batch size, for comparison;
+- interactive requests: p50/p99 with 1 caller, throughput and p50/p99 with 32 concurrent callers,
+  with the per-request split the results carry (decode + resize, engine, the rest);
+- all of it in-process and through Celery (a redis-server and an `arrcoc worker` started here).
+The report is JSON (with the environment) and a markdown table, beside `arrcoc bench`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import json
+import subprocess
+import tempfile
+import threading
+import time
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..engine import resolve_device
+from ..settings import Settings, default_settings
+from .env import collect_env
+from .load import percentile, run_load
+
+QUERIES = ("the red one", "the top right", "the text", "the orange suit", "the left side", "the green eyes",
+           "the bright area", "the dark corner")  # fmt: skip
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
+          "colorwheel")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    device: str = "auto"
+    backend: str = "compiled"
+    items: int = 2048  # 800x600 JPEGs in the batch job
+    large_items: int = 256  # 4032x3024 JPEGs (12 MP)
+    png_items: int = 128  # 800x600 PNGs
+    requests: int = 512  # interactive requests per measurement
+    clients: int = 32
+    celery: bool = True
+    worker_processes: int = 8  # Celery processes feeding one engine process
+    client_processes: int = 8  # client processes driving the Celery measurements
+    overlay: str = "jpeg"
+
+
+# -- the workload ---------------------------------------------------------------------------------
+def _photo(name: str) -> Image.Image:
+    from skimage import data
+
+    arr = getattr(data, name)()
+    if arr.ndim == 2:
+        arr = np.stack([arr] * 3, axis=-1)
+    return Image.fromarray(arr[..., :3].astype(np.uint8))
+
+
+def _fit(img: Image.Image, w: int, h: int) -> Image.Image:
+    """Centre-crop to w:h, then resize to w x h."""
+    sw, sh = img.size
+    scale = min(sw / w, sh / h)
+    cw, ch = int(w * scale), int(h * scale)
+    left, top = (sw - cw) // 2, (sh - ch) // 2
+    return img.crop((left, top, left + cw, top + ch)).resize((w, h), Image.Resampling.BICUBIC)
+
+
+def _encode(img: Image.Image, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+def workload() -> dict[str, list[bytes]]:
+    """Distinct encoded photos per kind (a job cycles through them)."""
+    photos = [_photo(n) for n in PHOTOS]
+    return {
+        "jpeg_800x600": [_encode(_fit(p, 800, 600), "JPEG") for p in photos],
+        "jpeg_4032x3024": [_encode(_fit(p, 4032, 3024), "JPEG") for p in photos[:4]],
+        "png_800x600": [_encode(_fit(p, 800, 600), "PNG") for p in photos[:4]],
+    }
+
+
+def _zip(images: list[bytes], n: int, ext: str) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:  # photos are compressed already
+        for i in range(n):
+            zf.writestr(f"img{i:05d}{ext}", images[i % len(images)])
+    return buf.getvalue()
+
+
+# -- measuring ------------------------------------------------------------------------------------
+class GpuBusy:
+    """The GPU's utilisation (nvidia-smi, every 100 ms) while the block runs; None without one."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.samples: list[float] = []
+
+    def __enter__(self) -> GpuBusy:
+        self._proc = None
+        if self.device.type == "cuda":
+            index = self.device.index or 0
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", "-i", str(index), "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                 "-lms", "100"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                self.samples.append(float(line.strip()) / 100.0)
+            except ValueError:
+                continue
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(5)
+
+    @property
+    def fraction(self) -> float | None:
+        return round(float(np.mean(self.samples)), 3) if self.samples else None
+
+
+def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "the red one") -> dict[str, Any]:
+    """One batch job from submission until its results zip is complete."""
+    with GpuBusy(device) as busy:
+        t0 = time.perf_counter()
+        job = ex.submit_batch(archive, query)
+        t_unpacked = time.perf_counter()
+        while not ex.status(job).state.finished:
+            time.sleep(0.01)
+        path = ex.batch_results(job)
+        wall = time.perf_counter() - t0
+    st = ex.status(job)
+    stages = json.loads(ex.store.record(job).get("stage_ms") or "{}")
+    stages["unpack"] = (t_unpacked - t0) * 1e3
+    with zipfile.ZipFile(path) as zf:
+        rows = sum(1 for _ in zf.read("results.jsonl").splitlines())
+    return {
+        "items": n, "done": st.done, "failed": st.failed, "rows": rows, "wall_s": round(wall, 3),
+        "images_per_s": round(n / wall, 1), "gpu_busy": busy.fraction,
+        "stage_ms_per_item": {k: round(v / n, 3) for k, v in sorted(stages.items())},
+    }  # fmt: skip
+
+
+def engine_alone(runtime, images: list[bytes], n: int, step: int) -> dict[str, Any]:
+    """The engine on the same items at the same batch size, pixels decoded beforehand."""
+    pipe = runtime.pipeline
+    prepared = [p[0] for p in pipe.prepare_many(images, ["the red one"] * len(images))]
+    reqs = [prepared[i % len(prepared)] for i in range(step)]
+    runtime.run_batch(reqs)  # warm
+    sync = torch.cuda.synchronize if pipe.device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(max(1, n // step)):
+        runtime.run_batch(reqs)
+    sync()
+    wall = time.perf_counter() - t0
+    return {"items": max(1, n // step) * step, "batch": step, "images_per_s": round(max(1, n // step) * step / wall, 1)}
+
+
+def decode_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any] | None:
+    """How far the GPU's decoding (nvJPEG + resize on the device) moves the results from Pillow's,
+    on the workload's JPEGs: None where the GPU path does not run."""
+    from ..preprocess import Decoder
+
+    pipe = runtime.pipeline
+    if not pipe.decoder.gpu:
+        return None
+    cpu = Decoder(torch.device("cpu"), pipe.variant.image_size, pipe.limits)
+    images = work["jpeg_800x600"] + work["jpeg_4032x3024"]
+    rows = []
+    for kind, decoder in (("gpu", pipe.decoder), ("cpu", cpu)):
+        pixels = [p.pixels.to(pipe.device) for p in decoder.decode(images)]
+        prepared = pipe.prepare_many(images, ["the red one"] * len(images))
+        reqs = [dataclasses.replace(p[0], pixels=px) for p, px in zip(prepared, pixels, strict=True)]
+        rows.append((kind, runtime.run_batch(reqs), pixels))
+    (_, gpu, gpx), (_, cpu_res, cpx) = rows
+    cpu.close()
+    rel = [float(np.abs(a.relevance - b.relevance).max()) for a, b in zip(gpu, cpu_res, strict=True)]
+    overlap = [len(set(a.selected.tolist()) & set(b.selected.tolist())) / len(a.selected) for a, b in zip(gpu, cpu_res, strict=True)]
+    levels = [float((a.int() - b.int()).abs().float().mean()) for a, b in zip(gpx, cpx, strict=True)]
+    return {"images": len(images), "pixel_mean_abs_levels": round(float(np.mean(levels)), 3),
+            "relevance_max_abs_diff": {"max": round(max(rel), 5), "median": round(float(np.median(rel)), 5)},
+            "top_k_overlap": {"min": round(min(overlap), 3), "mean": round(float(np.mean(overlap)), 3)},
+            "top1_same": sum(int(a.selected[0] == b.selected[0]) for a, b in zip(gpu, cpu_res, strict=True))}  # fmt: skip
+
+
+def interactive(make_executor, image: bytes, clients: int, requests: int, processes: int = 1) -> dict[str, Any]:
+    report = run_load(make_executor, image, QUERIES, clients, requests, timeout=120.0, processes=processes)
+    t = report["timings_ms_mean"]
+    inside = t.get("preprocess_ms", 0.0) + t.get("model_ms", 0.0)
+    report["stage_ms_mean"] = {"decode_resize": t.get("preprocess_ms"), "engine_batch": t.get("model_ms"),
+                               "queue_and_rest": round(report["mean_ms"] - inside, 3)}  # fmt: skip
+    return report
+
+
+def _settings(cfg: E2EConfig, data_dir: Path, **more: Any) -> Settings:
+    return default_settings(device=cfg.device, backend=cfg.backend, backends=(cfg.backend,), data_dir=data_dir,
+                            overlay_format=cfg.overlay, broker_url=None, **more)  # fmt: skip
+
+
+class _Lent:
+    """The benchmark's in-process executor lent to run_load as its factory (its clients are threads
+    of this process); run_load closes what it gets, the benchmark closes the executor once, at the end."""
+
+    def __init__(self, ex):
+        self._ex = ex
+
+    def __call__(self) -> _Lent:
+        return self
+
+    def __getattr__(self, name: str):
+        return getattr(self._ex, name)
+
+    def close(self) -> None:
+        pass
+
+
+def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
+    device = resolve_device(cfg.device)
+    work = workload()
+    root = Path(tempfile.mkdtemp(prefix="arrcoc-e2e-"))
+    report: dict[str, Any] = {"schema": "arrcoc.bench.e2e/1", "env": collect_env(device), "config": asdict(cfg)}
+    settings = _settings(cfg, root / "inprocess")
+    progress(f"in-process executor: {cfg.backend} on {device}, warming up")
+    from ..service.client.inprocess import InProcessExecutor
+
+    ex = InProcessExecutor(settings)
+    t0 = time.perf_counter()
+    ex.warmup()
+    report["warmup_s"] = round(time.perf_counter() - t0, 1)
+    jobs = {"jpeg_800x600": (cfg.items, ".jpg"), "jpeg_4032x3024": (cfg.large_items, ".jpg"),
+            "png_800x600": (cfg.png_items, ".png")}  # fmt: skip
+    try:
+        report["engine_alone"] = engine_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), 64)
+        report["decode_parity"] = decode_parity(ex.runtime, work)
+        report["batch_inprocess"] = {}
+        for kind, (n, ext) in jobs.items():
+            if n:
+                progress(f"batch job in-process: {n} x {kind}")
+                report["batch_inprocess"][kind] = batch_job(ex, _zip(work[kind], n, ext), n, device)
+        image = work["jpeg_800x600"][1]
+        shared = _Lent(ex)
+        progress("interactive in-process: 1 caller")
+        report["interactive_inprocess_1"] = interactive(shared, image, 1, min(cfg.requests, 256))
+        progress(f"interactive in-process: {cfg.clients} callers")
+        report["interactive_inprocess_n"] = interactive(shared, image, cfg.clients, cfg.requests * 2)
+    finally:
+        ex.close()
+    if cfg.celery:
+        try:
+            report.update(_celery(cfg, work, root, device, progress))
+        except Exception as e:  # noqa: BLE001 -- the in-process half still stands; say what failed
+            report["celery_error"] = f"{type(e).__name__}: {e}"
+            progress(f"Celery part failed: {report['celery_error']}")
+    return report
+
+
+def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, progress) -> dict[str, Any]:
+    from ..service.client.celery_executor import CeleryExecutor
+    from .processes import RedisServer, Worker, worker_env
+
+    out: dict[str, Any] = {}
+    redis = RedisServer(root / "redis")
+    data = root / "celery"
+    env = worker_env(redis.url, data, device=cfg.device, backend=cfg.backend, backends=cfg.backend,
+                     worker_processes=str(cfg.worker_processes), overlay_format=cfg.overlay,
+                     worker_threads=str(cfg.clients + 4))  # fmt: skip
+    worker = Worker(env, root / "worker.log")
+    try:
+        progress(f"Celery: worker group of {cfg.worker_processes} processes, warming up")
+        worker.ready(900)
+        make = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=data))
+        ex = make()
+        try:
+            out["batch_celery"] = {}
+            for kind, n, ext in (("jpeg_800x600", cfg.items, ".jpg"), ("jpeg_4032x3024", cfg.large_items, ".jpg")):
+                if n:
+                    progress(f"batch job through Celery: {n} x {kind}")
+                    out["batch_celery"][kind] = batch_job(ex, _zip(work[kind], n, ext), n, device)
+        finally:
+            ex.close()
+        image = work["jpeg_800x600"][1]
+        progress("interactive through Celery: 1 caller")
+        out["interactive_celery_1"] = interactive(make, image, 1, min(cfg.requests, 256))
+        progress(f"interactive through Celery: {cfg.clients} callers in {cfg.client_processes} processes")
+        out["interactive_celery_n"] = interactive(make, image, cfg.clients, cfg.requests * 2, cfg.client_processes)
+    finally:
+        worker.stop()
+        redis.stop()
+    return out
+
+
+# -- the report -------------------------------------------------------------------------------------
+def markdown(report: dict[str, Any]) -> str:
+    env, cfg = report["env"], report["config"]
+    lines = [f"# End to end — {env['date'][:10]}, {env.get('gpu') or env['cpu']} ({env['device']}), "
+             f"backend {cfg['backend']}, commit {str(env.get('commit'))[:7]}", "",
+             f"torch {env['torch']}, CUDA {env.get('cuda')}, {env['cpu_count']} CPUs; warm-up {report.get('warmup_s')} s.",
+             "", "## Batch jobs (submission to results zip complete)", "",
+             "| path | workload | items | images/s | GPU busy | per item ms: " + ", ".join(STAGES) + " |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for path in ("inprocess", "celery"):
+        for kind, row in report.get(f"batch_{path}", {}).items():
+            st = row["stage_ms_per_item"]
+            lines.append(f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | **{row['images_per_s']}** | "
+                         f"{row['gpu_busy'] if row['gpu_busy'] is not None else '-'} | "
+                         + ", ".join(f"{st.get(s, 0):.2f}" for s in STAGES) + " |")  # fmt: skip
+    par = report.get("decode_parity")
+    if par:
+        lines += ["", f"GPU vs CPU decoding on {par['images']} JPEGs: pixels differ by {par['pixel_mean_abs_levels']} levels on"
+                  f" average; relevance max |Δ| {par['relevance_max_abs_diff']}; top-K overlap {par['top_k_overlap']};"
+                  f" same top cell {par['top1_same']}/{par['images']}."]  # fmt: skip
+    eng = report.get("engine_alone")
+    if eng:
+        lines += ["", f"Engine alone on the same photos, batch {eng['batch']}: **{eng['images_per_s']} images/s**."]
+    lines += ["", "## Interactive requests", "", "| path | callers | req/s | p50 ms | p99 ms | mean: decode+resize, engine batch, queue+rest (ms) |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for path in ("inprocess", "celery"):
+        for n in ("1", "n"):
+            row = report.get(f"interactive_{path}_{n}")
+            if row:
+                sm = row["stage_ms_mean"]
+                lines.append(f"| {path} | {row['clients']} | **{row['throughput_rps']}** | {row['p50_ms']} | {row['p99_ms']} | "
+                             f"{sm['decode_resize']}, {sm['engine_batch']}, {sm['queue_and_rest']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+# the batch job runner's stages (jobs/batch.py, host.process), per item
+STAGES = ("unpack", "read_wait", "decode", "engine", "render_encode", "write_wait", "write")
+
+
+def write(report: dict[str, Any], stem: Path) -> list[Path]:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    paths[0].write_text(json.dumps(report, indent=1))
+    paths[1].write_text(markdown(report))
+    return paths
+
+
+__all__ = ["E2EConfig", "markdown", "percentile", "run_e2e", "workload", "write"]

@@ -1,0 +1,68 @@
+"""Batch-job overlays: the relevance map blended over the image, encoded, where the pixels are.
+
+On a GPU (torchvision's nvJPEG) the colour map, the blend and the JPEG encoding of a whole batch
+run on the device; elsewhere (and for PNG, which the GPU does not encode) arrcoc.render.overlay
+draws each with Pillow in a thread pool. Both draw the same picture: the map's cells coloured
+with the same colour table, crisp (nearest), blended at the same alpha.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from .render import _LUT, OVERLAY_ALPHA, overlay
+
+EXTENSIONS = {"jpeg": ".jpg", "png": ".png"}
+JPEG_QUALITY = 90
+VIEW_SIDE = 1024  # an overlay is drawn on the image at most this size on a side
+
+
+@cache
+def _lut(device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(_LUT.astype(np.float32)).to(device)  # (256, 3)
+
+
+def encode(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray], fmt: str,
+           pool: ThreadPoolExecutor | None = None) -> list[bytes]:  # fmt: skip
+    """One encoded overlay per (view (3, h, w) uint8, map (G, G) in [0, 1])."""
+    if not views:
+        return []
+    if fmt == "jpeg" and views[0].is_cuda:
+        return _encode_gpu(views, maps)
+    work = lambda vm: _encode_cpu(vm[0], vm[1], fmt)  # noqa: E731
+    return list(pool.map(work, zip(views, maps, strict=True))) if pool else [work(vm) for vm in zip(views, maps, strict=True)]
+
+
+def _encode_cpu(view: torch.Tensor, grid: np.ndarray, fmt: str) -> bytes:
+    img = Image.fromarray(view.cpu().numpy().transpose(1, 2, 0))
+    buf = io.BytesIO()
+    picture = overlay(img, grid)
+    if fmt == "jpeg":
+        picture.save(buf, "JPEG", quality=JPEG_QUALITY)
+    else:
+        picture.save(buf, "PNG", compress_level=1)  # level 1: a quarter of the default's time, ~10% larger
+    return buf.getvalue()
+
+
+def _encode_gpu(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray]) -> list[bytes]:
+    from torchvision.io import encode_jpeg
+
+    device = views[0].device
+    lut = _lut(device)
+    grids = torch.from_numpy(np.stack([np.asarray(m, dtype=np.float32) for m in maps])).to(device)
+    heat = lut[(grids * 255.0 + 0.5).clamp_(0, 255).long()].permute(0, 3, 1, 2)  # (B, 3, G, G)
+    blended = []
+    for view, colours in zip(views, heat, strict=True):
+        h, w = view.shape[1:]
+        up = F.interpolate(colours.unsqueeze(0), size=(h, w), mode="nearest-exact").squeeze(0)
+        mix = view.float() * (1.0 - OVERLAY_ALPHA) + up * OVERLAY_ALPHA
+        blended.append(mix.round_().clamp_(0, 255).to(torch.uint8))
+    return [bytes(t.cpu().numpy()) for t in encode_jpeg(blended, quality=JPEG_QUALITY)]
