@@ -78,8 +78,6 @@ CSS = """
 .arr-match-none {color: var(--body-text-color-subdued);}
 .arr-texture .fixed-height {min-height: 0 !important; max-height: none !important;}
 .arr-texture .grid-wrap {overflow-y: visible !important;}
-.arr-texture .caption-label {white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
-  max-width: none !important; position: static !important; font-size: 0.8em;}
 .arr-gallery .caption-label {white-space: normal !important; max-width: none !important;}
 """
 CHANNEL_GROUP_LABELS = ("colour: R, G, B, L*, a*, b*", "edges: Sobel x, y, magnitude, contrast", "position: y, x, eccentricity")
@@ -200,7 +198,8 @@ def run_model(
     except Exception as e:
         raise _user_error(e) from e
     run = Run(image=image, result=result, scale=scale or "sqrt")
-    return (views.match_html(result), *views.overview(run), run, "Drawing the other views…")
+    match = views.match_html(result)
+    return (match, match, *views.overview(run), run, "Drawing the other views below…")
 
 
 def run_without_query(run: Run | None, image_path: str | None, s_info: float, s_persp: float, backend: str) -> Run | None:
@@ -245,7 +244,7 @@ def render_views(run: Run | None, map_label: str, opacity: float) -> tuple:
 def render_impact(run: Run | None) -> tuple:
     if run is None:
         return None, None, None, "", ""
-    ready = f"All views are drawn for “{run.result.query}”: pick one in the tabs above."
+    ready = f"All views are drawn for “{run.result.query}”: pick one in the tabs below."
     return (*views.impact_view(run), ready)
 
 
@@ -382,6 +381,10 @@ def show_stored_report(name: str) -> tuple:
 # ---- the page: one builder per tab ---------------------------------------------------------------
 
 
+def _md(text: str) -> str:
+    return text.replace("*", "\\*")
+
+
 def _caption(text: str) -> gr.Markdown:
     return gr.Markdown(text, elem_classes="arr-caption")
 
@@ -400,8 +403,9 @@ class InferenceTab:
 def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
     """The photo, the query, Run, the examples and the controls (the left column)."""
     c = variant.config
-    image = photo_input(label=f"Photo (up to {_mb(settings.max_image_bytes)}; any size: the model sees it at "
-                        f"{c.image_size}×{c.image_size})", sources=["upload", "clipboard"], height=300, elem_id="photo")  # fmt: skip
+    image = photo_input(label="Photo", sources=["upload", "clipboard"], height=300, elem_id="photo")
+    _caption(f"JPEG, PNG, WebP, … up to {_mb(settings.max_image_bytes)}. Any size: large photos are scaled down, and the "
+             f"model sees every photo at {c.image_size}×{c.image_size}.")  # fmt: skip
     query = gr.Textbox(label="Query", placeholder="what should the model look for? e.g. the red one", elem_id="query",
                        info=f"up to {settings.max_query_chars} characters; colours, positions and text work best")  # fmt: skip
     run = gr.Button("Run", variant="primary", elem_id="run")
@@ -430,7 +434,7 @@ class Views:
     overview: list[Any]
     status: gr.Markdown
     scale: gr.Radio
-    match: gr.HTML
+    match: list[gr.HTML]  # the match score above the overview and above the other views
     rest: list[Any]
     map: gr.Radio
     opacity: gr.Slider
@@ -438,8 +442,9 @@ class Views:
     impact: list[Any]
 
 
-def _overview_tab() -> tuple[list[Any], gr.Radio, gr.Markdown]:
-    with gr.Tab("Overview", id="overview"):
+def _overview() -> tuple[list[Any], gr.Radio, gr.Markdown]:
+    """Photo, relevance and selected cells, beside the inputs: in view as soon as Run returns."""
+    with gr.Column(elem_id="overview"):
         with gr.Row():
             photo = gr.Image(label="photo", interactive=False, buttons=["fullscreen"])
             heat = gr.Image(label="relevance", interactive=False, format="png", elem_id="relevance-map", buttons=["download", "fullscreen"])
@@ -480,16 +485,16 @@ def _overlays_tab() -> tuple[gr.Radio, gr.Slider, gr.Image]:
 def _texture_tab() -> list[Any]:
     with gr.Tab("Texture", id="texture"):
         _caption("The 13 per-cell features the scorers read. Each tile is coloured from its own minimum to its own "
-                 "maximum, given in brackets after its name.")  # fmt: skip
+                 "maximum, given in brackets under its name.")  # fmt: skip
         style = dict(height="auto", object_fit="contain", allow_preview=True, elem_classes="arr-texture", show_label=False)
-        gr.Markdown(f"**{CHANNEL_GROUP_LABELS[0]}**")
+        gr.Markdown(f"**{_md(CHANNEL_GROUP_LABELS[0])}**")
         out = [gr.Gallery(columns=6, elem_id="texture-colour", **style)]
         with gr.Row():
             with gr.Column(scale=4):
-                gr.Markdown(f"**{CHANNEL_GROUP_LABELS[1]}**")
+                gr.Markdown(f"**{_md(CHANNEL_GROUP_LABELS[1])}**")
                 out.append(gr.Gallery(columns=4, **style))
             with gr.Column(scale=3):
-                gr.Markdown(f"**{CHANNEL_GROUP_LABELS[2]}**")
+                gr.Markdown(f"**{_md(CHANNEL_GROUP_LABELS[2])}**")
                 out.append(gr.Gallery(columns=3, **style))
     return out
 
@@ -540,35 +545,40 @@ def _attribution_tab() -> list[Any]:
         return [gr.Plot(label="channel attribution", elem_id="attribution-chart"), gr.Markdown()]
 
 
-def build_views() -> Views:
-    """The match score above the view tabs (so every view shows it) and one tab per view."""
-    match = gr.HTML(views.match_html(None), elem_id="match")
+def _view_tabs() -> tuple[list[Any], gr.Radio, gr.Slider, gr.Image, list[Any]]:
+    """One tab per view, full width under the inputs and the overview."""
     with gr.Tabs(elem_id="views"):
-        overview, scale, status = _overview_tab()
         hom, three = _homunculus_tab(), _three_ways_tab()
         map_in, opacity, ovl = _overlays_tab()
         rest = [*hom, *three, ovl, *_texture_tab(), *_budget_tab(), *_compare_tab(), *_metrics_tab()]
         impact = _impact_tab()
         rest += _attribution_tab()
-    return Views(overview, status, scale, match, rest, map_in, opacity, ovl, impact)
+    return rest, map_in, opacity, ovl, impact
 
 
 def build_inference_tab(settings: Settings, variant: Variant) -> tuple[InferenceTab, Views]:
+    """Inputs and the overview side by side; the match score above the overview and above the other
+    views, so every view shows it."""
     with gr.Tab("Inference", id="infer"):
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=380):
                 inputs = build_inputs(settings, variant)
             with gr.Column(scale=3, elem_id="results"):
-                out = build_views()
-    return inputs, out
+                match = [gr.HTML(views.match_html(None), elem_id="match")]
+                overview, scale, status = _overview()
+        with gr.Column(elem_id="views-section"):
+            gr.Markdown("### Every view of the run", elem_id="views-title")
+            match.append(gr.HTML(views.match_html(None), elem_id="match-views"))
+            rest, map_in, opacity, ovl, impact = _view_tabs()
+    return inputs, Views(overview, status, scale, match, rest, map_in, opacity, ovl, impact)
 
 
 def wire_inference(inp: InferenceTab, v: Views) -> None:
     state = gr.State(None)
     ran = inp.run.click(
         run_model, [inp.image, inp.query, *inp.scales, inp.k, inp.budget, inp.backend, v.scale],
-        [v.match, *v.overview, state, v.status], api_name="run", concurrency_limit=2, scroll_to_output=True,
-        show_progress_on=[v.match, v.overview[1]],
+        [*v.match, *v.overview, state, v.status], api_name="run", concurrency_limit=2, scroll_to_output=True,
+        show_progress_on=[v.match[0], v.overview[1]],
         api_description="Run the model on one photo and query with the page's controls: (photo, query, information "
                         "scale, perspectival scale, participatory scale, K, token budget, backend or 'server default', "
                         "colour scale) -> the match score, the photo, the relevance map, the selected cells and a summary.",
@@ -697,6 +707,7 @@ def build_demo() -> gr.Blocks:
         demo.load(load_last_report, None, [bn_stored, *bench_out], **PRIVATE)
         demo.load(None, None, None, js=jobs.SET_CLIENT_COOKIE_JS, **PRIVATE)  # this browser's id: its jobs
         demo.load(on_load, None, [b_job, b_timer, bn_job, bn_timer, tabs], **PRIVATE)
+    jobs.strict_inputs(demo)  # API values of the wrong type: a clear error, never converted
     return demo
 
 

@@ -380,3 +380,28 @@ def controls_from(s_info: object, s_persp: object, s_part: object, k: object, bu
     scales = [_number(v, n) for v, n in ((s_info, "The information scale"), (s_persp, "The perspectival scale"),
                                          (s_part, "The participatory scale"))]  # fmt: skip
     return Controls(*scales, _whole(k, "K"), _whole(budget, "The token budget"))
+
+
+def strict_inputs(blocks: Any) -> None:
+    """Every Textbox and Slider of the app refuses a value of the wrong type sent through the API
+    (Gradio would turn a number or a list into text, and fail on a string slider with no message):
+    the caller gets a clear error instead. Called once on the built Blocks."""
+    import gradio as gr
+
+    def wrap(comp: Any, ok: Any, what: str) -> None:
+        inner = comp.preprocess
+
+        def preprocess(payload: Any) -> Any:
+            if payload is not None and not ok(payload):
+                label = comp.label or what
+                log.info("refused: %s for %r", type(payload).__name__, label)
+                raise gr.Error(f"{label} must be {what}, got {type(payload).__name__}.", title="Cannot run that")
+            return inner(payload)
+
+        comp.preprocess = preprocess
+
+    for block in list(getattr(blocks, "blocks", {}).values()):
+        if isinstance(block, gr.Textbox):
+            wrap(block, lambda v: isinstance(v, str), "text")
+        elif isinstance(block, gr.Slider):
+            wrap(block, lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number")
