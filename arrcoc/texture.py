@@ -96,7 +96,6 @@ class TextureConstants(nn.Module):
         self.register_buffer("rgb_to_xyz", torch.tensor(_RGB_TO_XYZ), persistent=False)
         self.register_buffer("white", torch.tensor(_WHITE_D65), persistent=False)
         self.register_buffer("grey_weights", torch.tensor(_GREY).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("grey_row", torch.tensor(_GREY).view(1, 3), persistent=False)
         # XYZ over the D65 white, in one matrix: (3, 3) @ linear RGB
         self.register_buffer(
             "xyz_over_white", torch.tensor(_RGB_TO_XYZ) / torch.tensor(_WHITE_D65).view(3, 1), persistent=False
@@ -109,15 +108,15 @@ def cell_variance(x: Tensor, grid: int, mean: Tensor | None = None) -> Tensor:
 
     Two passes (mean, then mean squared deviation): E[x^2] - E[x]^2 cancels catastrophically in
     flat cells (float32 error up to ~2.5e-3 after the min-max, and different on every backend).
-    `mean`: the cell means (B, 1, G, G) when already pooled. The deviations are pooled as an
-    average pool (one op everywhere, where a reshape to 6-D and a two-axis mean is not).
+    `mean`: the cell means (B, 1, G, G) when already pooled.
     """
     b, _, s, _ = x.shape
-    cell = s // grid
+    cells = x.reshape(b, 1, grid, s // grid, grid, s // grid)
     if mean is None:
-        mean = F.avg_pool2d(x, cell)
-    up = mean.view(b, 1, grid, 1, grid, 1).expand(b, 1, grid, cell, grid, cell).reshape(b, 1, s, s)
-    return F.avg_pool2d((x - up).square(), cell)
+        mean = cells.mean(dim=(3, 5), keepdim=True)
+    else:
+        mean = mean.view(b, 1, grid, 1, grid, 1)
+    return (cells - mean).square().mean(dim=(3, 5))
 
 
 def lab_f(xyz: Tensor) -> Tensor:
@@ -140,7 +139,8 @@ def texture_from_float(rgb: Tensor, consts: TextureConstants, grid: int, compat:
     linear = torch.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055).pow(2.4))
     # one (3 x 3) @ (3 x S*S) product per image, the same for every batch size (see knowing.conv_bmm)
     f = lab_f(torch.matmul(consts.xyz_over_white, linear.flatten(2)).view(b, 3, s, s))  # (B, 3, S, S)
-    grey = torch.matmul(consts.grey_row, rgb.flatten(2)).view(b, 1, s, s)
+    # (a (1 x 3) matmul here, viewed back and replicate-padded, broke Inductor's CPU lowering)
+    grey = (rgb * consts.grey_weights).sum(dim=1, keepdim=True)
     g = sobel_responses(grey, consts.sobel)  # (B, 2, S, S)
     # pooled one by one: a concat at full resolution would be one more full-size copy
     pooled_f = F.avg_pool2d(f, cell)  # (B, 3, G, G)

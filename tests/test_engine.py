@@ -243,7 +243,7 @@ def test_aot_key_names_everything_a_package_depends_on(model):
     from arrcoc.engine.aot import KEY_FIELDS, key_mismatch, package_key
 
     key = package_key(model, 4, torch.float32, CPU)
-    assert set(KEY_FIELDS) == set(key) and key["bucket"] == "4" and key["torch"] == torch.__version__
+    assert set(KEY_FIELDS) == set(key) and key["batch"] == "4" and key["torch"] == torch.__version__
     assert key["variant"] == "arrcoc-texture" and key["device"].startswith("cpu")
     assert package_key(perturbed(model), 4, torch.float32, CPU)["fingerprint"] != key["fingerprint"]
     assert key_mismatch(key, {**key, "torch": "2.0.0"}) == [f"torch: '2.0.0' != {torch.__version__!r}"]
@@ -290,7 +290,7 @@ def test_aot_stale_package_is_rebuilt_never_loaded(aot, model, monkeypatch):
     monkeypatch.setattr(aot_mod.AotBackend, "_load", lambda self, path, key: loaded.append(path))
     be = create_backend("aot", other, CPU, (1,), cache_dir=AOT_CACHE)
     be.prepare()
-    assert [b for b, _, _ in asked] == [1] and asked[0][2]["fingerprint"] != aot.keys()[1]["fingerprint"]
+    assert [r for r, _, _ in asked] == [(1, 1)] and asked[0][2]["fingerprint"] != aot.keys()[(1, 1)]["fingerprint"]
     assert loaded == []
 
 
@@ -304,7 +304,7 @@ def test_aot_package_whose_own_key_differs_is_refused(aot, model, tmp_path):
 
     other = perturbed(model)
     key = package_key(other, 1, torch.float32, CPU)
-    src = package_path(aot.root, aot.keys()[1])
+    src = package_path(aot.root, aot.keys()[(1, 1)])
     dst = package_path(tmp_path / "aot", key)
     dst.parent.mkdir(parents=True)
     shutil.copy(src, dst)
@@ -314,9 +314,14 @@ def test_aot_package_whose_own_key_differs_is_refused(aot, model, tmp_path):
         be.warmup()
 
 
-def test_aot_without_packages_and_no_build_says_how_to_build(model, tmp_path):
-    be = create_backend("aot", model, CPU, (1, 2), cache_dir=tmp_path, build=False)
-    with pytest.raises(EngineError, match=r"bucket 1 .*missing.*arrcoc compile --backend aot"):
+def test_aot_programs_and_no_build_error(model, tmp_path):
+    """Buckets 1..8: two programs (1, and a dynamic 2-8); without packages and with build=False,
+    an error that says how to build them."""
+    be = create_backend("aot", model, CPU, (1, 2, 4, 8), cache_dir=tmp_path, build=False)
+    assert be.programs() == {(1, 1): (1,), (2, 8): (2, 4, 8)}
+    assert create_backend("aot", model, CPU, (1, 2, 4), dynamic_batch=False).programs() == {
+        (1, 1): (1,), (2, 2): (2,), (4, 4): (4,)}  # fmt: skip
+    with pytest.raises(EngineError, match=r"batch 1 .*missing.*arrcoc compile --backend aot"):
         be.warmup()
 
 

@@ -1,10 +1,16 @@
 """AOTInductor: torch.export of the forward per bucket, compiled ahead of time into a package.
 
-    <cache_dir>/aot/<variant>-b<bucket>-<dtype>-<device>.pt2    one package per bucket
-    <cache_dir>/aot/<variant>-b<bucket>-<dtype>-<device>.json   its key, readable without loading
+    <cache_dir>/aot/<variant>-b<batch>-<dtype>-<device>.pt2    one package per program
+    <cache_dir>/aot/<variant>-b<batch>-<dtype>-<device>.json   its key, readable without loading
+
+Programs, as for `compiled`: bucket 1 specialised (b1), and one program with a dynamic batch
+dimension for the other buckets (b2-64); `dynamic_batch=False` builds one package per bucket.
+An AOTInductor build is slow (a C++ wrapper and every kernel compiled: ~90 s for one program
+on two CPU cores), so fewer programs is most of a faster cold build.
 
 A package is keyed by variant, weights version, model fingerprint (code, weights, torch
-version: caches.model_fingerprint), bucket, dtype, device capability and torch version. The
+version: caches.model_fingerprint), batch (the bucket, or the range a dynamic program serves),
+dtype, device capability and torch version. The
 key is written beside the package and inside it (AOTInductor's metadata). warmup() loads every
 bucket's package; a missing or stale one is rebuilt (build=True, the default) or is an
 EngineError that says how to build it (build=False: a server that must never compile). A
@@ -34,7 +40,7 @@ from .cuda_graph import CudaGraphRunner
 
 log = logging.getLogger(__name__)
 
-KEY_FIELDS = ("variant", "weights_version", "fingerprint", "bucket", "dtype", "device", "torch")
+KEY_FIELDS = ("variant", "weights_version", "fingerprint", "batch", "dtype", "device", "torch")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
@@ -50,15 +56,20 @@ def variant_of(model: nn.Module) -> str:
     return getattr(model, "variant_name", type(model).__name__)
 
 
+def batch_spec(lo: int, hi: int) -> str:
+    """'4' for one bucket, '2-64' for a dynamic program serving batches 2..64."""
+    return str(hi) if lo == hi else f"{lo}-{hi}"
+
+
 def package_key(
-    model: nn.Module, bucket: int, dtype: torch.dtype, device: torch.device, fingerprint: str | None = None
+    model: nn.Module, batch: str | int, dtype: torch.dtype, device: torch.device, fingerprint: str | None = None
 ) -> dict[str, str]:
     """Every fact a package depends on, as strings (AOTInductor's metadata holds strings)."""
     return {
         "variant": variant_of(model),
         "weights_version": str(getattr(model, "weights_version", "untrained")),
         "fingerprint": fingerprint or model_fingerprint(model),
-        "bucket": str(bucket),
+        "batch": str(batch),
         "dtype": _DTYPE_NAMES[dtype],
         "device": device_tag(device),
         "torch": torch.__version__,
@@ -66,7 +77,7 @@ def package_key(
 
 
 def package_path(root: Path, key: dict[str, str]) -> Path:
-    return root / f"{key['variant']}-b{key['bucket']}-{key['dtype']}-{key['device']}.pt2"
+    return root / f"{key['variant']}-b{key['batch']}-{key['dtype']}-{key['device']}.pt2"
 
 
 def key_mismatch(expected: dict[str, str], found: dict[str, str]) -> list[str]:
@@ -82,9 +93,10 @@ def read_key(path: Path) -> dict[str, str] | None:
         return None
 
 
-def build_package(model: nn.Module, bucket: int, dtype: torch.dtype, device: torch.device, path: Path,
+def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, device: torch.device, path: Path,
                   key: dict[str, str]) -> float:  # fmt: skip
-    """torch.export the forward at one bucket, AOTInductor-compile it to `path`; seconds taken.
+    """torch.export the forward for batch sizes lo..hi (one bucket when lo == hi; a dynamic
+    batch dimension otherwise), AOTInductor-compile it to `path`; seconds taken.
 
     Written atomically (temporary name, then rename), key file last: a reader never sees a
     package without its key, nor a half-written one under the final name.
@@ -92,14 +104,15 @@ def build_package(model: nn.Module, bucket: int, dtype: torch.dtype, device: tor
     t0 = time.perf_counter()
     model = model.to(device).eval()
     fn = ForwardFn(model, device.type, dtype).eval()
-    args = example_inputs(model, bucket, device)
+    lo, hi = batch
+    args = example_inputs(model, hi, device)
+    dim = torch.export.Dim("batch", min=lo, max=hi) if lo < hi else None
+    dynamic = None if dim is None else ({0: dim}, {0: dim}, {0: dim})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")
     with torch.inference_mode(False), torch.no_grad():
-        program = torch.export.export(fn, args, strict=False)
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=str(tmp), inductor_configs={"aot_inductor.metadata": {"arrcoc_key": json.dumps(key)}}
-        )
+        program = torch.export.export(fn, args, dynamic_shapes=dynamic, strict=False)
+        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=_configs(key, device))
     os.replace(tmp, path)
     key_tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.json")
     key_tmp.write_text(json.dumps(key, indent=1))
@@ -109,15 +122,25 @@ def build_package(model: nn.Module, bucket: int, dtype: torch.dtype, device: tor
     return seconds
 
 
-def _build_in_child(model: nn.Module, bucket: int, dtype: torch.dtype, device: str, path: str, key: dict) -> float:
+def _configs(key: dict[str, str], device: torch.device) -> dict:
+    """AOTInductor settings: the key as metadata; on CUDA the host wrapper at -O0 (it compiles
+    much faster, and CUDA-graph replays never run it)."""
+    configs: dict = {"aot_inductor.metadata": {"arrcoc_key": json.dumps(key)}}
+    if device.type == "cuda" and hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level"):
+        configs["aot_inductor.compile_wrapper_opt_level"] = "O0"
+    return configs
+
+
+def _build_in_child(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, device: str, path: str,
+                    key: dict) -> float:  # fmt: skip
     configure_compile_caches(Path(path).parent.parent)  # same Inductor/Triton caches as the parent
-    return build_package(model, bucket, dtype, torch.device(device), Path(path), key)
+    return build_package(model, batch, dtype, torch.device(device), Path(path), key)
 
 
-def build_packages(jobs: list[tuple[int, Path, dict]], model: nn.Module, dtype: torch.dtype, device: torch.device,
-                   processes: int = 1) -> dict[int, float]:  # fmt: skip
-    """Build [(bucket, path, key)]: one after another, or in `processes` fresh processes (each
-    compiles one bucket; the C++/CUDA compile of a package is mostly single-threaded)."""
+def build_packages(jobs: list[tuple[tuple[int, int], Path, dict]], model: nn.Module, dtype: torch.dtype,
+                   device: torch.device, processes: int = 1) -> dict[tuple[int, int], float]:  # fmt: skip
+    """Build [((lo, hi), path, key)]: one after another, or in `processes` fresh processes (each
+    compiles one program; the C++ compile of a package is mostly single-threaded)."""
     processes = max(1, min(processes, len(jobs)))
     if processes == 1:
         return {b: build_package(model, b, dtype, device, p, k) for b, p, k in jobs}
@@ -155,25 +178,35 @@ class AotBackend(Backend):
     name = "aot"
 
     def __init__(self, *args, cuda_graphs: bool = True, build: bool = True, processes: int | None = None,
-                 **kwargs):  # fmt: skip
+                 dynamic_batch: bool = True, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
+        self.dynamic_batch = dynamic_batch and len([b for b in self.buckets if b > 1]) > 1
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.build = build  # False: only load packages (a missing or stale one is an EngineError)
         self.processes = processes
         self.runners: dict[int, object] = {}
         self.graphs: CudaGraphRunner | None = None
-        self.built: list[int] = []  # buckets this warmup built (the rest were loaded as found)
+        self.built: list[str] = []  # programs this warmup built ('1', '2-64'; the rest were found)
 
     @property
     def root(self) -> Path:
         return (self.cache_dir or default_cache_dir()) / "aot"
 
-    def keys(self) -> dict[int, dict[str, str]]:
-        fingerprint = model_fingerprint(self.model)
-        return {b: package_key(self.model, b, self.dtype, self.device, fingerprint) for b in self.buckets}
+    def programs(self) -> dict[tuple[int, int], tuple[int, ...]]:
+        """(lo, hi) batch range of each program -> the buckets it serves."""
+        if not self.dynamic_batch:
+            return {(b, b): (b,) for b in self.buckets}
+        big = tuple(b for b in self.buckets if b > 1)
+        out = {(1, 1): (1,)} if 1 in self.buckets else {}
+        out[(big[0], big[-1])] = big
+        return out
 
-    def stale(self, keys: dict[int, dict[str, str]] | None = None) -> dict[int, tuple[Path, dict[str, str], list[str]]]:
-        """bucket -> (path, expected key, why) for every package that is missing or out of date."""
+    def keys(self) -> dict[tuple[int, int], dict[str, str]]:
+        fingerprint = model_fingerprint(self.model)
+        return {r: package_key(self.model, batch_spec(*r), self.dtype, self.device, fingerprint) for r in self.programs()}
+
+    def stale(self, keys: dict | None = None) -> dict[tuple[int, int], tuple[Path, dict[str, str], list[str]]]:
+        """(lo, hi) -> (path, expected key, why) for every package that is missing or out of date."""
         out = {}
         for bucket, key in (keys or self.keys()).items():
             path = package_path(self.root, key)
@@ -183,18 +216,18 @@ class AotBackend(Backend):
                 out[bucket] = (path, key, why)
         return out
 
-    def prepare(self, keys: dict[int, dict[str, str]] | None = None) -> dict[int, float]:
-        """Build every missing or stale package (what `arrcoc compile` runs); bucket -> seconds."""
+    def prepare(self, keys: dict | None = None) -> dict[tuple[int, int], float]:
+        """Build every missing or stale package (what `arrcoc compile` runs); (lo, hi) -> seconds."""
         todo = self.stale(keys)
         if not todo:
             return {}
         configure_compile_caches(self.cache_dir)
-        log.info("building AOTInductor packages for buckets %s (%s)", sorted(todo),
-                 "; ".join(f"b{b}: {', '.join(w)}" for b, (_, _, w) in sorted(todo.items())))  # fmt: skip
+        log.info("building AOTInductor packages %s", "; ".join(
+            f"b{batch_spec(*r)}: {', '.join(w)}" for r, (_, _, w) in sorted(todo.items())))  # fmt: skip
         jobs = [(b, p, k) for b, (p, k, _) in sorted(todo.items(), reverse=True)]
         processes = self.processes or default_build_processes(self.device, len(jobs))
         times = build_packages(jobs, self.model, self.dtype, self.device, processes)
-        self.built = sorted(times)
+        self.built = [batch_spec(*r) for r in sorted(times)]
         return times
 
     def warmup(self) -> None:
@@ -204,7 +237,9 @@ class AotBackend(Backend):
         keys = self.keys()  # once: the packages built below are loaded under the same key
         todo = self.stale(keys)
         if todo and not self.build:
-            lines = "; ".join(f"bucket {b} ({p.name}): {', '.join(w)}" for b, (p, _, w) in sorted(todo.items()))
+            lines = "; ".join(
+                f"batch {batch_spec(*r)} ({p.name}): {', '.join(w)}" for r, (p, _, w) in sorted(todo.items())
+            )
             raise EngineError(
                 f"No usable AOTInductor package for {lines}. Build them with `arrcoc compile --backend aot"
                 f" --cache-dir {self.cache_dir or default_cache_dir()}` on a machine like this one."
@@ -217,8 +252,9 @@ class AotBackend(Backend):
             raise EngineError(f"Building the AOTInductor packages failed ({type(e).__name__}: {str(e)[:500]}).") from e
         self.stats["build_s"] = time.perf_counter() - t0 if built else 0.0
         t1 = time.perf_counter()
-        for bucket in sorted(self.buckets, reverse=True):
-            self.runners[bucket] = self._load(package_path(self.root, keys[bucket]), keys[bucket])
+        for r, served in self.programs().items():
+            runner = self._load(package_path(self.root, keys[r]), keys[r])
+            self.runners.update(dict.fromkeys(served, runner))
         self.stats["load_s"] = time.perf_counter() - t1
         self.stats["compile_s"] = time.perf_counter() - t0  # build (if any) + load
         if self.use_graphs:
