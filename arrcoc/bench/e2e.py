@@ -212,7 +212,11 @@ def interactive(make_executor, image: bytes, clients: int, requests: int, proces
 
 def _settings(cfg: E2EConfig, data_dir: Path, **more: Any) -> Settings:
     return default_settings(device=cfg.device, backend=cfg.backend, backends=(cfg.backend,), data_dir=data_dir,
-                            overlay_format=cfg.overlay, broker_url=None, **more)  # fmt: skip
+                            overlay_format=cfg.overlay, broker_url=None, max_batch_items=_max_items(cfg), **more)  # fmt: skip
+
+
+def _max_items(cfg: E2EConfig) -> int:
+    return max(cfg.items, cfg.large_items, cfg.png_items, 1)
 
 
 class _Lent:
@@ -281,12 +285,13 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
     data = root / "celery"
     env = worker_env(redis.url, data, device=cfg.device, backend=cfg.backend, backends=cfg.backend,
                      worker_processes=str(cfg.worker_processes), overlay_format=cfg.overlay,
-                     worker_threads=str(cfg.clients + 4))  # fmt: skip
+                     worker_threads=str(cfg.clients + 4), max_batch_items=str(_max_items(cfg)))  # fmt: skip
     worker = Worker(env, root / "worker.log")
     try:
         progress(f"Celery: worker group of {cfg.worker_processes} processes, warming up")
         worker.ready(900)
-        make = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=data))
+        make = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=data,
+                                                                  max_batch_items=_max_items(cfg)))  # fmt: skip
         ex = make()
         try:
             out["batch_celery"] = {}
