@@ -70,7 +70,9 @@ def edge_magnitude(g: Tensor) -> Tensor:
     """(B, 2, H, W) Sobel responses -> (B, 1, H, W) = sqrt(gx^2 + gy^2 + 1e-8), written so that
     the ONNX exporter cannot drop the 1e-8 as "adding zero" (it did: ONNX Runtime's flat-region
     magnitudes came out 1e-4 lower)."""
-    return 1e-4 * torch.sqrt(g.square().sum(dim=1, keepdim=True) * 1e8 + 1.0)
+    # g * g, not g.square(): exported, square becomes a general Pow (exp and log per element),
+    # the top op of ONNX Runtime's CPU profile
+    return 1e-4 * torch.sqrt((g * g).sum(dim=1, keepdim=True) * 1e8 + 1.0)
 
 
 def position_channels(grid: int, device: torch.device | None = None) -> Tensor:
@@ -116,7 +118,8 @@ def cell_variance(x: Tensor, grid: int, mean: Tensor | None = None) -> Tensor:
         mean = cells.mean(dim=(3, 5), keepdim=True)
     else:
         mean = mean.view(b, 1, grid, 1, grid, 1)
-    return (cells - mean).square().mean(dim=(3, 5))
+    d = cells - mean
+    return (d * d).mean(dim=(3, 5))
 
 
 def lab_f(xyz: Tensor) -> Tensor:
