@@ -8,6 +8,7 @@ Executors (in-process and Celery) and the CLI all call this, so every path gives
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 from .engine import Backend, create_backend, resolve_device
 from .errors import ArrcocError, InvalidInputError
 from .images import ImageLike, ImageLimits, load_decoded, read_bytes
-from .preprocess import Decoder, to_tensor
+from .preprocess import Decoder, Encoded, to_tensor
 from .query import QueryEncoder
 from .registry import create_model, get_variant
 from .request import Controls, validate_query
@@ -30,11 +31,12 @@ from .result import RelevanceResult
 class PreparedRequest:
     """One request checked and resized, ready to join a batch (see RelevancePipeline.prepare)."""
 
-    pixels: torch.Tensor  # uint8 (3, S, S)
+    pixels: torch.Tensor | None  # uint8 (3, S, S); None until the batch decodes `encoded` (GPU)
     size: tuple[int, int]  # the original (width, height): heatmaps are drawn back at this size
     query: str  # validated, whitespace normalised
     controls: Controls  # validated, defaults filled in
     prepare_ms: float
+    encoded: Encoded | None = None  # a checked JPEG the GPU decodes with its batch
 
 
 class RelevancePipeline:
@@ -100,15 +102,15 @@ class RelevancePipeline:
         t0 = time.perf_counter()
         checked = self.checked_controls(controls)
         text = validate_query(query, self.encoder.max_chars)
+        encoded = None
         if isinstance(image, (bytes, bytearray, str, Path)):
-            got = self.decoder.decode([read_bytes(image, self.limits)])[0]
-            if isinstance(got, ArrcocError):
-                raise got
-            pixels, size = got.pixels, got.size
+            got = self.decoder.start(read_bytes(image, self.limits))  # on a GPU: checked, decoded with its batch
+            pixels, size = (None, got.size) if isinstance(got, Encoded) else (got.pixels, got.size)
+            encoded = got if isinstance(got, Encoded) else None
         else:  # an image already in memory (PIL, numpy)
             decoded = load_decoded(image, self.limits, self.variant.image_size)
             pixels, size = to_tensor(decoded.image, self.variant.image_size), decoded.size
-        return PreparedRequest(pixels, size, text, checked, (time.perf_counter() - t0) * 1e3)
+        return PreparedRequest(pixels, size, text, checked, (time.perf_counter() - t0) * 1e3, encoded)
 
     def prepare_many(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls | None = None,
                      view_side: int | None = None) -> list[tuple[PreparedRequest, torch.Tensor | None] | ArrcocError]:  # fmt: skip
@@ -139,6 +141,7 @@ class RelevancePipeline:
         if not requests:
             raise InvalidInputError("No images given.")
         t0, cpu0 = time.perf_counter(), time.thread_time()
+        requests = self._decoded(requests)
         query_vecs = self.encoder.encode([r.query for r in requests])
         batch = torch.stack([r.pixels for r in requests])
         control_rows = torch.tensor([r.controls.as_row() for r in requests], dtype=torch.float32)
@@ -150,6 +153,18 @@ class RelevancePipeline:
         cpu_ms = (time.thread_time() - cpu0) * 1e3 / len(requests)
         return [self._result(out, i, r, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms, "batch_cpu_ms": cpu_ms})
                 for i, r in enumerate(requests)]  # fmt: skip
+
+    def _decoded(self, requests: list[PreparedRequest]) -> list[PreparedRequest]:
+        """The batch's pixels: what `prepare` left for the GPU decodes here, in one call."""
+        pending = [i for i, r in enumerate(requests) if r.pixels is None]
+        if not pending:
+            return requests
+        out = list(requests)
+        for i, got in zip(pending, self.decoder.finish([requests[i].encoded for i in pending]), strict=True):
+            if isinstance(got, ArrcocError):
+                raise got  # the caller runs the items one by one: this one fails alone
+            out[i] = dataclasses.replace(requests[i], pixels=got.pixels, encoded=None)
+        return out
 
     def _result(self, out, i: int, r: PreparedRequest, timings: dict[str, float]) -> RelevanceResult:
         """Item i of a batch's outputs (numpy arrays) as its result."""

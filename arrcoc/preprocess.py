@@ -72,8 +72,19 @@ def uses_gpu_decoder(device: torch.device) -> bool:
     return device.type == "cuda" and gpu_decoder_available()
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A JPEG whose header passed every check, left for the GPU to decode with its batch."""
+
+    data: bytes
+    orientation: int  # EXIF, applied on the device
+    size: tuple[int, int]  # the upright original's (width, height)
+
+
 class Decoder:
-    """Decodes batches of encoded images for one engine device (see the module docstring)."""
+    """Decodes encoded images for one engine device (see the module docstring) in two steps:
+    `start` in the request's own thread (header checks, and on the CPU path the whole decode), and
+    `finish` for a batch of what `start` left for the GPU, in one nvJPEG call."""
 
     def __init__(self, device: torch.device, side: int, limits: ImageLimits, threads: int = 8):
         self.device = device
@@ -85,84 +96,96 @@ class Decoder:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def decode(self, images: Sequence[bytes], view_side: int | None = None) -> list[Pixels | ArrcocError]:
-        """One Pixels (on this decoder's device) or one ImageError per image, in order."""
-        out: list[Pixels | ArrcocError | None] = [None] * len(images)
-        jpegs: dict[int, int] = {}  # index -> EXIF orientation, for the GPU
+    def start(self, data: bytes, view_side: int | None = None) -> Pixels | Encoded:
+        """Check one image; decode it now unless the GPU will (ImageError for a bad one)."""
         if self.gpu:
-            for i, data in enumerate(images):
-                try:
-                    ok, orientation = _header(data, self.limits)
-                except ArrcocError as e:
-                    out[i] = e
-                    continue
-                if ok:
-                    jpegs[i] = orientation
-        rest = [i for i in range(len(images)) if out[i] is None and i not in jpegs]
-        cpu = self._pool.map(lambda i: self._cpu_one(images[i], view_side), rest)
-        if jpegs:
-            got = self._gpu_many([images[i] for i in jpegs], list(jpegs.values()), view_side)
-            for i, one in zip(jpegs, got, strict=True):
-                out[i] = one
-        for i, got in zip(rest, cpu, strict=True):
+            ok, orientation, size = _header(data, self.limits)
+            if ok:
+                return Encoded(data, orientation, size)
+        return self._cpu_one(data, view_side)
+
+    def finish(self, encoded: Sequence[Encoded], view_side: int | None = None) -> list[Pixels | ArrcocError]:
+        """Decode a batch of started images on the GPU (one nvJPEG call)."""
+        return self._gpu_many(encoded, view_side) if encoded else []
+
+    def decode(self, images: Sequence[bytes], view_side: int | None = None) -> list[Pixels | ArrcocError]:
+        """Both steps for a batch: one Pixels (on this decoder's device) or one ImageError per image."""
+
+        def start(data: bytes) -> Pixels | Encoded | ArrcocError:
+            try:
+                return self.start(data, view_side)
+            except ArrcocError as e:
+                return e
+
+        out = list(self._pool.map(start, images))  # Pillow releases the GIL: headers and CPU decodes in parallel
+        pending = [i for i, got in enumerate(out) if isinstance(got, Encoded)]
+        for i, got in zip(pending, self.finish([out[i] for i in pending], view_side), strict=True):
             out[i] = got
         return out  # type: ignore[return-value]
 
-    def _cpu_one(self, data: bytes, view_side: int | None) -> Pixels | ArrcocError:
-        try:
-            decoded = decode_image(read_bytes(data, self.limits), self.limits, self.side)
-            pixels = to_tensor(decoded.image, self.side)
-            view = None
-            if view_side is not None:
-                img = decoded.image.copy()
-                img.thumbnail((view_side, view_side))
-                view = torch.from_numpy(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1).copy())
-            if self.device.type == "cuda":
-                pixels = pixels.to(self.device, non_blocking=True)
-                view = None if view is None else view.to(self.device, non_blocking=True)
-            return Pixels(pixels, decoded.size, view)
-        except ArrcocError as e:
-            return e
+    def _cpu_one(self, data: bytes, view_side: int | None) -> Pixels:
+        decoded = decode_image(read_bytes(data, self.limits), self.limits, self.side)
+        pixels = to_tensor(decoded.image, self.side)
+        view = None
+        if view_side is not None:
+            img = decoded.image.copy()
+            img.thumbnail((view_side, view_side))
+            view = torch.from_numpy(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1).copy())
+        if self.device.type == "cuda":
+            pixels = pixels.to(self.device, non_blocking=True)
+            view = None if view is None else view.to(self.device, non_blocking=True)
+        return Pixels(pixels, decoded.size, view)
 
-    def _gpu_many(self, images: list[bytes], orientations: list[int], view_side: int | None) -> list[Pixels | ArrcocError]:
+    def _gpu_many(self, encoded: Sequence[Encoded], view_side: int | None) -> list[Pixels | ArrcocError]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        datas = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in images]
+        datas = [torch.frombuffer(bytearray(e.data), dtype=torch.uint8) for e in encoded]
         try:
             decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:  # one of them nvJPEG refuses (an odd or corrupt JPEG): each on its own
-            return [self._gpu_one(d, o, view_side) for d, o in zip(images, orientations, strict=True)]
-        return [self._finish(img, o, view_side) for img, o in zip(decoded, orientations, strict=True)]
+            return [self._gpu_one(e, view_side) for e in encoded]
+        return self._finish([_orient(img, e.orientation) for img, e in zip(decoded, encoded, strict=True)], view_side)
 
-    def _gpu_one(self, data: bytes, orientation: int, view_side: int | None) -> Pixels | ArrcocError:
+    def _gpu_one(self, e: Encoded, view_side: int | None) -> Pixels | ArrcocError:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
-            img = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
+            img = decode_jpeg(torch.frombuffer(bytearray(e.data), dtype=torch.uint8), mode=ImageReadMode.RGB,
                               device=self.device)  # fmt: skip
         except RuntimeError:
-            return self._cpu_one(data, view_side)  # Pillow decodes it, or says what is wrong
-        return self._finish(img, orientation, view_side)
+            try:
+                return self._cpu_one(e.data, view_side)  # Pillow decodes it, or says what is wrong
+            except ArrcocError as err:
+                return err
+        return self._finish([_orient(img, e.orientation)], view_side)[0]
 
-    def _finish(self, img: torch.Tensor, orientation: int, view_side: int | None) -> Pixels:
-        img = _orient(img, orientation)
-        h, w = img.shape[1:]
-        pixels = resize(img, self.side, self.side)
-        view = None
-        if view_side is not None:
-            scale = min(1.0, view_side / max(h, w))
-            view = img if scale == 1.0 else resize(img, max(1, round(h * scale)), max(1, round(w * scale)))
-        return Pixels(pixels, (int(w), int(h)), view)
+    def _finish(self, images: list[torch.Tensor], view_side: int | None) -> list[Pixels]:
+        """Upright decoded images -> Pixels: images of one shape are resized in one call."""
+        pixels: list[torch.Tensor | None] = [None] * len(images)
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for i, img in enumerate(images):
+            by_shape.setdefault(tuple(img.shape), []).append(i)
+        for idx in by_shape.values():
+            for i, px in zip(idx, resize(torch.stack([images[i] for i in idx]), self.side, self.side), strict=True):
+                pixels[i] = px
+        out = []
+        for img, px in zip(images, pixels, strict=True):
+            h, w = img.shape[1:]
+            view = None
+            if view_side is not None:
+                scale = min(1.0, view_side / max(h, w))
+                view = img if scale == 1.0 else resize(img.unsqueeze(0), max(1, round(h * scale)), max(1, round(w * scale)))[0]
+            out.append(Pixels(px, (int(w), int(h)), view))
+        return out
 
 
-def resize(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """uint8 (3, h, w) -> uint8 (3, height, width), bilinear with antialiasing (Pillow's filter)."""
-    out = F.interpolate(img.unsqueeze(0).float(), size=(height, width), mode="bilinear", align_corners=False,
-                        antialias=True)  # fmt: skip
-    return out.squeeze(0).round_().clamp_(0, 255).to(torch.uint8)
+def resize(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """uint8 (B, 3, h, w) -> uint8 (B, 3, height, width), bilinear with antialiasing (Pillow's filter)."""
+    out = F.interpolate(images.float(), size=(height, width), mode="bilinear", align_corners=False, antialias=True)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def _header(data: bytes, limits: ImageLimits) -> tuple[bool, int]:
+def _header(data: bytes, limits: ImageLimits) -> tuple[bool, int, tuple[int, int]]:
     """Reads the header as the CPU path does (ImageError if a limit fails). Returns whether nvJPEG
     decodes it as Pillow would (a JPEG in RGB or grey, not CMYK, small enough to decode in full:
     a larger one goes to Pillow, which decodes it at a fraction of its size) and its EXIF
@@ -175,7 +198,7 @@ def _header(data: bytes, limits: ImageLimits) -> tuple[bool, int]:
         orientation = int(img.getexif().get(0x0112, 1)) if ok else 1
     except Exception:  # noqa: BLE001 -- unreadable EXIF: as stored
         orientation = 1
-    return ok, orientation
+    return ok, orientation, ((h, w) if orientation in (5, 6, 7, 8) else (w, h))
 
 
 def _orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
@@ -186,4 +209,4 @@ def _orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
     return (img.flip(flips) if flips else img).contiguous()
 
 
-__all__ = ["Decoder", "Pixels", "prepare_batch", "resize", "to_tensor", "uses_gpu_decoder"]
+__all__ = ["Decoder", "Encoded", "Pixels", "prepare_batch", "resize", "to_tensor", "uses_gpu_decoder"]

@@ -347,8 +347,9 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# the batch job runner's stages (jobs/batch.py, host.process), per item
-STAGES = ("unpack", "read_wait", "decode", "engine", "render_encode", "write_wait", "write")
+# the batch job runner's stages (jobs/batch.py, host.process), per item; `chunk` is a chunk's whole
+# wall time (the others overlap inside it), `finalize` building results.zip
+STAGES = ("unpack", "read_wait", "decode", "engine", "render_encode", "write_wait", "write", "finalize", "chunk")
 
 
 def write(report: dict[str, Any], stem: Path) -> list[Path]:

@@ -42,6 +42,7 @@ class DynamicBatcher:
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
         self.submitted = 0  # requests ever submitted
+        self._last_size = 0  # the size of the last batch run
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -63,6 +64,11 @@ class DynamicBatcher:
 
     def _collect(self, first: _Request) -> list[_Request]:
         batch = [first]
+        if self._last_size <= 1 and self._queue.empty():
+            # low load (the last batch was one request, and nobody else is waiting): run it at
+            # once; waiting for company that is not coming only adds the delay to its latency.
+            # Under load batches are larger, and the delay gathers them.
+            return batch
         # the delay counts from when the first request arrived (Triton's max queue delay): one that
         # already waited out a running batch goes with whatever else queued meanwhile, at once
         until = first.enqueued + self.max_delay_s
@@ -95,6 +101,7 @@ class DynamicBatcher:
                     live.append(req)
             if not live:
                 continue
+            self._last_size = len(live)
             try:
                 results = list(self.run_batch([r.item for r in live]))
                 assert len(results) == len(live), "run_batch must return one result per item"

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ... import overlays
-from ...errors import InvalidInputError, JobError
+from ...errors import JobError
 from ...request import Controls
 from ...settings import Settings
 from .archive import Item, load_items, unpack
@@ -93,6 +93,7 @@ def run_chunk(
     deadline: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Process items [start, stop) of a batch job; skips what is already recorded."""
+    t_chunk = time.perf_counter()
     rec = store.record(job_id)
     state = JobState(rec["state"])
     if state in (JobState.CANCELLED, JobState.EXPIRED, JobState.FAILED):
@@ -125,9 +126,11 @@ def run_chunk(
         if done is None:
             return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
         processed += done
+    t_final = time.perf_counter()
     maybe_finalize(job_id, store, settings)
-    if stages:
-        store.add_stage_ms(job_id, stages)
+    _add(stages, "finalize", t_final)
+    _add(stages, "chunk", t_chunk)
+    store.add_stage_ms(job_id, stages)
     return {"job_id": job_id, "processed": processed, "stage_ms": stages}
 
 
