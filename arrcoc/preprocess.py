@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .errors import ArrcocError, InvalidInputError
-from .images import ImageLike, ImageLimits, check_header, decode_image, load_image, read_bytes
+from .images import ImageLike, ImageLimits, decode_image, load_image, read_bytes
 
 
 def to_tensor(img: Image.Image, size: int) -> torch.Tensor:
@@ -186,18 +186,21 @@ def resize(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def _header(data: bytes, limits: ImageLimits) -> tuple[bool, int, tuple[int, int]]:
-    """Reads the header as the CPU path does (ImageError if a limit fails). Returns whether nvJPEG
-    decodes it as Pillow would (a JPEG in RGB or grey, not CMYK, small enough to decode in full:
-    a larger one goes to Pillow, which decodes it at a fraction of its size) and its EXIF
-    orientation."""
-    check_header(data, limits)
-    img = Image.open(io.BytesIO(data))
-    w, h = img.size
-    ok = img.format == "JPEG" and img.mode in ("RGB", "L") and w * h <= limits.max_pixels
+    """One read of the header: whether nvJPEG decodes this image as Pillow would (a JPEG in RGB or
+    grey, not CMYK, within the pixel limit as it is: a larger one goes to Pillow, which decodes it
+    at a fraction of its size), its EXIF orientation and its upright size. What the GPU does not
+    take, the CPU path checks and decodes (with the same errors)."""
     try:
+        img = Image.open(io.BytesIO(read_bytes(data, limits)))
+        w, h = img.size
+        ok = img.format == "JPEG" and img.mode in ("RGB", "L") and w * h <= limits.max_pixels
         orientation = int(img.getexif().get(0x0112, 1)) if ok else 1
-    except Exception:  # noqa: BLE001 -- unreadable EXIF: as stored
-        orientation = 1
+    except ArrcocError:
+        raise
+    except Exception:  # noqa: BLE001 -- unreadable: the CPU path says what is wrong
+        return False, 1, (0, 0)
+    if ok and min(w, h) < limits.min_side:
+        return False, 1, (0, 0)  # the CPU path refuses it with its message
     return ok, orientation, ((h, w) if orientation in (5, 6, 7, 8) else (w, h))
 
 

@@ -85,7 +85,8 @@ def test_gpu_decoding_is_close_to_pillow_and_upright() -> None:
     exif = Image.Exif()
     exif[0x0112] = 6  # stored sideways: upright is 90 degrees clockwise
     rotated = jpeg(photo, exif=exif.tobytes())
-    images = [(EXAMPLES / n).read_bytes() for n in ("coffee.jpg", "chelsea.jpg")] + [rotated, b"\xff\xd8 broken"]
+    phone = jpeg(photo.resize((8000, 6000)))  # over the pixel limit: the CPU path reduces it while decoding
+    images = [(EXAMPLES / n).read_bytes() for n in ("coffee.jpg", "chelsea.jpg")] + [rotated, b"\xff\xd8 broken", phone]
     gpu = Decoder(torch.device("cuda"), 512, ImageLimits())
     cpu = Decoder(torch.device("cpu"), 512, ImageLimits())
     try:
@@ -97,3 +98,4 @@ def test_gpu_decoding_is_close_to_pillow_and_upright() -> None:
         assert a.pixels.is_cuda and a.size == b.size
         assert (a.pixels.cpu().int() - b.pixels.int()).abs().float().mean() < 2.0  # a level here and there
     assert g[2].size == (photo.height, photo.width)  # upright
+    assert g[4].size == (8000, 6000) and torch.equal(g[4].pixels.cpu(), c[4].pixels)
