@@ -12,7 +12,8 @@ from arrcoc.bench import SCHEMA, BenchConfig, run_benchmark
 from arrcoc.bench.report import markdown_table, write_all
 from arrcoc.bench.timing import summarize
 
-CACHE = Path(tempfile.gettempdir()) / "arrcoc-test-engine-cache" / "bench"
+# the engine tests' cache: the bench's aot run (cache/aot) loads the package test_engine built
+CACHE = Path(tempfile.gettempdir()) / "arrcoc-test-engine-cache"
 RESULT_KEYS = {"variant", "backend", "bucket", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "std_ms",
                "throughput_per_s", "speedup_vs_eager", "max_abs_diff", "topk_agreement", "compile_s", "capture_s",
                "break_even_calls", "parity_ok", "recompiles_after_warmup"}  # fmt: skip
@@ -23,7 +24,7 @@ ENV_KEYS = {"gpu", "driver", "cuda", "torch", "triton", "onnxruntime", "provider
 def report():
     progress = []
     config = BenchConfig(
-        variants=("arrcoc-texture",), backends=("eager", "onnx"), buckets=(1,), iters=4, warmup_iters=1,
+        variants=("arrcoc-texture",), backends=("eager", "onnx", "aot"), buckets=(1,), iters=4, warmup_iters=1,
         device="cpu", weights=None, cache_dir=CACHE, input_sets=2,
     )  # fmt: skip
     r = run_benchmark(config, progress=lambda f, m: progress.append((f, m)))
@@ -36,13 +37,15 @@ def test_tiny_cpu_benchmark_report(report):
     assert ENV_KEYS <= set(report["env"]) and report["env"]["gpu"] is None
     assert report["recompiles_after_warmup"] == 0 and report["errors"] == []
     rows = {r["backend"]: r for r in report["results"]}
-    assert set(rows) == {"eager", "onnx"}
+    assert set(rows) == {"eager", "onnx", "aot"}
     for r in rows.values():
         assert RESULT_KEYS <= set(r)
         assert r["iters"] == 4 and r["p50_ms"] > 0 and r["p99_ms"] >= r["p50_ms"]
         assert r["parity_ok"] and r["topk_agreement"] == 1.0
     assert rows["eager"]["speedup_vs_eager"] == 1.0 and rows["eager"]["max_abs_diff"] == 0.0
     assert rows["onnx"]["compile_s"] > 0
+    aot = next(w for w in report["warmup"] if w["backend"] == "aot")
+    assert aot["load_s"] > 0 and "build_s" in aot and "peak_mem_mb" not in aot  # (peak memory: GPU only)
     assert report["_progress"][-1][0] == pytest.approx(1.0)
     json.dumps({k: v for k, v in report.items() if k != "_progress"})  # JSON-safe
 
@@ -53,7 +56,9 @@ def test_report_renders_markdown_html_png(report, tmp_path):
     names = {p.suffix for p in paths}
     assert {".json", ".md", ".html"} <= names
     assert "<svg" in (tmp_path / "bench-test.html").read_text()
-    assert "| arrcoc-texture | onnx | 1 |" in markdown_table(report)
+    table = markdown_table(report)
+    assert "| arrcoc-texture | onnx | 1 |" in table and "| arrcoc-texture | aot | 1 |" in table
+    assert "peak MB" in table
 
 
 def test_cli_render_merges_reports(report, tmp_path, capsys):
@@ -63,11 +68,15 @@ def test_cli_render_merges_reports(report, tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(report))
     b.write_text(json.dumps({**report, "results": report["results"][:1], "startup": [
-        {"variant": "arrcoc-texture", "backend": "onnx", "cold_s": 10.0, "warm_s": 2.0, "warm_over_cold": 0.2}]}))
+        {"variant": "arrcoc-texture", "backend": "onnx", "cold_s": 10.0, "warm_s": 2.0, "warm_over_cold": 0.2},
+        {"variant": "arrcoc-texture", "backend": "aot", "cold_s": 60.0, "warm_s": 3.0, "warm_over_cold": 0.05,
+         "cold_stats": {"build_s": 55.0, "load_s": 0.5, "capture_s": 1.2}}]}))  # fmt: skip
     assert main(["bench", "--render", str(a), str(b), "--out", str(tmp_path), "--name", "merged"]) == 0
     merged = json.loads((tmp_path / "merged.json").read_text())
-    assert len(merged["results"]) == 3 and merged["startup"][0]["warm_s"] == 2.0
-    assert "warm / cold" in capsys.readouterr().out
+    assert len(merged["results"]) == 4 and merged["startup"][0]["warm_s"] == 2.0
+    out = capsys.readouterr().out
+    assert "warm / cold" in out and "| arrcoc-texture | aot | 60.0 | 3.0 |" in out and "build 55.0" in out
+    assert "Start-up" in (tmp_path / "merged.html").read_text()
 
 
 def test_summary_statistics():
