@@ -33,6 +33,9 @@ class Variant:
     config: VariantConfig  # the model config the builder takes; image size and grid come from it
     description: str
     weights_file: str | None = None  # file under arrcoc/weights/, shipped with the package
+    # builds the model with weights from outside the package (e.g. CLIP through transformers):
+    # (config, weights) -> model carrying `weights_version`; weights as create_model's
+    load: Callable[[VariantConfig, str | Path | None], nn.Module] | None = None
     benchmark_only: bool = False  # random weights: timing only, never meaningful output
     tags: tuple[str, ...] = field(default_factory=tuple)
 
@@ -81,10 +84,16 @@ def create_model(
     device: str | torch.device = "cpu",
 ) -> nn.Module:
     """Build a registered variant. weights: "default" (bundled), None (untrained), or a path.
+    For a variant with its own `load` (CLIP): "default" (its hub id), a hub id or a local
+    directory, or None (random weights of the same shapes).
 
     The returned module carries `weights_version` ("untrained" when none were loaded).
     """
     variant = get_variant(name)
+    if variant.load is not None:
+        model = variant.load(variant.config, weights)
+        model.variant_name = name
+        return model.to(device).eval()
     model = variant.build(variant.config)
     model.variant_name = name
     model.weights_version = "untrained"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from .clip import ArrcocClip, ClipModelConfig, build_clip
 from .model import ArrcocTexture, TextureModelConfig
 from .registry import Variant, register_variant
-from .vit import ViTModelConfig, build_vit_b16
 
 register_variant(
     Variant(
@@ -23,14 +23,17 @@ register_variant(
         description="arr-coc-0-1's texture channels and softmax-entropy information score",
     )
 )
-register_variant(
-    Variant(
-        name="arrcoc-vit-b16",
-        build=build_vit_b16,
-        config=ViTModelConfig(),
-        description="CLIP ViT-B/16 tower (224 px, 196 patches, 768 hidden, 12x12) feeding the same scorers;"
-        " the benchmark configuration: random init unless $ARRCOC_CLIP_VIT_B16 names CLIP weights",
-        benchmark_only=True,
-        tags=("benchmark",),
+for size, suffix in ((224, ""), (448, "-448")):
+    scale = (size // 224) ** 2  # 4x the cells at 448: K and the budget keep the same share of them
+    register_variant(
+        Variant(
+            name=f"arrcoc-clip-b16{suffix}",
+            build=ArrcocClip,
+            load=build_clip,
+            config=ClipModelConfig(image_size=size, k=40 * scale, token_budget=5120 * scale),
+            description=f"CLIP ViT-B/16 ({size} px, {(size // 16) ** 2} patches, 768 hidden, 12x12): dense"
+            " patch-text similarity (MaskCLIP) with CLIP's text tower; weights from the hub"
+            " (openai/clip-vit-base-patch16) or a local directory",
+            tags=("clip", "hub"),
+        )
     )
-)

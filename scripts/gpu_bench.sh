@@ -15,7 +15,7 @@ OUT="${OUT:-$PWD/artifacts}"
 mkdir -p "$OUT"
 source scripts/device_env.sh
 stage="${1:-check}"; shift || true
-VARIANTS=("${@:-arrcoc-texture arrcoc-vit-b16}")
+VARIANTS=("${@:-arrcoc-texture arrcoc-clip-b16}")  # CLIP: random weights of the real shapes (no hub)
 case "$stage" in
   check)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
@@ -38,11 +38,11 @@ EOF
     $PY -m arrcoc.bench --startup-only --variants ${VARIANTS[@]} --backends compiled onnx --out "$OUT" \
       --name startup 2>&1 | tee "$OUT/startup.log" | grep -vE "Warning|warn\(|torchvision"
     ;;
-  extra)  # bfloat16 ViT (eager vs compiled) and the compiled ViT's cold/warm start: no ORT needed
-    $PY -m arrcoc.bench --variants arrcoc-vit-b16 --backends eager compiled --dtype bfloat16 --iters 100 \
-      --warmup-iters 10 --out "$OUT" --name bench-vit-b16-bf16 2>&1 | tee "$OUT/bf16.log" | grep -E "^\||rror"
-    $PY -m arrcoc.bench --startup-only --variants arrcoc-vit-b16 --backends compiled --out "$OUT" \
-      --name startup-vit 2>&1 | grep -E "^\||rror"
+  extra)  # bfloat16 CLIP (eager vs compiled) and the compiled CLIP's cold/warm start: no ORT needed
+    $PY -m arrcoc.bench --variants arrcoc-clip-b16 --backends eager compiled --dtype bfloat16 --iters 100 \
+      --warmup-iters 10 --out "$OUT" --name bench-clip-b16-bf16 2>&1 | tee "$OUT/bf16.log" | grep -E "^\||rror"
+    $PY -m arrcoc.bench --startup-only --variants arrcoc-clip-b16 --backends compiled --out "$OUT" \
+      --name startup-clip 2>&1 | grep -E "^\||rror"
     ;;
   batching)  # extra arguments go to batching_bench.py, e.g. --processes 4
     $PY scripts/batching_bench.py --device cuda --clients 32 --client-processes 8 --max-batch 32 --requests 1024 \

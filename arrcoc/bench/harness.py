@@ -28,16 +28,24 @@ log = logging.getLogger(__name__)
 Progress = Callable[[float, str], None]
 
 
+def bench_weights(variant: str, weights: str | None) -> str | None:
+    """The weights a benchmark loads: as given, except that "default" for a variant whose
+    weights come from the hub (arrcoc-clip-b16) means random weights of the same shapes: speed
+    does not depend on the values, and a benchmark must run where the hub is not reachable.
+    Pass a hub id or directory explicitly to time the real weights."""
+    return None if weights == "default" and "hub" in get_variant(variant).tags else weights
+
+
 @dataclass
 class BenchConfig:
-    variants: tuple[str, ...] = ("arrcoc-texture", "arrcoc-vit-b16")
+    variants: tuple[str, ...] = ("arrcoc-texture", "arrcoc-clip-b16")
     backends: tuple[str, ...] = BACKENDS
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     iters: int = 100  # timed iterations per backend and bucket
     warmup_iters: int = 10  # untimed calls per backend and bucket before timing
     device: str = "auto"
     dtype: str = "float32"
-    weights: str | None = "default"
+    weights: str | None = "default"  # see bench_weights: "default" is random for hub variants
     cache_dir: Path | None = None  # None: a fresh temporary dir, so compile_s is a cold compile
     startup: bool = False  # also measure cold/warm start in separate processes (slow)
     input_sets: int = 3  # random input sets rotated through while timing (no cache-warm replays)
@@ -104,7 +112,7 @@ def _warm(name: str, model, device, config, dtype, cache: Path) -> tuple[Backend
 
 def _bench_variant(variant, backends, config: BenchConfig, device, dtype, cache: Path, report: dict, step) -> None:
     torch.manual_seed(0)
-    model = create_model(variant, config.weights, device)
+    model = create_model(variant, bench_weights(variant, config.weights), device)
     v = get_variant(variant)
     ready: dict[str, Backend] = {}
     warm_info: dict[str, dict] = {}
@@ -192,7 +200,7 @@ def _bench_bucket(variant, benchmark_only, bucket, ready, reference, warm_info, 
         saved = (eager_p50 - s["p50_ms"]) / 1e3
         rows.append({
             "variant": variant, "backend": name, "bucket": bucket, "dtype": config.dtype,
-            "benchmark_only": benchmark_only, **s,
+            "benchmark_only": benchmark_only, "weights_version": getattr(model, "weights_version", "?"), **s,
             "throughput_per_s": bucket / (s["mean_ms"] / 1e3),
             "speedup_vs_eager": eager_p50 / s["p50_ms"],
             "max_abs_diff": p["max_abs_diff"], "texture_max_diff": p["texture_max_diff"], "diff_by_map": p["diff_by_map"],

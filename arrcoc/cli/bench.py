@@ -14,14 +14,17 @@ from ..settings import BACKENDS
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark eager vs compiled (+CUDA graphs) vs ONNX Runtime vs AOTInductor")
-    p.add_argument("--variants", nargs="+", default=["arrcoc-texture", "arrcoc-vit-b16"])
+    p.add_argument("--variants", nargs="+", default=["arrcoc-texture", "arrcoc-clip-b16"])
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     p.add_argument("--buckets", nargs="+", type=int, default=None, help="default: settings (1 2 4 ... 64)")
     p.add_argument("--iters", type=int, default=100, help="timed iterations per backend and bucket")
     p.add_argument("--warmup-iters", type=int, default=10)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--weights", default="default", help="'none' for untrained weights")
+    p.add_argument("--weights", default="default",
+                   help="'none' for untrained weights; a hub id or directory for CLIP (default for CLIP: random)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="random weights of each variant's shapes, nothing downloaded (same speed as the real ones)")
     p.add_argument("--cache-dir", type=Path, default=None, help="default: a fresh temporary dir (cold compile)")
     p.add_argument("--startup", action="store_true", help="also time cold and warm start in subprocesses")
     p.add_argument("--startup-only", action="store_true", help="only the cold/warm start measurements")
@@ -107,7 +110,7 @@ def _measure(args) -> dict:
     from ..settings import get_settings
 
     buckets = tuple(args.buckets or get_settings().buckets)
-    weights = None if args.weights == "none" else args.weights
+    weights = None if args.weights == "none" or args.random_weights else args.weights
     if args.startup_only:
         device = resolve_device(args.device)
         report = {"schema": "arrcoc-bench/1", "env": collect_env(device), "results": [], "startup": [],

@@ -1,0 +1,270 @@
+"""arrcoc-clip-b16: CLIP ViT-B/16's image tower as dense patch embeddings in CLIP's joint space.
+
+The seed documents' benchmark configuration (224 x 224, 16-px patches, 196 patches, 768 hidden,
+12 heads, 12 layers) is exactly CLIP ViT-B/16's vision tower, so the tower loads CLIP's weights
+(`openai/clip-vit-base-patch16`, or a local directory) with `transformers`.
+
+Dense features: MaskCLIP (Zhou, Loy, Dai, "Extract Free Dense Labels from CLIP", ECCV 2022).
+CLIP's last block pools every token into the class token through attention; its value path
+(v_proj then out_proj, with the residual and the MLP skipped), then post_layernorm and the visual
+projection, gives each patch an embedding in the text space without any training. Chosen over
+ClearCLIP's / SCLIP's attention changes because it is the simplest training-free formulation,
+needs no attention at all in the last block (a per-patch linear map: cheapest, exports to ONNX
+as plain matmuls), and ClearCLIP's analysis shows that removing the residual and the MLP is what
+matters most. docs/model.md says more.
+
+Scorers on the G x G patch grid: participatory = per patch, the probability of the query against
+a few neutral prompts ("a photo", "the background", ...) at CLIP's own logit scale (MaskCLIP
+classifies patches the same way); information and perspectival as arrcoc-texture, from the
+texture array computed at S px. The balancer and allocator are arrcoc's, untrained: the
+balancer starts from equal weights (see ArrcocClip.__init__).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attending import TokenAllocator
+from .balancing import TensionBalancer
+from .encoders import CachedTextEncoder
+from .errors import WeightsError
+from .knowing import cell_index_map, luminance_entropy, salience
+from .model import ArrcocTexture
+from .texture import TextureConstants, texture_from_float
+from .vit import CLIPVisionTower, TowerConfig, interpolate_positions
+
+CLIP_HUB_ID = "openai/clip-vit-base-patch16"
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIPImageProcessor's image_mean
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# What "nothing in particular" looks like to CLIP: the query must beat these at a patch to score there.
+NEUTRAL_PROMPTS = ("a photo.", "the background.", "an object.", "a thing.", "a texture.", "a surface.")
+OFFLINE_VARIANT = "arrcoc-texture"  # the variant that needs nothing from the hub
+
+
+@dataclass(frozen=True)
+class ClipModelConfig:
+    image_size: int = 224  # S; 448 runs the tower on a 28 x 28 grid, positions interpolated at load
+    cell: int = 16  # CLIP ViT-B/16's patch: one patch per relevance cell
+    hidden: int = 768
+    heads: int = 12
+    layers: int = 12
+    mlp: int = 3072
+    query_dim: int = 512  # CLIP's joint space (projection_dim): the text tower's output
+    text_hidden: int = 512  # text tower shape: only used to build random weights (benchmarks)
+    text_layers: int = 12
+    text_heads: int = 8
+    text_mlp: int = 2048
+    pretrained_size: int = 224  # the checkpoint's image size (its position grid is 14 x 14)
+    weights: str = CLIP_HUB_ID  # default source: a Hugging Face id or a local directory
+    resample: str = "bicubic"  # CLIPImageProcessor's resize
+    k: int = 40  # of 196 cells: about the same fraction as texture's 200 of 1024
+    token_budget: int = 5120  # 128 tokens per selected cell on average
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.cell
+
+    @property
+    def tower(self) -> TowerConfig:
+        return TowerConfig(self.image_size, self.cell, self.hidden, self.heads, self.layers, self.mlp)
+
+    def hf_config(self):
+        """transformers' CLIPConfig of the same shapes, at the checkpoint's image size."""
+        from transformers import CLIPConfig
+
+        vision = dict(hidden_size=self.hidden, intermediate_size=self.mlp, num_hidden_layers=self.layers,
+                      num_attention_heads=self.heads, image_size=self.pretrained_size, patch_size=self.cell,
+                      projection_dim=self.query_dim)  # fmt: skip
+        text = dict(hidden_size=self.text_hidden, intermediate_size=self.text_mlp, num_hidden_layers=self.text_layers,
+                    num_attention_heads=self.text_heads, projection_dim=self.query_dim)  # fmt: skip
+        return CLIPConfig(text_config=text, vision_config=vision, projection_dim=self.query_dim)
+
+
+def to_clip_tensor(img, size: int = 224) -> Tensor:
+    """RGB PIL image -> uint8 (3, size, size), resized as CLIPImageProcessor resizes (PIL bicubic).
+
+    The whole image is squashed to the square, where CLIP's processor would crop the long side:
+    the relevance map must cover every pixel. For a square image the two agree (tested).
+    """
+    import numpy as np
+    from PIL import Image
+
+    resized = img.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1)))
+
+
+def dense_similarity(patches: Tensor, query: Tensor, neutral: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """patches (B, N, E), query (B, E), neutral (P, E), all unit; scale: CLIP's logit scale.
+
+    -> (cosine (B, N) of each patch with the query, probability (B, N) of the query against the
+    neutral prompts at each patch: softmax over [query, neutral...] of scale * cosine).
+    """
+    b = patches.shape[0]
+    targets = torch.cat((query.unsqueeze(1), neutral.unsqueeze(0).expand(b, -1, -1)), dim=1)  # (B, 1+P, E)
+    cos = torch.einsum("bne,bke->bnk", patches, targets)  # (B, N, 1+P)
+    return cos[..., 0], torch.softmax(scale * cos, dim=-1)[..., 0]
+
+
+class ArrcocClip(ArrcocTexture):
+    """Same forward, ModelOutput, controls and match score as ArrcocTexture (subclassing shares
+    them; __init__ builds its own modules); the participatory map is CLIP's."""
+
+    def __init__(self, config: ClipModelConfig = ClipModelConfig()):
+        nn.Module.__init__(self)
+        assert config.image_size % config.cell == 0 and config.cell == 16
+        self.config = config
+        self.constants = TextureConstants(config.grid)
+        self.register_buffer("cell_of_pixel", cell_index_map(config.image_size), persistent=False)
+        self.register_buffer("clip_mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("clip_std", torch.tensor(CLIP_STD).view(1, 3, 1, 1), persistent=False)
+        self.vision_model = CLIPVisionTower(config.tower)
+        self.visual_projection = nn.Linear(config.hidden, config.query_dim, bias=False)
+        # set at load from the checkpoint (text tower, logit_scale); persistent so they are part
+        # of the weights' fingerprint (the ONNX cache key)
+        self.register_buffer(
+            "neutral", F.normalize(torch.ones(len(NEUTRAL_PROMPTS), config.query_dim), dim=-1)
+        )
+        self.register_buffer("logit_scale", torch.tensor(100.0))
+        self.balancer = TensionBalancer(config.query_dim)
+        # untrained: zero logits give every scorer weight 1/3 for every image and query (rather
+        # than a random MLP's arbitrary, query-dependent weights); the user's sliders still apply
+        nn.init.zeros_(self.balancer.mlp[2].weight)
+        nn.init.zeros_(self.balancer.mlp[2].bias)
+        self.allocator = TokenAllocator()
+        self.text_encoder: ClipTextEncoder | None = None  # set by load_clip: not a submodule
+
+    def pixels(self, images: Tensor) -> Tensor:
+        """uint8 (B, 3, S, S) -> CLIP's normalised float input (CLIPImageProcessor's rescale + normalise)."""
+        return (images.to(torch.float32) / 255.0 - self.clip_mean) / self.clip_std
+
+    def dense_embeddings(self, images: Tensor) -> Tensor:
+        """uint8 (B, 3, S, S) -> (B, G*G, E) unit patch embeddings in CLIP's joint space."""
+        return F.normalize(self.visual_projection(self.vision_model.dense(self.pixels(images))), dim=-1)
+
+    def scorer_maps(self, images: Tensor, query: Tensor) -> tuple[Tensor, Tensor]:
+        """(maps (B, 3, G, G), texture (B, 13, G, G))."""
+        b, g = images.shape[0], self.config.grid
+        rgb = images.to(torch.float32) / 255.0
+        texture, _ = texture_from_float(rgb, self.constants, g, False)
+        information = luminance_entropy(images, self.cell_of_pixel, g)
+        patches = self.dense_embeddings(images)  # (B, G*G, E)
+        # the similarity in float32 even under autocast: the logit scale (100) would amplify
+        # bfloat16's rounding of the cosines (~4e-3) to whole logits
+        with torch.autocast(images.device.type, enabled=False):
+            _, prob = dense_similarity(
+                patches.float(), F.normalize(query.float(), dim=-1), self.neutral.float(), self.logit_scale
+            )
+        participatory = prob.view(b, g, g)
+        return torch.stack((information, salience(texture), participatory.to(texture.dtype)), dim=1), texture
+
+
+class ClipTextEncoder(CachedTextEncoder):
+    """Queries -> CLIP text embeddings (N, E), unit, LRU-cached; the checkpoint's tokenizer.
+
+    Without a tokenizer and text tower (random weights: benchmarks) it refuses to encode.
+    """
+
+    def __init__(self, tokenizer, text_model: nn.Module | None, text_projection: nn.Module | None, dim: int,
+                 cache_size: int = 1024, max_chars: int = 500, device: str = "cpu"):  # fmt: skip
+        super().__init__(cache_size, max_chars)
+        self.tokenizer = tokenizer
+        self.text_model = text_model.to(device).eval() if text_model is not None else None
+        self.text_projection = text_projection.to(device).eval() if text_projection is not None else None
+        self.device = device
+        self.dim = dim
+
+    @torch.inference_mode()
+    def _encode(self, texts: list[str]) -> Tensor:
+        if self.tokenizer is None or self.text_model is None:
+            raise WeightsError(
+                "This CLIP model was built with random weights (benchmarks only) and has no text tower:"
+                " load real weights (--weights / ARRCOC_WEIGHTS) to encode queries."
+            )
+        # CLIP's context is 77 tokens; a longer query is cut there, as CLIP itself does
+        tok = self.tokenizer(texts, padding=True, truncation=True, max_length=77, return_tensors="pt").to(
+            self.device
+        )
+        pooled = self.text_model(
+            input_ids=tok["input_ids"], attention_mask=tok["attention_mask"]
+        ).pooler_output
+        return F.normalize(self.text_projection(pooled), dim=-1)
+
+
+def _from_pretrained(source: str):
+    """(CLIPModel, tokenizer or None) from a hub id or a local directory, or a WeightsError."""
+    from transformers import AutoTokenizer, CLIPModel
+
+    try:
+        hf = CLIPModel.from_pretrained(source, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        where = "directory" if Path(source).exists() else "Hugging Face id"
+        raise WeightsError(
+            f"Could not load CLIP weights from the {where} {source!r} ({str(e).splitlines()[0][:200]})."
+            " They come from the Hugging Face hub, cached under $HF_HOME, or from a local directory"
+            " written by transformers' save_pretrained (ARRCOC_WEIGHTS / --weights). This machine"
+            f" seems offline and they are not cached: use the variant {OFFLINE_VARIANT!r}, which works"
+            " offline with its bundled weights, or point --weights at a local copy."
+        ) from e
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise WeightsError(f"{source!r} has CLIP weights but no tokenizer files ({e}).") from e
+    return hf, tokenizer
+
+
+def load_hf_clip(model: ArrcocClip, hf) -> ArrcocClip:
+    """Copy a transformers CLIPModel's image tower, projection and logit scale into `model`;
+    position embeddings are interpolated once here to the model's grid."""
+    vision = {k: v for k, v in hf.vision_model.state_dict().items() if k != "embeddings.position_ids"}
+    key = "embeddings.position_embedding.weight"
+    vision[key] = interpolate_positions(vision[key], model.config.grid)
+    target = model.vision_model.state_dict()
+    bad = [k for k in target if k not in vision or vision[k].shape != target[k].shape]
+    if bad or hf.visual_projection.weight.shape != model.visual_projection.weight.shape:
+        raise WeightsError(
+            f"The CLIP checkpoint does not fit {model.config}: mis-shaped or missing {bad[:5]}."
+        )
+    with torch.no_grad():
+        model.vision_model.load_state_dict({k: vision[k].float() for k in target})
+        model.visual_projection.weight.copy_(hf.visual_projection.weight)
+        model.logit_scale.copy_(hf.logit_scale.exp())
+    return model
+
+
+def build_clip(config: ClipModelConfig, weights: str | Path | None = "default") -> ArrcocClip:
+    """The registered loader. weights: "default" (config.weights, normally the hub id), a hub id
+    or a local directory, or None: random weights of the same shapes (benchmarks, no hub)."""
+    source = config.weights if weights == "default" else weights
+    if source is None:
+        return _random_clip(config)
+    hf, tokenizer = _from_pretrained(str(source))
+    model = load_hf_clip(ArrcocClip(config), hf)
+    model.text_encoder = ClipTextEncoder(tokenizer, hf.text_model, hf.text_projection, config.query_dim)
+    with torch.no_grad():
+        model.neutral.copy_(model.text_encoder.encode(list(NEUTRAL_PROMPTS)))
+    commit = getattr(hf.config, "_commit_hash", None)
+    model.weights_version = f"{source}@{commit[:12]}" if commit else str(source)
+    return model
+
+
+def _random_clip(config: ClipModelConfig) -> ArrcocClip:
+    """Random weights of the real shapes: N(0, 0.02), layer-norm scales 1 (the scale of CLIP's
+    own init, which bfloat16 parity depends on); CLIP's logit scale; no text tower, nothing
+    downloaded. Seeded: the same model every time, the global RNG untouched."""
+    model = ArrcocClip(config)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in [*model.vision_model.named_parameters(), ("proj", model.visual_projection.weight)]:
+            if "norm" in name and name.endswith("weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+        model.neutral.copy_(F.normalize(torch.randn(model.neutral.shape, generator=g), dim=-1))
+    model.text_encoder = ClipTextEncoder(None, None, None, config.query_dim)
+    model.weights_version = "random"
+    return model
