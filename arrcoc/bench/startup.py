@@ -25,12 +25,13 @@ def _child(args: argparse.Namespace) -> dict:
 
     from ..engine import create_backend, resolve_device
     from ..registry import create_model
+    from .harness import bench_weights
 
     t_import = time.perf_counter() - t0
     t1 = time.perf_counter()
     torch.manual_seed(0)  # the same random weights in both runs: the same ONNX cache key
     device = resolve_device(args.device)
-    model = create_model(args.variant, args.weights, device)
+    model = create_model(args.variant, bench_weights(args.variant, args.weights), device)
     backend = create_backend(args.backend, model, device, tuple(args.buckets), cache_dir=Path(args.cache_dir))
     backend.warmup()
     if device.type == "cuda":
