@@ -59,10 +59,13 @@ def _encode_gpu(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray]) -> li
     lut = _lut(device)
     grids = torch.from_numpy(np.stack([np.asarray(m, dtype=np.float32) for m in maps])).to(device)
     heat = lut[(grids * 255.0 + 0.5).clamp_(0, 255).long()].permute(0, 3, 1, 2)  # (B, 3, G, G)
-    blended = []
-    for view, colours in zip(views, heat, strict=True):
-        h, w = view.shape[1:]
-        up = F.interpolate(colours.unsqueeze(0), size=(h, w), mode="nearest-exact").squeeze(0)
-        mix = view.float() * (1.0 - OVERLAY_ALPHA) + up * OVERLAY_ALPHA
-        blended.append(mix.round_().clamp_(0, 255).to(torch.uint8))
+    blended: list[torch.Tensor | None] = [None] * len(views)
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, view in enumerate(views):
+        by_shape.setdefault(tuple(view.shape), []).append(i)
+    for shape, idx in by_shape.items():  # views of one shape are blended in one call
+        up = F.interpolate(heat[idx], size=shape[1:], mode="nearest-exact")
+        mix = torch.stack([views[i] for i in idx]).float() * (1.0 - OVERLAY_ALPHA) + up * OVERLAY_ALPHA
+        for i, picture in zip(idx, mix.round_().clamp_(0, 255).to(torch.uint8), strict=True):
+            blended[i] = picture
     return [bytes(t.cpu().numpy()) for t in encode_jpeg(blended, quality=JPEG_QUALITY)]

@@ -31,7 +31,9 @@ def test_registered_tasks_and_config_exactly():
     assert {n for n in app.tasks if not n.startswith("celery.")} == set(TASKS)
     c = app.conf
     assert (c.task_serializer, c.result_serializer, c.accept_content) == ("json", "json", ["json"])
-    assert c.task_acks_late and c.task_reject_on_worker_lost and c.task_track_started and c.worker_send_task_events
+    assert c.task_acks_late and c.task_reject_on_worker_lost
+    # per-message extras off (Redis writes and event publishes nothing reads; Flower enables events itself)
+    assert not c.task_track_started and not c.worker_send_task_events and not c.task_send_sent_event
     assert c.worker_prefetch_multiplier == 1 and c.result_expires and c.task_time_limit
 
 

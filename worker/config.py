@@ -25,6 +25,6 @@ def build(settings: Settings) -> dict[str, Any]:
         # prefork pools enforce these; the threads pool cannot, so tasks also keep deadlines themselves
         "task_time_limit": settings.task_time_limit_s + 30,
         "task_soft_time_limit": settings.task_time_limit_s,
-        "worker_send_task_events": True,
+        "worker_send_task_events": False,  # events cost every task several publishes; Flower enables them
         "worker_cancel_long_running_tasks_on_connection_loss": False,
     }

@@ -43,7 +43,7 @@ def worker_argv(args, settings) -> list[str]:
     queues = args.queues or f"{settings.queue_gpu},{settings.queue_bench}"
     concurrency = args.concurrency or (1 if args.pool == "prefork" else worker_threads(settings))
     return ["worker", "-P", args.pool, "-c", str(concurrency), "-Q", queues, "-l", args.loglevel,
-            "-n", args.hostname, "-E", "--without-mingle", "--without-gossip"]  # fmt: skip
+            "-n", args.hostname, "--without-mingle", "--without-gossip"]  # fmt: skip
 
 
 def run(args) -> int:

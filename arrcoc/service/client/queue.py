@@ -37,8 +37,10 @@ def queue_config(settings: Settings) -> dict[str, Any]:
                         TASK_BENCH: {"queue": settings.queue_bench}},  # fmt: skip
         "result_expires": settings.result_expires_s,
         "result_extended": False,
-        "task_track_started": True,
-        "task_send_sent_event": True,
+        # no STARTED state and no task-sent event: each is one more Redis write per message, and
+        # nothing here reads them (Flower turns workers' events on itself when it connects)
+        "task_track_started": False,
+        "task_send_sent_event": False,
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": timeout,
         "broker_transport_options": {
