@@ -1,54 +1,24 @@
-"""Variant registry: names -> a small config + a builder + where its weights live (timm-style)."""
+"""Variant registry: names -> a small config + a builder + where its weights live (timm-style).
+
+The built-in catalogue is arrcoc/variants.py; `register_variant` adds more (a plugin, a test).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from torch import nn
 
+from . import variants
 from .errors import UnknownVariantError
+from .variant import Variant
 from .weights import load_weights
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 
-class VariantConfig(Protocol):
-    """What the registry needs from a variant's model config (image size and cell grid)."""
-
-    @property
-    def image_size(self) -> int: ...
-
-    @property
-    def grid(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    build: Callable[[VariantConfig], nn.Module]
-    config: VariantConfig  # the model config the builder takes; image size and grid come from it
-    description: str
-    weights_file: str | None = None  # file under arrcoc/weights/, shipped with the package
-    # builds the model with weights from outside the package (e.g. CLIP through transformers):
-    # (config, weights) -> model carrying `weights_version`; weights as create_model's
-    load: Callable[[VariantConfig, str | Path | None], nn.Module] | None = None
-    benchmark_only: bool = False  # random weights: timing only, never meaningful output
-    tags: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def image_size(self) -> int:
-        return self.config.image_size
-
-    @property
-    def grid(self) -> int:
-        return self.config.grid
-
-
-_VARIANTS: dict[str, Variant] = {}
+_VARIANTS: dict[str, Variant] = {v.name: v for v in variants.BUILTIN}
 
 
 def register_variant(variant: Variant) -> Variant:
@@ -59,7 +29,6 @@ def register_variant(variant: Variant) -> Variant:
 
 
 def get_variant(name: str) -> Variant:
-    _register_builtins()
     try:
         return _VARIANTS[name]
     except KeyError:
@@ -69,7 +38,6 @@ def get_variant(name: str) -> Variant:
 
 
 def list_variants() -> list[str]:
-    _register_builtins()
     return sorted(_VARIANTS)
 
 
@@ -107,9 +75,3 @@ def create_model(
             expected = sidecar.read_text().split()[0] if sidecar.is_file() else None
             model.weights_version = load_weights(model, path, name, expected)
     return model.to(device).eval()
-
-
-def _register_builtins() -> None:
-    if _VARIANTS:
-        return
-    from . import variants  # noqa: F401  (registers on import)

@@ -1,39 +1,37 @@
-"""The built-in variants. Importing this module registers them."""
+"""The built-in variants (arrcoc.registry serves them by name)."""
 
 from __future__ import annotations
 
 from .clip import ArrcocClip, ClipModelConfig, build_clip
 from .model import ArrcocTexture, TextureModelConfig
-from .registry import Variant, register_variant
+from .variant import Variant
 
-register_variant(
+BUILTIN: tuple[Variant, ...] = (
     Variant(
         name="arrcoc-texture",
         build=ArrcocTexture,
         config=TextureModelConfig(),
         description="13-channel texture array, 3x3-conv participatory scorer; the default",
         weights_file="arrcoc-texture.safetensors",
-    )
-)
-register_variant(
+    ),
     Variant(
         name="arrcoc-texture-compat",
         build=ArrcocTexture,
         config=TextureModelConfig(compat=True, information="softmax"),
         description="arr-coc-0-1's texture channels and softmax-entropy information score",
-    )
-)
-for size, suffix in ((224, ""), (448, "-448")):
-    scale = (size // 224) ** 2  # 4x the cells at 448: K and the budget keep the same share of them
-    register_variant(
+    ),
+    *(
         Variant(
             name=f"arrcoc-clip-b16{suffix}",
             build=ArrcocClip,
             load=build_clip,
-            config=ClipModelConfig(image_size=size, k=40 * scale, token_budget=5120 * scale),
+            # 4x the cells at 448: K and the budget keep the same share of them
+            config=ClipModelConfig(image_size=size, k=40 * (size // 224) ** 2, token_budget=5120 * (size // 224) ** 2),
             description=f"CLIP ViT-B/16 ({size} px, {(size // 16) ** 2} patches, 768 hidden, 12x12): dense"
             " patch-text similarity (MaskCLIP) with CLIP's text tower; weights from the hub"
             " (openai/clip-vit-base-patch16) or a local directory",
             tags=("clip", "hub"),
         )
-    )
+        for size, suffix in ((224, ""), (448, "-448"))
+    ),
+)
