@@ -20,20 +20,12 @@ from ..registry import create_model, get_variant
 from ..settings import BACKENDS
 from .env import collect_env
 from .parity import MIN_OVERLAP_BF16, TOL, compare, photo_batch, random_queries
-from .startup import measure_startup
+from .startup import bench_weights, measure_startup
 from .timing import summarize, time_interleaved
 
 SCHEMA = "arrcoc-bench/1"
 log = logging.getLogger(__name__)
 Progress = Callable[[float, str], None]
-
-
-def bench_weights(variant: str, weights: str | None) -> str | None:
-    """The weights a benchmark loads: as given, except that "default" for a variant whose
-    weights come from the hub (arrcoc-clip-b16) means random weights of the same shapes: speed
-    does not depend on the values, and a benchmark must run where the hub is not reachable.
-    Pass a hub id or directory explicitly to time the real weights."""
-    return None if weights == "default" and "hub" in get_variant(variant).tags else weights
 
 
 @dataclass
