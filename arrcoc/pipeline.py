@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .encoders import TextEncoder, query_encoder_for
 from .engine import Backend, create_backend, resolve_device
 from .errors import ArrcocError, InvalidInputError
 from .images import ImageLike, ImageLimits, load_decoded, read_bytes
 from .preprocess import Decoder, Encoded, to_tensor
-from .query import QueryEncoder
 from .registry import create_model, get_variant
 from .request import Controls, validate_query
 from .result import RelevanceResult
@@ -46,7 +46,7 @@ class RelevancePipeline:
         weights: str | Path | None = "default",
         backend: str | Backend = "eager",
         device: str = "auto",
-        query_encoder: QueryEncoder | None = None,
+        query_encoder: TextEncoder | None = None,
         limits: ImageLimits = ImageLimits(),
         buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
         cache_dir: Path | None = None,
@@ -60,7 +60,7 @@ class RelevancePipeline:
         else:
             self.model = create_model(variant, weights, self.device)
             self.backend = create_backend(backend, self.model, self.device, buckets, dtype, cache_dir)
-        self.encoder = query_encoder or QueryEncoder()
+        self.encoder = query_encoder or query_encoder_for(self.model)  # the variant's own (CLIP's text tower)
         self.limits = limits
         # one decoding path per device (arrcoc.preprocess): every caller of this pipeline gets the
         # same pixels for the same bytes
