@@ -219,7 +219,8 @@ def test_pipeline_result_has_a_match_score(ours, examples_dir):
 
     ours.variant_name = "arrcoc-clip-b16"
     backend = create_backend("eager", ours, torch.device("cpu"), (1,))
-    pipe = RelevancePipeline("arrcoc-clip-b16", backend=backend, query_encoder=query_encoder_for(ours))
+    pipe = RelevancePipeline("arrcoc-clip-b16", backend=backend)  # asks the model for its encoder: CLIP's text tower
+    assert pipe.encoder is ours.text_encoder
     [r] = pipe.infer(sorted(examples_dir.glob("*.jpg"))[0], "a rocket")
     doc = json.loads(json.dumps(r.to_json()))
     assert r.variant == "arrcoc-clip-b16" and r.relevance.shape == (14, 14) and not r.benchmark_only
