@@ -20,7 +20,6 @@ from PIL import Image
 
 from .render import _LUT, OVERLAY_ALPHA, overlay
 
-EXTENSIONS = {"jpeg": ".jpg", "png": ".png"}
 JPEG_QUALITY = 90
 VIEW_SIDE = 1024  # an overlay is drawn on the image at most this size on a side
 

@@ -21,6 +21,7 @@ DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 # How a batch job draws its overlays: JPEG (rendered and encoded on the GPU when there is one), PNG
 # (lossless, on the CPU) or none (results.jsonl and summary.csv only).
 OVERLAY_FORMATS = ("jpeg", "png", "none")
+OVERLAY_EXTENSIONS = {"jpeg": ".jpg", "png": ".png"}
 
 
 class Settings(BaseSettings):

@@ -25,10 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ... import overlays
 from ...errors import JobError
 from ...request import Controls
-from ...settings import Settings
+from ...settings import OVERLAY_EXTENSIONS, Settings
 from .archive import Item, load_items, unpack
 from .files import atomic_write, job_dir, new_job_id
 from .store import JobStore
@@ -198,7 +197,7 @@ def _write_step(job_id: str, jd: Path, step: list[Item], batch: ProcessedBatch, 
             marks.append((it.index, message))
             continue
         if got.overlay is not None:
-            atomic_write(jd / "overlays" / f"{it.index:05d}{overlays.EXTENSIONS[fmt]}", got.overlay)
+            atomic_write(jd / "overlays" / f"{it.index:05d}{OVERLAY_EXTENSIONS[fmt]}", got.overlay)
         row = _row(it, True) | {"result": got.result.to_json(numpy_arrays=True)}
         _write_row(jd, row)
         marks.append((it.index, None))
