@@ -340,6 +340,18 @@ def test_compiled_shares_one_dynamic_program_across_buckets(eager, model, tmp_pa
     assert be.dynamic_batch and be.stats["programs"] == 2 and compile_count() - before == 2
     assert be.stats["artefacts_saved"] == 1 and list((tmp_path / "compiled").glob("*.bin"))
     assert be.stats["compile_phases"]  # where the compile time went
+    again = create_backend("compiled", model, CPU, (1, 2, 4), cache_dir=tmp_path)
+    again.warmup()  # same cache dir: its Inductor cache already holds the artefacts
+    assert again.stats["artefacts_loaded"] == 0 and again.stats["artefacts_saved"] == 0
+    elsewhere = tmp_path / "new-host"
+    (elsewhere / "compiled").mkdir(parents=True)
+    for f in (tmp_path / "compiled").glob("*.bin"):
+        (elsewhere / "compiled" / f.name).write_bytes(f.read_bytes())
+    moved = create_backend("compiled", model, CPU, (1, 2, 4), cache_dir=elsewhere)
+    moved.warmup()  # only the artefacts file was copied: loaded first
+    assert moved.stats["artefacts_loaded"] == 1
+    again.close()
+    moved.close()
     for batch in (2, 3, 4, 6):  # 3 pads to 4, 6 splits into 4 + 2
         images = example_inputs(model, batch, CPU, seed=21)[0]
         query = random_queries(batch, model.config.query_dim, CPU, seed=batch)

@@ -19,16 +19,6 @@ import time
 from pathlib import Path
 
 
-def bench_weights(variant: str, weights: str | None) -> str | None:
-    """The weights a benchmark loads: as given, except that "default" for a variant whose
-    weights come from the hub (arrcoc-clip-b16) means random weights of the same shapes: speed
-    does not depend on the values, and a benchmark must run where the hub is not reachable.
-    Pass a hub id or directory explicitly to time the real weights."""
-    from ..registry import get_variant  # here, not at the top: the child times its own imports
-
-    return None if weights == "default" and "hub" in get_variant(variant).tags else weights
-
-
 def _child(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     import torch
@@ -40,12 +30,20 @@ def _child(args: argparse.Namespace) -> dict:
     t1 = time.perf_counter()
     torch.manual_seed(0)  # the same random weights in both runs: the same ONNX cache key
     device = resolve_device(args.device)
-    model = create_model(args.variant, bench_weights(args.variant, args.weights), device)
+    model = create_model(args.variant, args.weights, device)
+    t_model = time.perf_counter()
     backend = create_backend(args.backend, model, device, tuple(args.buckets), cache_dir=Path(args.cache_dir))
+    t_init = time.perf_counter()
     backend.warmup()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return {"ready_s": time.perf_counter() - t1, "import_s": t_import, "stats": backend.stats}
+    t_ready = time.perf_counter()
+    # where ready_s went: the model built and on the device, the backend made, its warmup
+    split = {"model_s": t_model - t1, "backend_init_s": t_init - t_model, "warmup_s": t_ready - t_init}
+    return {"ready_s": t_ready - t1, "import_s": t_import, **split, "stats": backend.stats}
+
+
+_PARTS = ("import_s", "model_s", "backend_init_s", "warmup_s")
 
 
 def measure_startup(
@@ -77,6 +75,7 @@ def measure_startup(
         "warm_over_cold": warm["ready_s"] / cold["ready_s"] if cold["ready_s"] > 0 else None,
         "cold_process_s": cold["process_s"], "warm_process_s": warm["process_s"],
         "cold_stats": cold["stats"], "warm_stats": warm["stats"],
+        "cold_parts": {k: cold.get(k) for k in _PARTS}, "warm_parts": {k: warm.get(k) for k in _PARTS},
     }  # fmt: skip
 
 

@@ -9,6 +9,7 @@ machine), then loads each to check it. compiled / onnx: a full warmup, which fil
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ def run(args) -> int:
     from ..registry import create_model
     from ..settings import get_settings
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(processName)s %(name)s: %(message)s")
     settings = get_settings()
     device = resolve_device(args.device or settings.device)
     variant = args.variant or settings.variant

@@ -112,13 +112,15 @@ def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, 
     tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")
     with torch.inference_mode(False), torch.no_grad():
         program = torch.export.export(fn, args, dynamic_shapes=dynamic, strict=False)
+        t_export = time.perf_counter()
+        log.info("exported %s in %.1f s; compiling", path.name, t_export - t0)
         torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=_configs(key, device))
     os.replace(tmp, path)
     key_tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.json")
     key_tmp.write_text(json.dumps(key, indent=1))
     os.replace(key_tmp, path.with_suffix(".json"))
     seconds = time.perf_counter() - t0
-    log.info("built %s in %.1f s", path.name, seconds)
+    log.info("built %s in %.1f s (AOTInductor %.1f s)", path.name, seconds, seconds - (t_export - t0))
     return seconds
 
 
@@ -133,6 +135,8 @@ def _configs(key: dict[str, str], device: torch.device) -> dict:
 
 def _build_in_child(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, device: str, path: str,
                     key: dict) -> float:  # fmt: skip
+    if not logging.getLogger().handlers:  # a spawned process: say what it builds, and how long it took
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(processName)s %(name)s: %(message)s")
     configure_compile_caches(Path(path).parent.parent)  # same Inductor/Triton caches as the parent
     return build_package(model, batch, dtype, torch.device(device), Path(path), key)
 
