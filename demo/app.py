@@ -21,7 +21,8 @@ from arrcoc.errors import ArrcocError, InvalidInputError
 from arrcoc.images import load_image
 from arrcoc.registry import Variant, get_variant, list_variants
 from arrcoc.render import overlay
-from arrcoc.request import MAX_CELL_TOKENS, MIN_CELL_TOKENS, Controls
+from arrcoc.request import MAX_CELL_TOKENS, MIN_CELL_TOKENS, Controls, validate_query
+from arrcoc.result import WEAK_MATCH
 from arrcoc.service.jobs.archive import MANIFEST_NAMES
 from arrcoc.service.jobs.types import JobKind, JobState
 from arrcoc.settings import BACKENDS, Settings, get_settings
@@ -36,14 +37,19 @@ EXAMPLES_DIR = ROOT / "arrcoc" / "examples"
 # (photo, query, label): each checked on the default model (arrcoc-texture, eager, CPU) by looking
 # at where its top cells fall; the last shows what the model cannot do.
 EXAMPLES = [
-    ("chelsea.jpg", "the black one", "colour: “the black one” → the pupils"),
-    ("astronaut.jpg", "the orange suit", "colour: “the orange suit”"),
-    ("astronaut.jpg", "the red one", "colour: “the red one” → the flag's stripes"),
-    ("coffee.jpg", "the top right", "position: “the top right” (a low score: it rates content, not place)"),
-    ("shapes.jpg", "the green circle in the top right", "synthetic shapes: colour + shape + position"),
-    ("shapes.jpg", "the text", "text: “the text”"),
-    ("coffee.jpg", "a giraffe", "LIMIT: “a giraffe” is not there — the map still peaks; the match score says weak"),
+    ("chelsea.jpg", "the black one", "colour · the black one (pupils)"),
+    ("astronaut.jpg", "the orange suit", "colour · the orange suit"),
+    ("astronaut.jpg", "the red one", "colour · the red one (flag)"),
+    ("coffee.jpg", "the top right", "position · the top right"),
+    ("shapes.jpg", "the green circle in the top right", "shapes · the green circle…"),
+    ("shapes.jpg", "the text", "text · the text"),
+    ("coffee.jpg", "a giraffe", "LIMIT · a giraffe (not there)"),
 ]
+EXAMPLES_NOTE = (
+    "Each checked on this model. A position query points the right way but scores low (the match score rates "
+    "what is there, not where). **LIMIT**: a giraffe is not in the photo, yet the map still has a bright peak — only "
+    "the weak match score tells you. Photos: scikit-image (public domain); shapes: a synthetic scene like the training data."
+)
 SERVER_DEFAULT = "server default"  # the backend dropdown's first choice: sends None (ARRCOC_BACKEND)
 BACKEND_LABELS = {
     "eager": "eager (PyTorch)",
@@ -61,7 +67,13 @@ MODEL_NOTES = {
         "matches their colour or edges — or on noise. Its pointing game, **0.924**, is measured on held-out "
         "synthetic scenes, not on photos."
     ),
+    "arrcoc-clip-b16": (
+        "CLIP ViT-B/16's image and text towers (OpenAI CLIP, trained on 400M web image–text pairs) with MaskCLIP dense "
+        "patch features on a 14×14 grid: it knows **object categories** (“the cat”, “the coffee cup”) as well as colours "
+        "and text, at a coarser grid than the texture model. Its weights come from the Hugging Face hub or a local copy."
+    ),
 }
+MODEL_NOTES["arrcoc-clip-b16-448"] = MODEL_NOTES["arrcoc-clip-b16"].replace("14×14", "28×28")
 TITLE = "ARR-COC Serve — query-aware visual relevance"
 CSS = """
 .arr-legend {display:flex; align-items:center; gap:8px; font-size:0.85em; margin:2px 4px;}
@@ -78,7 +90,6 @@ CSS = """
 .arr-match-none {color: var(--body-text-color-subdued);}
 .arr-texture .fixed-height {min-height: 0 !important; max-height: none !important;}
 .arr-texture .grid-wrap {overflow-y: visible !important;}
-.arr-gallery .caption-label {white-space: normal !important; max-width: none !important;}
 """
 CHANNEL_GROUP_LABELS = ("colour: R, G, B, L*, a*, b*", "edges: Sobel x, y, magnitude, contrast", "position: y, x, eccentricity")
 THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="amber")
@@ -113,8 +124,8 @@ def model_note(variant: Variant) -> str:
         f"({c.grid}×{c.grid} cells; a cell is 1/{c.grid} of the photo's width and height, so a 600×400 photo's "
         f"cell is {600 / c.grid:.3g}×{400 / c.grid:.3g} px).\n\n{what}\n\n"
         "The **match score** (0–1) says how well the query matched this photo at its best cell, comparable across "
-        "photos; a weak match means the map is mostly noise, however bright its peak (every map is scaled to its own "
-        "peak). The full model card — training data, what each variant grounds, evaluation — is `docs/model.md` in "
+        f"photos; below {WEAK_MATCH:.2f} is a weak match: the map is then mostly noise, however bright its peak (every "
+        "map is scaled to its own peak). It is not yet calibrated on real photos: read it as higher = better. The full model card — training data, what each variant grounds, evaluation — is `docs/model.md` in "
         "the repository."
     )
 
@@ -160,13 +171,8 @@ def _backend(choice: str | None) -> str | None:
 
 def _query(query: str | None) -> str:
     """The query as typed, checked for length here: the text box never cuts it silently."""
-    text = jobs.text_field(query, "The query").strip()  # a number or a list is refused, not turned into text
-    if not text:
-        raise InvalidInputError("Type a query: what should the model look for? e.g. 'the red one'.")
-    limit = get_settings().max_query_chars
-    if len(text) > limit:
-        raise InvalidInputError(f"The query is {len(text)} characters; the limit is {limit}. Shorten it and run again.")
-    return text
+    text = jobs.text_field(query, "The query")  # a number or a list is refused, not turned into text
+    return validate_query(text, get_settings().max_query_chars)  # the same checks and words as the service
 
 
 def progress_note(backend: str | None) -> str:
@@ -410,9 +416,8 @@ def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
                        info=f"up to {settings.max_query_chars} characters; colours, positions and text work best")  # fmt: skip
     run = gr.Button("Run", variant="primary", elem_id="run")
     gr.Examples([[str(EXAMPLES_DIR / f), q] for f, q, _ in EXAMPLES], [image, query], elem_id="examples",
-                example_labels=[label for _, _, label in EXAMPLES], examples_per_page=len(EXAMPLES),
-                label="Examples (checked on this model; the last shows its limit). Photos: scikit-image, public domain; "
-                      "shapes: one of the synthetic training-style scenes")  # fmt: skip
+                example_labels=[label for _, _, label in EXAMPLES], examples_per_page=len(EXAMPLES), label="Examples")
+    _caption(EXAMPLES_NOTE)
     with gr.Accordion("Controls", open=False):
         with gr.Row():
             scales = [gr.Slider(0, 3, value=1.0, step=0.05, label=f"{n} scale") for n in ("information", "perspectival", "participatory")]
@@ -506,7 +511,7 @@ def _budget_tab() -> list[Any]:
             with gr.Column():
                 image = gr.Image(label="tokens per cell", interactive=False, format="png")
                 gr.HTML(views.colourbar_html("0", f"{MAX_CELL_TOKENS} tokens", "budget"))
-            plot = gr.Plot(label="tokens by relevance rank", elem_id="budget-chart")
+            plot = gr.Plot(show_label=False, label="tokens by relevance rank", elem_id="budget-chart")
         return [image, gr.Markdown(), plot]
 
 
@@ -542,7 +547,7 @@ def _impact_tab() -> list[Any]:
 
 def _attribution_tab() -> list[Any]:
     with gr.Tab("Attribution", id="attribution"):
-        return [gr.Plot(label="channel attribution", elem_id="attribution-chart"), gr.Markdown()]
+        return [gr.Plot(show_label=False, label="channel attribution", elem_id="attribution-chart"), gr.Markdown()]
 
 
 def _view_tabs() -> tuple[list[Any], gr.Radio, gr.Slider, gr.Image, list[Any]]:
@@ -617,8 +622,10 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
                 bar = gr.HTML(jobs.progress_html(None), elem_id="batch-progress")
                 status = gr.Markdown("No job yet.", elem_id="batch-status")
                 file = gr.File(label="results (.zip: overlay PNGs, results.jsonl, summary.csv)", interactive=False, elem_id="batch-results")
-        gallery = gr.Gallery(label="results: overlay · file · query · match score", columns=5, height="auto", object_fit="contain",
-                             elem_id="batch-gallery", elem_classes="arr-gallery")  # fmt: skip
+        gr.Markdown("**Results**: each overlay with its file, query, match score and most relevant cell; failed items "
+                    "are listed under it with their reason.", elem_classes="arr-caption")  # fmt: skip
+        gallery = gr.Gallery(show_label=False, columns=5, height="auto", object_fit="contain", elem_id="batch-gallery",
+                             elem_classes="arr-gallery")  # fmt: skip
         failures = gr.Markdown(elem_id="batch-failures")
         timer = gr.Timer(1.0, active=False)
         with gr.Row(visible=False):  # the /batch_status API endpoint's own components
@@ -663,10 +670,10 @@ def build_bench_tab(settings: Settings) -> tuple:
             stored = gr.Dropdown([], label="stored reports (benchmarks/*.json, newest first)", scale=0, min_width=360, elem_id="bench-stored")
         with gr.Column(visible=False) as results:
             table = gr.DataFrame(label="results", interactive=False, elem_id="bench-table")
-            lat = gr.Plot(label="p50 latency by bucket", elem_id="bench-latency")
+            lat = gr.Plot(show_label=False, label="p50 latency by bucket", elem_id="bench-latency")
             with gr.Row():
-                speed = gr.Plot(label="speedup vs eager", elem_id="bench-speedup")
-                parity = gr.Plot(label="parity vs eager", elem_id="bench-parity")
+                speed = gr.Plot(show_label=False, label="speedup vs eager", elem_id="bench-speedup")
+                parity = gr.Plot(show_label=False, label="parity vs eager", elem_id="bench-parity")
             files = gr.File(label="download the report (JSON, CSV)", file_count="multiple", interactive=False)
         timer = gr.Timer(2.0, active=False)
 

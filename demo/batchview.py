@@ -12,9 +12,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from arrcoc.service.jobs.types import JobStatus
+
+from .views import label_font
 
 GALLERY_MAX = 60  # overlays shown on the page; the zip holds them all
 THUMB_SIDE = 360
@@ -54,12 +56,23 @@ def item_json(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def caption(item: dict[str, Any]) -> str:
-    score = item.get("match_score")
-    match = "match n/a" if score is None else f"match {score:.2f}" + (" · weak match" if item.get("weak_match") else "")
-    cell = item.get("top_cell")
-    where = f" · top cell (row {cell['row']}, col {cell['col']})" if cell else ""
-    return f"{item['file']} · “{item['query']}” · {match}{where}"
+def card(thumb: Image.Image, item: dict[str, Any]) -> Image.Image:
+    """The overlay with its query, match score and top cell drawn under it (a gallery caption covers
+    the picture and cuts long text); the last strip is left for the gallery's own caption, the file name."""
+    score, cell = item.get("match_score"), item.get("top_cell")
+    match = "match n/a" if score is None else f"match {score:.2f}" + (" — WEAK" if item.get("weak_match") else "")
+    where = f"top cell: row {cell['row']}, col {cell['col']}" if cell else ""
+    query = item["query"] if len(item["query"]) <= 40 else item["query"][:39] + "…"
+    lines = [f"“{query}”", match, where]
+    side = THUMB_SIDE
+    out = Image.new("RGB", (side, side + 22 * len(lines) + 40), (255, 255, 255))
+    out.paste(thumb, ((side - thumb.width) // 2, (side - thumb.height) // 2))
+    draw = ImageDraw.Draw(out)
+    font = label_font(17)
+    for i, text in enumerate(lines):
+        colour = (180, 83, 9) if "WEAK" in text else (30, 30, 30)
+        draw.text((side // 2, side + 6 + 22 * i), text, fill=colour, font=font, anchor="mt")
+    return out
 
 
 def failures_markdown(items: list[dict[str, Any]], st: JobStatus | None = None) -> str:
@@ -83,7 +96,7 @@ def gallery(zip_path: str | Path) -> tuple[list[tuple[Image.Image, str]], str]:
             with Image.open(io.BytesIO(zf.read(name))) as im:
                 thumb = im.convert("RGB")
                 thumb.thumbnail((THUMB_SIDE, THUMB_SIDE))
-            shown.append((thumb, caption(item)))
+            shown.append((card(thumb, item), item["file"]))
     note = failures_markdown(items)
     ok = sum(i["ok"] for i in items)
     if ok > len(shown):

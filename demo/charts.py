@@ -16,7 +16,7 @@ from arrcoc.settings import BACKENDS
 BACKEND_COLOURS = {"eager": "#4c78a8", "compiled": "#54a24b", "onnx": "#f58518", "aot": "#b279a2"}
 OTHER_COLOUR = "#9d755d"  # a backend this page does not know (a newer report)
 GROUP_COLOURS = {"colour": "#e45756", "edges": "#4c78a8", "position": "#72b7b2"}
-HEIGHT = 340
+HEIGHT = 380
 FONT = dict(family="system-ui, sans-serif", size=12)
 
 assert set(BACKENDS) <= set(BACKEND_COLOURS), "a backend without a chart colour"
@@ -25,8 +25,9 @@ assert set(BACKENDS) <= set(BACKEND_COLOURS), "a backend without a chart colour"
 def _layout(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
     fig.update_layout(
         title=dict(text=title, x=0.01, font=dict(size=14)), template="plotly_white", height=height,
-        margin=dict(l=60, r=16, t=64, b=48), font=FONT, bargap=0.25, bargroupgap=0.05,
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0, title_text=""),
+        margin=dict(l=64, r=16, t=56, b=96), font=FONT, bargap=0.25, bargroupgap=0.05,
+        # under the axes: above them it would cover the panels' titles
+        legend=dict(orientation="h", yanchor="top", y=-0.28, xanchor="center", x=0.5, title_text=""),
     )  # fmt: skip
     return fig
 
@@ -43,7 +44,7 @@ def colour(backend: str) -> str:
     return BACKEND_COLOURS.get(backend, OTHER_COLOUR)
 
 
-def _panels(df: pd.DataFrame, title: str, y_title: str, log_y: bool = False) -> tuple[go.Figure, list[str]]:
+def _panels(df: pd.DataFrame, title: str, y_title: str, log_y: bool = False, tick_format: str = "~g") -> tuple[go.Figure, list[str]]:
     """One subplot per variant (a shared y axis), buckets as categories on x."""
     variants = list(dict.fromkeys(df["variant"].astype(str)))
     fig = make_subplots(rows=1, cols=len(variants), shared_yaxes=True, horizontal_spacing=0.04,
@@ -52,8 +53,8 @@ def _panels(df: pd.DataFrame, title: str, y_title: str, log_y: bool = False) -> 
     buckets = [str(b) for b in sorted(df["bucket"].dropna().astype(int).unique())]
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=buckets, title_text="batch bucket")
     fig.update_yaxes(title_text=y_title, col=1)
-    if log_y:
-        fig.update_yaxes(type="log")
+    if log_y:  # a label per power of ten only: minor labels (2, 5) crowd the axis
+        fig.update_yaxes(type="log", dtick=1, tickformat=tick_format)
     return fig, variants
 
 
@@ -90,7 +91,7 @@ def _grouped_bars(df: pd.DataFrame, value: str, title: str, y_title: str, fmt: s
         df = df[df[value] > 0]
     if df.empty:
         return empty(title, "Nothing to compare: the report has eager only (or no report).")
-    fig, variants = _panels(df, title, y_title, log_y=log_y)
+    fig, variants = _panels(df, title, y_title, log_y=log_y, tick_format=".0e" if log_y else "~g")
     for col, v in enumerate(variants, start=1):
         for b in _backends(df):
             rows = df[(df["variant"] == v) & (df["backend"] == b)].sort_values("bucket")
@@ -139,12 +140,12 @@ def budget_curve(tokens: np.ndarray) -> go.Figure:
 
 def attribution(df: pd.DataFrame) -> go.Figure:
     """Correlation of each texture channel with relevance, coloured by channel group."""
-    fig = _layout(go.Figure(), "correlation of each texture channel with relevance", height=380)
+    fig = _layout(go.Figure(), "correlation of each texture channel with relevance", height=400)
     for group, rows in df.groupby("group", sort=False):
         fig.add_trace(go.Bar(x=rows["channel"], y=rows["correlation"], name=str(group),
                              marker=dict(color=GROUP_COLOURS.get(str(group), OTHER_COLOUR)),
                              hovertemplate="%{x}: %{y:+.2f}<extra></extra>"))  # fmt: skip
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=list(df["channel"]), tickangle=-35)
     fig.update_yaxes(title_text="Pearson r", range=[-1, 1], zeroline=True, zerolinecolor="#888")
-    fig.update_layout(margin=dict(l=60, r=16, t=64, b=110))
+    fig.update_layout(margin=dict(l=64, r=16, t=56, b=150), legend=dict(y=-0.45))
     return fig

@@ -11,7 +11,7 @@ from html import escape
 
 import numpy as np
 import pandas as pd
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 from arrcoc import metrics
 from arrcoc.render import budget_image, colorize, colormap_hex, heatmap_image, homunculus, overlay, tint_cells
@@ -201,6 +201,26 @@ def overlay_view(run: Run | None, map_label: str, opacity: float) -> Image.Image
 # ---- texture, budgets ----------------------------------------------------------------------------
 
 
+def label_font(size: int) -> ImageFont.ImageFont:
+    for name in ("DejaVuSans.ttf", "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"):
+        try:
+            return ImageFont.truetype(name, size)
+        except OSError:
+            continue
+    return ImageFont.load_default(size)
+
+
+def labelled(tile: Image.Image, *lines: str) -> Image.Image:
+    """The tile with its label drawn under it, so no gallery can truncate or cover it."""
+    font, pad, line_h = label_font(15), 6, 19
+    out = Image.new("RGB", (tile.width, tile.height + pad * 2 + line_h * len(lines)), (255, 255, 255))
+    out.paste(tile, (0, 0))
+    draw = ImageDraw.Draw(out)
+    for i, text in enumerate(lines):
+        draw.text((tile.width // 2, tile.height + pad + i * line_h), text, fill=(30, 30, 30), font=font, anchor="mt")
+    return out
+
+
 def texture_view(run: Run) -> tuple[list, list, list]:
     r = run.result
     names = COMPAT_CHANNEL_NAMES if "compat" in r.variant else CHANNEL_NAMES
@@ -211,7 +231,8 @@ def texture_view(run: Run) -> tuple[list, list, list]:
             ch = np.asarray(r.texture[c], dtype=np.float64)
             lo, hi = float(ch.min()), float(ch.max())
             tile = Image.fromarray(colorize(ch, lo, hi if hi > lo else lo + 1)).resize((224, 224), Image.Resampling.NEAREST)
-            items.append((tile, f"{names[c].replace('_', ' ')} [{lo:.2f}, {hi:.2f}]"))
+            name, span = names[c].replace("_", " "), f"[{lo:.2f}, {hi:.2f}]"
+            items.append(labelled(tile, name, span))  # the label in the image: a gallery caption gets cut
         galleries.append(items)
     return tuple(galleries)  # type: ignore[return-value]
 

@@ -1,9 +1,11 @@
 """The demo in a real browser: Playwright driving Debian's chromium (never `playwright install`).
 
-Uploads a real photo, types a query, runs it, sees the heatmap, changes the query and sees the map
-change, switches views, runs a small batch job, downloads its zip and finds the job again from the
-URL after a reload. Screenshots go to artifacts/screenshots/. Prints the median time from clicking
-Run to the heatmap appearing.
+Uploads a real photo, types a query, runs it, sees the heatmap and the match score inside the
+window (1440x900), changes the query and sees the map change, switches views, checks that every
+chart draws coloured marks, runs a small batch job and sees its gallery, downloads its zip, finds
+the job again from the URL after a reload, and reads the stored benchmark report's charts.
+Screenshots of every view go to artifacts/screenshots/ (git-ignored): look at them. Prints the
+median time from clicking Run to the heatmap appearing.
 """
 
 from __future__ import annotations
@@ -26,11 +28,17 @@ CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", "--disable-quic"]  # fmt: skip
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
-QUERIES = ["the coffee cup", "the wooden table", "the silver spoon", "the saucer", "the handle", "a drop of coffee"]
+QUERIES = ["the red one", "the top right", "the silver one", "the white saucer", "the left side", "a giraffe"]
 VIEWS = {  # tab label -> what must be on screen in it
-    "Homunculus": "img", "Three ways": "img", "Overlays": "img", "Texture": "img", "LOD budget": "img",
-    "vs uniform": "img", "Metrics": "text=spatial entropy", "Query impact": "img", "Attribution": "canvas, svg",
+    "Homunculus": "img", "Three ways": "img", "Overlays": "img", "Texture": "img", "LOD budget": "#budget-chart svg.main-svg",
+    "vs uniform": "img", "Metrics": "text=spatial entropy", "Query impact": "img", "Attribution": "#attribution-chart svg.main-svg",
 }  # fmt: skip
+VIEWPORT = {"width": 1440, "height": 900}
+# plotly draws bars as paths in .barlayer, lines as path.js-line and markers as path.point in .scatterlayer
+MARKS_JS = """(sel) => [...document.querySelectorAll(sel + ' .barlayer path, ' + sel + ' .scatterlayer path.js-line, '
+  + sel + ' .scatterlayer path.point')]
+  .map(p => { const s = getComputedStyle(p); return {fill: s.fill, stroke: s.stroke, w: p.getBoundingClientRect().width,
+  h: p.getBoundingClientRect().height}; })"""
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)")
 
@@ -46,7 +54,7 @@ def page(app_url):
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
         pg = context.new_page()
         pg.set_default_timeout(45_000)
         pg.goto(app_url)
@@ -55,9 +63,9 @@ def page(app_url):
         browser.close()
 
 
-def shot(page, name: str, selector: str | None = None) -> Path:
+def shot(page, name: str, selector: str | None = None, full: bool = True) -> Path:
     path = SHOTS / f"{name}.png"
-    (page.locator(selector) if selector else page).screenshot(path=str(path), **({} if selector else {"full_page": True}))
+    (page.locator(selector) if selector else page).screenshot(path=str(path), **({} if selector else {"full_page": full}))
     return path
 
 
@@ -86,6 +94,41 @@ def run_query(page, query: str, timeout_ms: float = 45_000) -> float:
     return took
 
 
+def in_viewport(page, selector: str) -> bool:
+    """Is the element's top edge inside the window as it is now (after any scrolling)?"""
+    box = page.locator(selector).first.bounding_box()
+    return box is not None and 0 <= box["y"] < VIEWPORT["height"] - 40 and box["height"] > 0
+
+
+def coloured_marks(page, selector: str) -> list[dict]:
+    """The chart's drawn marks that a person can see: filled or stroked with a colour, not `none`."""
+    page.locator(f"{selector} svg.main-svg").first.wait_for(state="visible")
+    seen: list[dict] = []
+    for _ in range(40):  # plotly draws its traces a moment after the svg appears
+        marks = page.evaluate(MARKS_JS, selector)
+        seen = [m for m in marks if (m["fill"] not in ("none", "") and m["h"] > 0) or (m["stroke"] not in ("none", "") and m["w"] > 0)]
+        if seen:
+            break
+        page.wait_for_timeout(250)
+    return seen
+
+
+def settle_images(page, scope: str) -> None:
+    """Scroll every image of the scope into view and wait until each has loaded (galleries load lazily)."""
+    imgs = page.locator(f"{scope} img:visible")
+    for i in range(imgs.count()):
+        imgs.nth(i).scroll_into_view_if_needed()
+    page.wait_for_function("(s) => [...document.querySelectorAll(s + ' img')].filter(i => i.offsetParent)"
+                           ".every(i => i.complete && i.naturalWidth > 0)", arg=scope)  # fmt: skip
+    page.locator(f"{scope}:visible").first.scroll_into_view_if_needed()
+
+
+def close_toasts(page) -> None:
+    for button in page.locator(".toast-close, [data-testid='toast-close']").all():
+        if button.is_visible():
+            button.click()
+
+
 def open_tab(page, scope: str, label: str) -> None:
     """Click the visible tab button with this label (the page is wide enough that none overflow)."""
     tab = page.locator(f"{scope} button[role=tab]:visible").filter(has_text=re.compile(f"^{re.escape(label)}$")).first
@@ -100,10 +143,15 @@ def open_tab(page, scope: str, label: str) -> None:
 def test_inference_views_and_timing(page, examples_dir, monkeypatch):
     page.locator("#photo input[type=file]").set_input_files(str(examples_dir / "coffee.jpg"))
     page.wait_for_selector("#photo img")
+    shot(page, "00-page-before-run")
+    assert page.get_by_text("Use via API").first.is_visible(), "the 'Use via API' link is hidden"
     cold = run_query(page, QUERIES[0], timeout_ms=180_000)  # builds the executor and loads the model
     first = heatmap_pixels(page)
-    shot(page, "01-inference-overview")
+    shot(page, "01-inference-overview", full=False)  # what the window shows right after Run
     assert first.std() > 5, "the heatmap is blank"
+    assert in_viewport(page, "#relevance-map img") and in_viewport(page, "#match"), "results are out of view after Run"
+    match = page.locator("#match")
+    assert match.is_visible() and re.search(r"[Mm]atch score: \d\.\d\d", match.inner_text()), match.inner_text()
 
     warm = [run_query(page, q) for q in QUERIES[1:]]
     second = heatmap_pixels(page)
@@ -112,6 +160,8 @@ def test_inference_views_and_timing(page, examples_dir, monkeypatch):
     assert first.shape == second.shape
     assert np.abs(first - second).mean() > 0.05, "changing the query did not change the map"
     assert QUERIES[-1] in page.locator("#summary").inner_text()
+    assert "Weak match" in page.locator("#match").inner_text(), "a giraffe on the coffee photo is not called weak"
+    shot(page, "01-inference-weak-match", full=False)
 
     from demo import service
 
@@ -122,7 +172,12 @@ def test_inference_views_and_timing(page, examples_dir, monkeypatch):
         open_tab(page, "#views", label)
         panel = page.locator("#views [role=tabpanel]:visible").first
         panel.locator(what).first.wait_for(state="visible")
-        shot(page, f"02-view-{label.lower().replace(' ', '-')}", "#views")
+        assert page.locator("#match-views").is_visible() and "match" in page.locator("#match-views").inner_text().lower()
+        if what.endswith("svg.main-svg"):
+            chart = what.split()[0]
+            assert coloured_marks(page, chart), f"the {label} chart draws no coloured marks"
+        settle_images(page, "#views [role=tabpanel]")
+        shot(page, f"02-view-{label.lower().replace(' ', '-')}", "#views-section")
 
     # switching views, overlay map or opacity redraws from the stored run: no model call
     open_tab(page, "#views", "Overlays")
@@ -133,13 +188,36 @@ def test_inference_views_and_timing(page, examples_dir, monkeypatch):
     page.locator("#views [role=tabpanel]:visible input[type=number]").first.fill("0.9")
     page.locator("#views [role=tabpanel]:visible input[type=number]").first.press("Enter")
     page.wait_for_function("(s) => document.querySelector('#overlay img')?.getAttribute('src') !== s", arg=before)
-    shot(page, "02-view-overlay-participatory", "#views")
-    open_tab(page, "#views", "Overview")
+    shot(page, "02-view-overlay-participatory", "#views-section")
     before = page.locator("#relevance-map img").get_attribute("src")
     page.locator("#scale").get_by_text("rank", exact=True).click()  # another colour scale: redrawn
     page.wait_for_function("(s) => document.querySelector('#relevance-map img')?.getAttribute('src') !== s", arg=before)
     assert model_calls == [], "a view change ran the model again"
-    shot(page, "02-view-overview-rank-scale", "#views")
+    shot(page, "02-view-overview-rank-scale", "#results")
+
+
+def test_examples_and_model_note(page):
+    page.locator("#model-note").get_by_text("About the model").first.click()
+    note = page.locator("#model-note")
+    note.get_by_text("synthetic scenes").first.wait_for(state="visible")
+    assert "arrcoc-texture" in note.inner_text() and "0.924" in note.inner_text()
+    shot(page, "07-model-note", full=False)
+    page.locator("#model-note").get_by_text("About the model").first.click()
+    limit = page.get_by_text(re.compile("^LIMIT"))
+    assert limit.first.is_visible(), "the example that shows the model's limit is not labelled"
+    page.get_by_text("colour · the black one (pupils)", exact=True).first.click()
+    page.wait_for_function("() => document.querySelector('#query textarea')?.value === 'the black one'")
+    shot(page, "08-example-loaded", full=False)
+
+
+def test_long_query_is_refused_in_words(page):
+    page.locator("#query textarea").fill("the red one " * 60)
+    page.locator("#run").click()
+    toast = page.locator(".toast-body, [data-testid='toast-body']").filter(has_text="the limit is")
+    toast.first.wait_for(state="visible")
+    page.wait_for_timeout(600)
+    shot(page, "03-error-long-query", full=False)
+    close_toasts(page)
 
 
 def test_bad_input_shows_a_message(page):
@@ -149,7 +227,8 @@ def test_bad_input_shows_a_message(page):
     toast.first.wait_for(state="visible")
     page.wait_for_timeout(600)  # let the toast finish fading in before the screenshot
     assert "Traceback" not in page.content()
-    shot(page, "03-error-empty-query")
+    shot(page, "03-error-empty-query", full=False)
+    close_toasts(page)
 
 
 def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
@@ -160,11 +239,20 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
             zf.write(p, p.name)
     open_tab(page, "#main-tabs", "Batch")
     page.locator("#batch-zip input[type=file]").set_input_files(str(archive))
-    page.locator("#batch-query textarea").fill("the face")
+    page.locator("#batch-query textarea").fill("the red one")
     page.locator("#batch-submit").click()
     page.wait_for_function("() => (document.querySelector('#batch-status')?.innerText || '').includes('done')")
     link = page.locator("#batch-results a").first
     link.wait_for(state="visible")
+    thumbs = page.locator("#batch-gallery img")
+    page.wait_for_function(f"() => document.querySelectorAll('#batch-gallery img').length >= {len(photos)}")
+    thumbs.first.scroll_into_view_if_needed()
+    assert thumbs.first.is_visible() and thumbs.first.evaluate("i => i.naturalWidth") > 0
+    gallery_text = page.locator("#batch-gallery").inner_text()
+    for p in photos:  # every thumbnail says which file it is, and its match score
+        assert p.name in gallery_text, f"{p.name} missing from the gallery: {gallery_text!r}"
+    close_toasts(page)
+    settle_images(page, "#batch-gallery")
     shot(page, "04-batch-done")
     job_id = page.locator("#batch-job textarea, #batch-job input").first.input_value()
     assert job_id and f"job={job_id}" in page.url
@@ -184,3 +272,21 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     open_tab(page, "#main-tabs", "Benchmark")  # the newest stored report, or a clear "none yet"
     page.wait_for_function("() => /Stored report|No benchmark report yet/.test(document.querySelector('#bench-report-title')?.innerText || '')")
     shot(page, "06-benchmark-tab")
+    if "Stored report" not in page.locator("#bench-report-title").inner_text():
+        return
+    for chart in ("#bench-latency", "#bench-speedup", "#bench-parity"):  # every chart draws, in colour
+        assert coloured_marks(page, chart), f"{chart} draws no coloured marks"
+    legend = page.locator("#bench-latency g.legend").first.text_content() or ""
+    assert "eager" in legend and "·" not in legend, legend  # one entry per backend, this report's
+    page.locator("#bench-latency").scroll_into_view_if_needed()
+    shot(page, "06-benchmark-charts", full=False)
+    for name in ("2026-11-22-h100-texture-e7cbf7c.json", "2026-11-22-cpu-2core.json"):  # other reports: their own charts
+        if name not in page.locator("#bench-stored").inner_text() and not (Path(__file__).parent.parent / "benchmarks" / name).exists():
+            continue
+        page.locator("#bench-stored input").click()
+        page.get_by_role("option", name=name).click()
+        page.wait_for_function("(n) => (document.querySelector('#bench-report-title')?.innerText || '').includes(n)", arg=name)
+        page.wait_for_timeout(500)
+        assert coloured_marks(page, "#bench-latency") and coloured_marks(page, "#bench-speedup")
+        page.locator("#bench-latency").scroll_into_view_if_needed()
+        shot(page, f"06-benchmark-{name.removesuffix('.json')}", full=False)
