@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, get_args
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -20,7 +20,8 @@ BACKENDS = ("eager", "compiled", "onnx", "aot")
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 # How a batch job draws its overlays: JPEG (rendered and encoded on the GPU when there is one), PNG
 # (lossless, on the CPU) or none (results.jsonl and summary.csv only).
-OVERLAY_FORMATS = ("jpeg", "png", "none")
+OverlayFormat = Literal["jpeg", "png", "none"]
+OVERLAY_FORMATS: tuple[str, ...] = get_args(OverlayFormat)
 OVERLAY_EXTENSIONS = {"jpeg": ".jpg", "png": ".png"}
 
 
@@ -49,7 +50,7 @@ class Settings(BaseSettings):
     min_image_side: int = 16
     max_query_chars: int = 500
     max_batch_items: int = 2000
-    overlay_format: str = "jpeg"  # one of OVERLAY_FORMATS
+    overlay_format: OverlayFormat = "jpeg"
     batch_chunk_items: int = 256  # items per batch-job task (a unit of redelivery and progress)
 
     # Service
@@ -120,13 +121,6 @@ class Settings(BaseSettings):
     def _known_backends(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v or any(b not in BACKENDS for b in v):
             raise ValueError(f"ARRCOC_BACKENDS must name some of {', '.join(BACKENDS)}, e.g. eager,onnx")
-        return v
-
-    @field_validator("overlay_format")
-    @classmethod
-    def _known_overlay(cls, v: str) -> str:
-        if v not in OVERLAY_FORMATS:
-            raise ValueError(f"ARRCOC_OVERLAY_FORMAT must be one of {', '.join(OVERLAY_FORMATS)}")
         return v
 
     @field_validator("buckets")
