@@ -13,10 +13,10 @@ source scripts/device_env.sh
 V="${VARIANT:-arrcoc-texture}"; C=/tmp/arrcoc-aot-run; B="1 2 4 8 16 32 64"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-t0=$(date +%s.%N)
+t0=$(date +%s)
 timeout "${BUILD_S:-110}" $PY -m arrcoc compile --backend aot --variant "$V" --device cuda --buckets $B \
   --cache-dir "$C/aot" 2>&1 | tee "$OUT/compile.log" | grep -E "^\{|built|rror"
-echo "cold aot build (new process, wall): $(echo "$(date +%s.%N) - $t0" | bc) s"
+echo "cold aot build (new process, wall): $(( $(date +%s) - t0 )) s"
 backends="eager compiled"; [ "$(ls $C/aot/aot/*.pt2 2>/dev/null | wc -l)" -ge 2 ] && backends="eager compiled aot"
 timeout "${BENCH_S:-85}" $PY -m arrcoc.bench --variants "$V" --backends $backends --iters "${ITERS:-30}" \
   --warmup-iters 5 --cache-dir "$C" --out "$OUT" --name "bench-$V-aot" 2>&1 \
