@@ -88,6 +88,12 @@ CSS = """
 .arr-match-ok {background: rgba(22,163,74,0.10); border-color: rgba(22,163,74,0.5);}
 .arr-match-weak {background: rgba(245,158,11,0.16); border-color: rgba(217,119,6,0.7);}
 .arr-match-none {color: var(--body-text-color-subdued);}
+.arr-gallery {display:grid; grid-template-columns:repeat(auto-fill, minmax(220px, 1fr)); gap:12px;}
+.arr-item {margin:0; padding:8px; border:1px solid var(--border-color-primary); border-radius:8px;
+  background: var(--block-background-fill);}
+.arr-item img {width:100%; height:180px; object-fit:contain; display:block;}
+.arr-item figcaption {font-size:0.85em; line-height:1.35; margin-top:6px; overflow-wrap:anywhere;}
+.arr-weak {color:#b45309; font-weight:600;}
 .arr-texture .fixed-height {min-height: 0 !important; max-height: none !important;}
 .arr-texture .grid-wrap {overflow-y: visible !important;}
 """
@@ -290,7 +296,7 @@ def batch_poll(job_id: str, token: str | None = None, request: gr.Request = None
         file = jobs.batch_results_file(st.job_id, owner) if st.state == JobState.DONE else None
     except Exception as e:
         return (f"**Error:** {jobs.friendly(e)}", jobs.progress_html(None), None, *keep, gr.Timer(active=False))
-    shown = batchview.gallery(file) if file else ([], batchview.failures_markdown([], st))
+    shown = batchview.gallery(file) if file else ("", batchview.failures_markdown([], st))
     return (jobs.status_markdown(st), jobs.progress_html(st), file, *shown, gr.Timer(active=not st.state.finished))
 
 
@@ -624,8 +630,7 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
                 file = gr.File(label="results (.zip: overlay PNGs, results.jsonl, summary.csv)", interactive=False, elem_id="batch-results")
         gr.Markdown("**Results**: each overlay with its file, query, match score and most relevant cell; failed items "
                     "are listed under it with their reason.", elem_classes="arr-caption")  # fmt: skip
-        gallery = gr.Gallery(show_label=False, columns=5, height="auto", object_fit="contain", elem_id="batch-gallery",
-                             elem_classes="arr-gallery")  # fmt: skip
+        gallery = gr.HTML(elem_id="batch-gallery")
         failures = gr.Markdown(elem_id="batch-failures")
         timer = gr.Timer(1.0, active=False)
         with gr.Row(visible=False):  # the /batch_status API endpoint's own components

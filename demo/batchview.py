@@ -6,20 +6,20 @@ the same file a user downloads, so the page shows what the zip holds.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import zipfile
+from html import escape
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from arrcoc.service.jobs.types import JobStatus
 
-from .views import label_font
-
 GALLERY_MAX = 60  # overlays shown on the page; the zip holds them all
-THUMB_SIDE = 360
+THUMB_SIDE = 320
 
 
 def item_rows(zip_path: str | Path) -> tuple[list[dict[str, Any]], dict[int, str]]:
@@ -56,23 +56,25 @@ def item_json(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def card(thumb: Image.Image, item: dict[str, Any]) -> Image.Image:
-    """The overlay with its query, match score and top cell drawn under it (a gallery caption covers
-    the picture and cuts long text); the last strip is left for the gallery's own caption, the file name."""
+def _thumb_uri(data: bytes) -> str:
+    with Image.open(io.BytesIO(data)) as im:
+        thumb = im.convert("RGB")
+        thumb.thumbnail((THUMB_SIDE, THUMB_SIDE))
+    buf = io.BytesIO()
+    thumb.save(buf, format="JPEG", quality=82)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def figure_html(uri: str, item: dict[str, Any]) -> str:
+    """One overlay with its caption under it: file, query, match score (weak ones marked), top cell."""
     score, cell = item.get("match_score"), item.get("top_cell")
-    match = "match n/a" if score is None else f"match {score:.2f}" + (" — WEAK" if item.get("weak_match") else "")
-    where = f"top cell: row {cell['row']}, col {cell['col']}" if cell else ""
-    query = item["query"] if len(item["query"]) <= 40 else item["query"][:39] + "…"
-    lines = [f"“{query}”", match, where]
-    side = THUMB_SIDE
-    out = Image.new("RGB", (side, side + 22 * len(lines) + 40), (255, 255, 255))
-    out.paste(thumb, ((side - thumb.width) // 2, (side - thumb.height) // 2))
-    draw = ImageDraw.Draw(out)
-    font = label_font(17)
-    for i, text in enumerate(lines):
-        colour = (180, 83, 9) if "WEAK" in text else (30, 30, 30)
-        draw.text((side // 2, side + 6 + 22 * i), text, fill=colour, font=font, anchor="mt")
-    return out
+    match = "match n/a" if score is None else f"match <b>{score:.2f}</b>"
+    if item.get("weak_match"):
+        match += ' <span class="arr-weak">weak match</span>'
+    where = f"<br>top cell: row {cell['row']}, col {cell['col']}" if cell else ""
+    file, query = escape(str(item["file"])), escape(str(item["query"]))
+    return (f'<figure class="arr-item"><img src="{uri}" alt="{file}"><figcaption><b>{file}</b><br>“{query}”<br>'
+            f"{match}{where}</figcaption></figure>")  # fmt: skip
 
 
 def failures_markdown(items: list[dict[str, Any]], st: JobStatus | None = None) -> str:
@@ -83,25 +85,23 @@ def failures_markdown(items: list[dict[str, Any]], st: JobStatus | None = None) 
     return f"**{len(failed)} item(s) failed:**\n\n| file | reason |\n|---|---|\n{lines}"
 
 
-def gallery(zip_path: str | Path) -> tuple[list[tuple[Image.Image, str]], str]:
-    """(overlay, caption) for the first GALLERY_MAX items that worked, and the failures table."""
+def gallery(zip_path: str | Path) -> tuple[str, str]:
+    """The overlays of the first GALLERY_MAX items that worked, as HTML figures with their captions
+    (a gallery component's captions cover the picture and cut long text), and the failures."""
     rows, overlays = item_rows(zip_path)
     items = [item_json(r) for r in rows]
-    shown = []
+    figures = []
     with zipfile.ZipFile(zip_path) as zf:
         for row, item in zip(rows, items, strict=True):
             name = overlays.get(int(row.get("index", -1)))
-            if not item["ok"] or name is None or len(shown) >= GALLERY_MAX:
+            if not item["ok"] or name is None or len(figures) >= GALLERY_MAX:
                 continue
-            with Image.open(io.BytesIO(zf.read(name))) as im:
-                thumb = im.convert("RGB")
-                thumb.thumbnail((THUMB_SIDE, THUMB_SIDE))
-            shown.append((card(thumb, item), item["file"]))
+            figures.append(figure_html(_thumb_uri(zf.read(name)), item))
     note = failures_markdown(items)
     ok = sum(i["ok"] for i in items)
-    if ok > len(shown):
-        note = f"Showing {len(shown)} of {ok} overlays; the zip holds them all.\n\n" + note
-    return shown, note
+    if ok > len(figures):
+        note = f"Showing {len(figures)} of {ok} overlays; the zip holds them all.\n\n" + note
+    return f'<div class="arr-gallery">{"".join(figures)}</div>' if figures else "", note
 
 
 def status_json(st: JobStatus, zip_path: str | Path | None) -> dict[str, Any]:

@@ -44,7 +44,14 @@ def colour(backend: str) -> str:
     return BACKEND_COLOURS.get(backend, OTHER_COLOUR)
 
 
-def _panels(df: pd.DataFrame, title: str, y_title: str, log_y: bool = False, tick_format: str = "~g") -> tuple[go.Figure, list[str]]:
+def _decades(values: pd.Series) -> list[int]:
+    """A log axis range of whole decades around the values: a label at each end at least."""
+    v = values[values > 0]
+    lo, hi = int(np.floor(np.log10(v.min()))), int(np.ceil(np.log10(v.max())))
+    return [lo, hi if hi > lo else lo + 1]
+
+
+def _panels(df: pd.DataFrame, title: str, y_title: str, log_y: str | None = None, tick_format: str = "~g") -> tuple[go.Figure, list[str]]:
     """One subplot per variant (a shared y axis), buckets as categories on x."""
     variants = list(dict.fromkeys(df["variant"].astype(str)))
     fig = make_subplots(rows=1, cols=len(variants), shared_yaxes=True, horizontal_spacing=0.04,
@@ -54,7 +61,7 @@ def _panels(df: pd.DataFrame, title: str, y_title: str, log_y: bool = False, tic
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=buckets, title_text="batch bucket")
     fig.update_yaxes(title_text=y_title, col=1)
     if log_y:  # a label per power of ten only: minor labels (2, 5) crowd the axis
-        fig.update_yaxes(type="log", dtick=1, tickformat=tick_format)
+        fig.update_yaxes(type="log", dtick=1, tickformat=tick_format, range=_decades(df[log_y]))
     return fig, variants
 
 
@@ -69,7 +76,7 @@ def latency(df: pd.DataFrame) -> go.Figure:
     df = df.dropna(subset=["bucket", "p50_ms"]) if len(df) else df
     if df.empty:
         return empty(title)
-    fig, variants = _panels(df, title, "ms per batch (p50, log)", log_y=True)
+    fig, variants = _panels(df, title, "ms per batch (p50, log)", log_y="p50_ms")
     for col, v in enumerate(variants, start=1):
         for b in _backends(df):
             rows = df[(df["variant"] == v) & (df["backend"] == b)].sort_values("bucket")
@@ -91,7 +98,7 @@ def _grouped_bars(df: pd.DataFrame, value: str, title: str, y_title: str, fmt: s
         df = df[df[value] > 0]
     if df.empty:
         return empty(title, "Nothing to compare: the report has eager only (or no report).")
-    fig, variants = _panels(df, title, y_title, log_y=log_y, tick_format=".0e" if log_y else "~g")
+    fig, variants = _panels(df, title, y_title, log_y=value if log_y else None, tick_format=".0e" if log_y else "~g")
     for col, v in enumerate(variants, start=1):
         for b in _backends(df):
             rows = df[(df["variant"] == v) & (df["backend"] == b)].sort_values("bucket")

@@ -251,6 +251,10 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     gallery_text = page.locator("#batch-gallery").inner_text()
     for p in photos:  # every thumbnail says which file it is, and its match score
         assert p.name in gallery_text, f"{p.name} missing from the gallery: {gallery_text!r}"
+    assert gallery_text.count("match ") >= len(photos) and "top cell: row" in gallery_text
+    for fig in page.locator("#batch-gallery figure").all():  # the caption is under the picture, not over it
+        img, cap = fig.locator("img").bounding_box(), fig.locator("figcaption").bounding_box()
+        assert cap["y"] >= img["y"] + img["height"] - 1
     close_toasts(page)
     settle_images(page, "#batch-gallery")
     shot(page, "04-batch-done")

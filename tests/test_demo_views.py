@@ -190,8 +190,8 @@ def test_batch_view_reads_the_results_zip(tmp_path):
         zf.writestr("results.jsonl", json.dumps(good) + "\n" + json.dumps(bad) + "\n")
         zf.writestr("overlays/00000_a.png", png.getvalue())
     shown, failures = batchview.gallery(z)
-    assert len(shown) == 1 and shown[0][1] == "a.jpg"  # the file as the caption; query, score, cell drawn under the overlay
-    assert shown[0][0].height > shown[0][0].width
+    assert shown.count("<figure") == 1 and "data:image/jpeg;base64," in shown  # failed items have no overlay
+    assert "<b>a.jpg</b>" in shown and "match <b>0.30</b>" in shown and "weak match" in shown and "row 2, col 6" in shown
     assert "b.jpg" in failures and "not an image" in failures
     st = JobStatus("batch-x", JobKind.BATCH, JobState.DONE, total=2, done=1, failed=1)
     doc = batchview.status_json(st, z)
