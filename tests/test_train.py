@@ -10,11 +10,20 @@ import pytest
 import torch
 
 from arrcoc.registry import create_model
-from arrcoc.train.data import _chunk, build_dataset, hit_cells
+from arrcoc.train.data import _chunk, build_dataset, edge_cells, hit_cells, map_target
 from arrcoc.train.evaluate import evaluate, relevance_from_fixed
 from arrcoc.train.run import reevaluate, report_paths, run_training
-from arrcoc.train.scenes import HELDOUT_FRAMES, TRAIN_FRAMES, SceneConfig, make_scenes
-from arrcoc.train.trainer import TrainConfig, seed_everything, train
+from arrcoc.train.scenes import (
+    CAPTION_KINDS,
+    HELDOUT_FRAMES,
+    KNOWING_KINDS,
+    KNOWING_OBJECT,
+    KNOWING_WORDS,
+    TRAIN_FRAMES,
+    SceneConfig,
+    make_scenes,
+)
+from arrcoc.train.trainer import TrainConfig, make_step, pointing_loss, seed_everything, train
 
 torch.set_num_threads(2)
 
@@ -42,14 +51,14 @@ def test_heldout_phrasings_are_not_training_phrasings() -> None:
 def tiny(query_encoder):
     seed_everything(0)
     model = create_model("arrcoc-texture", weights=None)
-    return model, build_dataset(model, query_encoder, 6, 0, SceneConfig(), progress=False)
+    return model, build_dataset(model, query_encoder, 6, 0, SceneConfig(knowing=3), progress=False)
 
 
 def test_cached_path_equals_the_model_forward(tiny) -> None:
     # training and the pointing game run on cached tensors: they must equal the real forward
     model, data = tiny
     seed = int(np.random.SeedSequence(0).spawn(1)[0].generate_state(1)[0])  # build_dataset's first chunk
-    images, _ = _chunk((6, seed, SceneConfig()))
+    images, _ = _chunk((6, seed, SceneConfig(knowing=3)))
     rows = torch.arange(min(4, len(data)))
     scene = data.scene[rows]
     with torch.no_grad():
@@ -77,9 +86,79 @@ def test_training_is_reproducible(tiny) -> None:
 def test_evaluate_reports_every_category(tiny) -> None:
     model, data = tiny
     r = evaluate(model, data)
-    assert 0 <= r["overall"] <= 1 and r["n"] == len(data)
+    objects = sum(k in CAPTION_KINDS for k in data.meta["kind"])
+    assert 0 < objects < len(data), "the tiny set has object captions and captions for the other ways"
+    # "overall" and the per-attribute tables are over the object captions, as in earlier reports
+    assert 0 <= r["overall"] <= 1 and r["n"] == objects and r["all_captions"]["n"] == len(data)
     assert set(r["by"]) == {"kind", "colour", "shape", "position", "size"}
-    assert sum(d["n"] for d in r["by"]["colour"].values()) == len(data)
+    assert sum(d["n"] for d in r["by"]["colour"].values()) == objects
+    assert sum(d["n"] for d in r["by"]["kind"].values()) == len(data)
+    # the balancer's weights by kind: three distributions that sum to one per caption
+    b = r["balance"]
+    assert b["all captions"]["n"] == len(data) and b["objects (all kinds)"]["n"] == objects
+    for g in b.values():
+        assert abs(sum(g[n]["mean"] for n in ("information", "perspectival", "participatory")) - 1) < 1e-3
+        assert abs(sum(g["largest"].values()) - 1) < 1e-3
+        assert all(0 <= g[n]["p10"] <= g[n]["p50"] <= g[n]["p90"] <= 1 for n in ("information", "perspectival"))
+
+
+def test_knowing_captions_leave_scenes_and_object_captions_unchanged() -> None:
+    base = make_scenes(8, 5, SceneConfig(extra_phrasings=2))
+    more = make_scenes(8, 5, SceneConfig(extra_phrasings=2, knowing=4))
+    assert all(np.array_equal(a.image, b.image) and b.captions[: len(a.captions)] == a.captions
+               for a, b in zip(base, more, strict=True))  # fmt: skip
+    added = [c for a, b in zip(base, more, strict=True) for c in b.captions[len(a.captions) :]]
+    assert len(added) == 8 * 4 and {k for _, _, k in added} <= set(KNOWING_KINDS)
+    for text, t, kind in added:
+        assert (t == KNOWING_OBJECT) == (kind != "edges"), text
+    train_words = [w for train, _ in KNOWING_WORDS.values() for w in train]
+    held_words = [w for _, held in KNOWING_WORDS.values() for w in held]
+    assert not set(train_words) & set(held_words)
+    captions = [c for s in make_scenes(150, 11, SceneConfig(extra_phrasings=2, knowing=4)) for c, _, _ in s.captions]
+    for w in held_words:  # held-out phrasings of the other ways never appear in training
+        w = w.split("{d}")[0]
+        assert not any(w in c for c in captions), w
+    held = [c for s in make_scenes(60, 12, SceneConfig(heldout_phrasing=True, knowing=4)) for c, _, _ in s.captions]
+    assert any(w.split("{d}")[0] in c for w in held_words for c in held)
+
+
+def test_knowing_targets() -> None:
+    g = torch.Generator().manual_seed(0)
+    fixed = torch.rand(3, 2, 32, 32, generator=g)
+    t = map_target(fixed, ["detail", "salience", "plain"])
+    assert t.shape == (3, 32, 32) and [int(x.sum()) for x in t] == [21, 21, 52]
+    assert t[0].flatten()[fixed[0, 0].flatten().argmax()], "detail: the information map's best cell"
+    assert t[1].flatten()[fixed[1, 1].flatten().argmax()], "salience: the perspectival map's best cell"
+    assert t[2].flatten()[fixed[2].mean(0).flatten().argmin()], "plain: the cell lowest in both"
+    masks = np.zeros((1, 512, 512), bool)
+    masks[0, 100:300, 104:300] = True  # columns 104..299: cells 6 and 18 are partly covered
+    edge, inside = edge_cells(masks)[0], hit_cells(masks)[0]
+    assert edge[10, 6] and edge[10, 18] and not edge[10, 12] and inside[10, 12] and not edge[2, 2]
+
+
+def test_other_ways_train_the_balancer_not_the_participatory_scorer(tiny) -> None:
+    # a caption for another way of knowing has no participatory target: its gradient reaches the
+    # balancer only; an object caption trains both
+    _, data = tiny
+    seed_everything(0)
+    model = create_model("arrcoc-texture", weights=None).train()
+    step = make_step(model, TrainConfig(), torch.device("cpu"))
+    kinds = data.meta["kind"]
+    for wanted, part_moves in ((("detail", "salience"), False), (CAPTION_KINDS, True)):
+        rows = torch.tensor([i for i, k in enumerate(kinds) if k in wanted])
+        assert len(rows), wanted
+        model.zero_grad()
+        scene = data.scene[rows]
+        step(data.texture[scene], data.fixed[scene], data.query[rows], data.hit[rows], data.part_hit[rows]).backward()
+        part_grad = sum(float(p.grad.abs().sum()) for p in model.participatory.parameters() if p.grad is not None)
+        assert (part_grad > 0) == part_moves, wanted
+        assert float(model.balancer.mlp[2].weight.grad.abs().sum()) > 0
+    # rows without a target add nothing to the loss (and no NaN)
+    scores = torch.rand(2, 32, 32)
+    hit = torch.zeros(2, 32, 32, dtype=torch.bool)
+    hit[0, 3, 3] = True
+    assert torch.allclose(pointing_loss(scores, hit, 20.0), pointing_loss(scores[:1], hit[:1], 20.0))
+    assert float(pointing_loss(scores, torch.zeros_like(hit), 20.0)) == 0.0
 
 
 def test_run_training_writes_weights_and_report(tmp_path: Path, query_encoder, monkeypatch) -> None:
@@ -91,6 +170,7 @@ def test_run_training_writes_weights_and_report(tmp_path: Path, query_encoder, m
     assert out.is_file() and js.is_file() and md.is_file()
     assert json.loads(js.read_text())["weights_version"] == report["weights_version"]
     assert {"trained", "untrained"} == set(report["accuracy"]) and "## By colour" in md.read_text()
+    assert "## Balancer weights (held-out captions)" in md.read_text() and "balance" in report["accuracy"]["trained"]
     loaded = create_model("arrcoc-texture", weights=out)
     assert loaded.weights_version == report["weights_version"]
     assert (tmp_path / "cache" / "train").is_dir(), "scene tensors are cached"

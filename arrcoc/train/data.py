@@ -3,7 +3,9 @@
 Only the participatory scorer and the balancer learn, so everything else is computed once per
 dataset: the texture array and the information/perspectival maps of every scene (through the
 model's own `fixed_maps`, so training sees exactly what inference computes), the query embedding
-of every caption (the encoder is frozen), and for every caption the cells of its object.
+of every caption (the encoder is frozen), and for every caption two targets: the cells the final
+relevance map should point at, and the cells the participatory map alone should point at (none
+for a caption that asks another way of knowing: "the most detailed part").
 A 3000-scene dataset is ~200 MB of float32 instead of ~2.4 GB of images.
 """
 
@@ -20,10 +22,15 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from .scenes import SceneConfig, make_scenes
+from .scenes import KNOWING_OBJECT, SceneConfig, make_scenes
 
-DATA_VERSION = "scenes/7"  # bump when scenes or the fixed maps change: invalidates caches
+DATA_VERSION = "scenes/8"  # bump when scenes, the fixed maps or the cached tensors change: invalidates caches
 HIT_COVERAGE = 0.5  # a cell is "inside" an object when at least half its pixels are the object
+# share of cells that a map-defined caption's target takes: "detail" / "salience" the top 2% of
+# their map (21 of 1024: at 3% the information map's best cell fell among the perspectival map's
+# top cells in 3 scenes of 4, too alike to tell the two apart), "plain" the bottom 5% of their mean
+MAP_TARGET_SHARE = {"detail": 0.02, "salience": 0.02, "plain": 0.05}
+EDGE_COVERAGE = (0.1, 0.9)  # "the outline of X": cells the object covers partly
 
 
 @dataclass
@@ -32,16 +39,24 @@ class Dataset:
     fixed: Tensor  # (N, 2, G, G) information, perspectival
     scene: Tensor  # (P,) int64: the scene of each caption
     query: Tensor  # (P, 384) query embeddings
-    hit: Tensor  # (P, G, G) bool: cells that count as pointing at the caption's object
+    hit: Tensor  # (P, G, G) bool: cells that count as pointing at what the caption asks for
+    part_hit: Tensor  # (P, G, G) bool: the participatory map's own target (all False: none)
     captions: list[str]  # (P,)
-    meta: dict[str, list[str]]  # per caption: kind, colour, shape, position, size
+    meta: dict[str, list[str]]  # per caption: kind, colour, shape, position, size ("-" for no object)
 
     def __len__(self) -> int:
         return int(self.scene.shape[0])
 
     def to(self, device: torch.device) -> Dataset:
-        return Dataset(self.texture.to(device), self.fixed.to(device), self.scene.to(device),
-                       self.query.to(device), self.hit.to(device), self.captions, self.meta)  # fmt: skip
+        return Dataset(self.texture.to(device), self.fixed.to(device), self.scene.to(device), self.query.to(device),
+                       self.hit.to(device), self.part_hit.to(device), self.captions, self.meta)  # fmt: skip
+
+    def subset(self, rows: Tensor) -> Dataset:
+        """These captions (the scene tensors are shared)."""
+        keep = rows.tolist()
+        return Dataset(self.texture, self.fixed, self.scene[rows], self.query[rows], self.hit[rows],
+                       self.part_hit[rows], [self.captions[i] for i in keep],
+                       {k: [v[i] for i in keep] for k, v in self.meta.items()})  # fmt: skip
 
 
 def hit_cells(masks: np.ndarray, cell: int = 16) -> np.ndarray:
@@ -57,24 +72,59 @@ def hit_cells(masks: np.ndarray, cell: int = 16) -> np.ndarray:
     return cover >= np.minimum(best, HIT_COVERAGE) - 1e-6
 
 
-def _chunk(args: tuple[int, int, SceneConfig]) -> tuple[np.ndarray, list[tuple[int, np.ndarray, str, dict]]]:
-    """Scenes of one chunk: (images (n, 3, S, S) uint8, [(scene in chunk, hit cells, caption, meta)])."""
+def edge_cells(masks: np.ndarray, cell: int = 16) -> np.ndarray:
+    """masks (n, S, S) bool -> (n, G, G) bool: cells the outline passes through (partly covered).
+
+    An object so small that no cell is covered between EDGE_COVERAGE's bounds gets every cell it
+    touches but does not fill."""
+    n, s, _ = masks.shape
+    g = s // cell
+    cover = masks.reshape(n, g, cell, g, cell).mean(axis=(2, 4))
+    edge = (cover >= EDGE_COVERAGE[0]) & (cover <= EDGE_COVERAGE[1])
+    loose = (cover > 0) & (cover < 1)
+    return np.where(edge.any(axis=(1, 2), keepdims=True), edge, loose)
+
+
+def map_target(fixed: Tensor, kinds: list[str]) -> Tensor:
+    """fixed (n, 2, G, G) information, perspectival -> (n, G, G) bool targets of map-defined captions.
+
+    detail: the information map's top cells (MAP_TARGET_SHARE); salience: the perspectival map's;
+    plain: the cells lowest in their mean (neither detailed nor salient)."""
+    maps = {"detail": fixed[:, 0], "salience": fixed[:, 1], "plain": -fixed.mean(dim=1)}
+    chosen = torch.stack([maps[k][i] for i, k in enumerate(kinds)]).flatten(1).float()
+    cut = torch.stack([torch.quantile(c, 1.0 - MAP_TARGET_SHARE[k]) for c, k in zip(chosen, kinds, strict=True)])
+    return (chosen >= cut.view(-1, 1)).view(-1, *fixed.shape[-2:])
+
+
+_NO_OBJECT = {"colour": "-", "shape": "-", "position": "-", "size": "-"}
+
+
+def _chunk(args: tuple[int, int, SceneConfig]) -> tuple[np.ndarray, list[tuple[int, np.ndarray | None, np.ndarray, str, dict]]]:  # fmt: skip
+    """Scenes of one chunk: (images (n, 3, S, S) uint8, [(scene in chunk, target cells, participatory
+    target cells, caption, meta)]); the target is None where the scorer maps define it (map_target)."""
     n, seed, config = args
     scenes = make_scenes(n, seed, config)
     rows = []
     for j, s in enumerate(scenes):
         cells = hit_cells(s.masks)
+        edges = edge_cells(s.masks)
         for text, t, kind in s.captions:
+            if t == KNOWING_OBJECT:  # detail, salience, plain: the target comes from the maps
+                part = np.zeros_like(cells[0]) if kind != "plain" else None  # plain: the participatory scorer's job
+                rows.append((j, None, part, text, {"kind": kind, **_NO_OBJECT}))
+                continue
             o = s.objects[t]
             meta = {"kind": kind, "colour": o.colour, "shape": o.kind, "position": " ".join(o.region), "size": o.size}
-            rows.append((j, cells[t], text, meta))
+            # "the outline of X": the relevance map points at X's edge cells, the participatory map at X
+            rows.append((j, edges[t] if kind == "edges" else cells[t], cells[t], text, meta))
     return np.stack([s.image for s in scenes]).transpose(0, 3, 1, 2), rows
 
 
 def cache_key(n: int, seed: int, config: SceneConfig, model_config: object) -> str:
     scene_spec = asdict(config)
-    if not scene_spec["extra_phrasings"]:  # added after scenes/7 without changing its data: keys stay valid
-        del scene_spec["extra_phrasings"]
+    for key in ("extra_phrasings", "knowing"):  # options added later: when off, the data is what it was
+        if not scene_spec[key]:
+            del scene_spec[key]
     spec = json.dumps([DATA_VERSION, n, seed, scene_spec, repr(model_config)], sort_keys=True)
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
@@ -91,7 +141,7 @@ def build_dataset(model, encoder, n: int, seed: int, config: SceneConfig, chunk:
     device = model.cell_of_pixel.device  # the fixed maps run wherever the model is (GPU if any)
     seeds = [int(c.generate_state(1)[0]) for c in np.random.SeedSequence(seed).spawn((n + chunk - 1) // chunk)]
     jobs = [(min(chunk, n - i * chunk), sd, config) for i, sd in enumerate(seeds)]
-    textures, fixed, scene_idx, hits, captions = [], [], [], [], []
+    textures, fixed, scene_idx, hits, part_hits, captions = [], [], [], [], [], []
     meta: dict[str, list[str]] = {k: [] for k in ("kind", "colour", "shape", "position", "size")}
     done = 0
     # scenes are drawn in worker processes (chunks are seeded independently: same data for any
@@ -104,9 +154,16 @@ def build_dataset(model, encoder, n: int, seed: int, config: SceneConfig, chunk:
                 tex, fx = model.fixed_maps(torch.from_numpy(images).to(device).contiguous())
                 textures.append(tex.cpu())
                 fixed.append(fx.cpu())
-                for j, cells, text, m in rows:
+                from_maps = [(i, r[0], r[4]["kind"]) for i, r in enumerate(rows) if r[1] is None]
+                targets = {}
+                if from_maps:
+                    made = map_target(fx.cpu()[[j for _, j, _ in from_maps]], [k for _, _, k in from_maps])
+                    targets = {i: t for (i, _, _), t in zip(from_maps, made, strict=True)}
+                for i, (j, cells, part, text, m) in enumerate(rows):
                     scene_idx.append(done + j)
-                    hits.append(torch.from_numpy(cells))
+                    hit = targets[i] if cells is None else torch.from_numpy(cells)
+                    hits.append(hit)
+                    part_hits.append(hit if part is None else torch.from_numpy(part))
                     captions.append(text)
                     for key in meta:
                         meta[key].append(m[key])
@@ -121,7 +178,7 @@ def build_dataset(model, encoder, n: int, seed: int, config: SceneConfig, chunk:
     data = Dataset(
         texture=torch.cat(textures), fixed=torch.cat(fixed), scene=torch.tensor(scene_idx),
         query=vectors.cpu()[torch.tensor([row[c] for c in captions])], hit=torch.stack(hits),
-        captions=captions, meta=meta,
+        part_hit=torch.stack(part_hits), captions=captions, meta=meta,
     )  # fmt: skip
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

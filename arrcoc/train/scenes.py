@@ -97,6 +97,32 @@ EXTRA_SUPERLATIVES = {"largest": ["the biggest object", "the largest item", "the
                                    "the shape that is smallest", "the most petite shape"]}  # fmt: skip
 CAPTION_KINDS = ("colour_shape", "shape", "colour", "size", "position", "superlative", "relation", "text")
 
+# Captions for the other two ways of knowing (`SceneConfig.knowing`). Their targets are not an
+# object's mask but cells of the scorer maps (data.py): "detail" asks for the information map's top
+# cells, "salience" for the perspectival map's, "plain" for the cells lowest in both (only the
+# participatory scorer can point there: the balancer cannot invert a map), and "edges" mixes two
+# ways: the boundary cells of one named object (participatory finds the object, perspectival its
+# edges). (training phrasings, held-out phrasings); the held-out ones are for evaluation only.
+KNOWING_KINDS = ("detail", "salience", "plain", "edges")
+KNOWING_WORDS = {
+    "detail": (["the most detailed part", "the most detailed area", "the busiest region", "the area with the most detail",
+                "the most intricate part", "the most complex region", "where the fine detail is",
+                "the busiest part of the image", "the most textured area", "the region with the finest detail"],
+               ["the most elaborate region", "the part with the richest detail", "the most cluttered spot"]),
+    "salience": (["what stands out", "the most striking part", "the most eye-catching area", "the most salient region",
+                  "the strongest contrast", "what catches the eye", "the most prominent edges", "the sharpest edges",
+                  "the most noticeable part", "the highest-contrast area"],
+                 ["whatever pops out", "the most conspicuous region", "what draws attention"]),
+    "plain": (["the plain area", "the empty background", "the flattest region", "a blank spot", "the smoothest part",
+               "the most uniform area", "somewhere featureless", "an empty patch", "the quietest region",
+               "the least detailed part"],
+              ["a bare spot", "the dullest area", "the calmest region"]),
+    "edges": (["the edges of {d}", "the outline of {d}", "the border of {d}", "the contour of {d}", "the edge of {d}",
+               "the outer edge of {d}"],
+              ["the rim of {d}", "the boundary of {d}", "the perimeter of {d}"]),
+}  # fmt: skip
+KNOWING_OBJECT = -1  # the object index of a caption whose target comes from the scorer maps
+
 
 @dataclass(frozen=True)
 class SceneConfig:
@@ -109,6 +135,9 @@ class SceneConfig:
     # training only: extra captions per captioned object, re-phrased with the extended vocabulary
     # (EXTRA_*) by an independent generator, so the scenes and their first captions are unchanged
     extra_phrasings: int = 0
+    # captions per scene for the other ways of knowing (KNOWING_KINDS), from another independent
+    # generator: the scenes and their object captions do not change either
+    knowing: int = 0
 
 
 @dataclass
@@ -128,7 +157,8 @@ class Scene:
     image: np.ndarray  # (S, S, 3) uint8
     masks: np.ndarray  # (n_objects, S, S) bool
     objects: list[SceneObject]
-    captions: list[tuple[str, int, str]] = field(default_factory=list)  # (text, object index, kind)
+    # (text, object index, kind); the index is KNOWING_OBJECT for detail, salience and plain
+    captions: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -421,12 +451,13 @@ def _design(rng: np.random.Generator, kind: str, s: int) -> list[SceneObject]:
 
 
 def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig(),
-               aux: np.random.Generator | None = None) -> Scene:  # fmt: skip
+               aux: np.random.Generator | None = None, knowing: np.random.Generator | None = None) -> Scene:  # fmt: skip
     """One scene with up to `captions_per_scene` captions, each naming one object uniquely.
 
     With config.extra_phrasings (training only) each captioned object gets that many more
     captions of the same kind from the extended vocabulary, drawn from `aux`: `rng` draws exactly
-    what it draws without them, so the scenes and their first captions do not change.
+    what it draws without them, so the scenes and their first captions do not change. Likewise
+    config.knowing captions come from `knowing`.
     """
     s = config.size
     words = _Words(rng, config.heldout_phrasing)
@@ -465,7 +496,36 @@ def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig(),
                 d = describe(objs, t, kind, extended)
                 if d is not None:
                     scene.captions.append((extended.frame(d), t, kind))
+    if config.knowing > 0:
+        if knowing is None:
+            raise ValueError("knowing captions need an independent generator")
+        scene.captions += knowing_captions(objs, config.knowing, _Words(knowing, config.heldout_phrasing))
     return scene
+
+
+def knowing_captions(objs: list[SceneObject], n: int, words: _Words) -> list[tuple[str, int, str]]:
+    """n captions of KNOWING_KINDS (drawn uniformly) for a scene: (text, object or KNOWING_OBJECT, kind)."""
+    out: list[tuple[str, int, str]] = []
+    for _ in range(n):
+        kind = KNOWING_KINDS[words.rng.integers(len(KNOWING_KINDS))]
+        phrase = words.pick(KNOWING_WORDS, kind)
+        t = KNOWING_OBJECT
+        if kind == "edges":  # the outline of one named shape (a text mark's mask is its box: no outline)
+            named = []
+            for i in words.rng.permutation(len(objs)):
+                for how in ("colour_shape", "shape", "colour"):
+                    d = describe(objs, int(i), how, words) if objs[int(i)].kind != TEXT else None
+                    if d is not None:
+                        named.append((int(i), d))
+                        break
+                if named:
+                    break
+            if not named:
+                continue
+            t, d = named[0]
+            phrase = phrase.format(d=d)
+        out.append((words.frame(phrase), t, kind))
+    return out
 
 
 def _new_object_and_add(rng, objs, s) -> None:
@@ -509,9 +569,10 @@ def make_scenes(n: int, seed: int, config: SceneConfig = SceneConfig()) -> list[
     """n scenes from one seed; scenes with no caption are redrawn (same seed, same list)."""
     rng = np.random.default_rng(seed)
     aux = np.random.default_rng([seed, 0xE7]) if config.extra_phrasings > 0 else None
+    knowing = np.random.default_rng([seed, 0x6B]) if config.knowing > 0 else None
     out: list[Scene] = []
     while len(out) < n:
-        scene = make_scene(rng, config, aux)
-        if scene.captions:
+        scene = make_scene(rng, config, aux, knowing)
+        if any(kind in CAPTION_KINDS for _, _, kind in scene.captions):
             out.append(scene)
     return out
