@@ -100,7 +100,10 @@ def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInf
     encrypted = [i.filename for i in files if i.flag_bits & 0x1]
     if encrypted:
         raise InvalidInputError(f"Some zip entries are encrypted: {_listing(encrypted)}; upload an unencrypted zip.")
-    bombs = [i for i in files if i.file_size > 4096 and i.file_size > settings.max_archive_ratio * max(i.compress_size, 1)]
+    # a manifest is text (repetitive, compresses well): it is bounded by its own size limit instead
+    manifests = {i.filename for i in files if posixpath.basename(i.filename).lower() in MANIFEST_NAMES}
+    bombs = [i for i in files if i.filename not in manifests and i.file_size > 4096
+             and i.file_size > settings.max_archive_ratio * max(i.compress_size, 1)]  # fmt: skip
     if bombs:
         worst = max(bombs, key=lambda i: i.file_size / max(i.compress_size, 1))
         raise InvalidInputError(
@@ -108,11 +111,14 @@ def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInf
             f" {worst.file_size / max(worst.compress_size, 1):.0f}x to {worst.file_size / 1e6:.1f} MB): this looks"
             " like a zip bomb and was refused."
         )  # fmt: skip
-    big = [i.filename for i in files if i.file_size > max(settings.max_image_bytes, settings.max_manifest_bytes)]
+    big = [i.filename for i in files if i.filename not in manifests and i.file_size > settings.max_image_bytes]
     if big:
-        limit = max(settings.max_image_bytes, settings.max_manifest_bytes)
-        raise InvalidInputError(f"Some zip entries are larger than {limit / 1e6:.0f} MB: {_listing(big)}."
-                                " Downscale those images.")  # fmt: skip
+        raise InvalidInputError(f"Some zip entries are larger than {settings.max_image_bytes / 1e6:.0f} MB:"
+                                f" {_listing(big)}. Downscale those images.")  # fmt: skip
+    long = [n for n in manifests if zf.getinfo(n).file_size > settings.max_manifest_bytes]
+    if long:
+        raise InvalidInputError(f"The manifest {long[0]!r} is larger than {settings.max_manifest_bytes / 1e6:.0f} MB;"
+                                " split the job.")  # fmt: skip
     total = sum(i.file_size for i in files)
     if total > settings.max_unpacked_bytes:
         raise InvalidInputError(f"The zip expands to {total / 1e9:.2f} GB; the limit is"
