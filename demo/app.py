@@ -162,12 +162,13 @@ def _read_image(path: str | None) -> bytes:
 
 
 def _user_error(e: Exception) -> gr.Error:
-    """A user's mistake: one log line and their message. A fault: the traceback, and a plain message."""
+    """A user's mistake: one log line and their message. A fault: the traceback (once, in our log),
+    and a plain message. Gradio prints no second traceback for either (print_exception=False)."""
     if isinstance(e, ArrcocError):
         log.info("refused: %s: %s", type(e).__name__, e)
-        return gr.Error(str(e), title="Cannot run that")
+        return gr.Error(str(e), title="Cannot run that", print_exception=False)
     log.exception("demo handler failed")
-    return gr.Error("Something went wrong on the server. Try again; details are in the server log.")
+    return gr.Error("Something went wrong on the server. Try again; details are in the server log.", print_exception=False)
 
 
 def _backend(choice: str | None) -> str | None:
@@ -228,6 +229,12 @@ def run_without_query(run: Run | None, image_path: str | None, s_info: float, s_
         gr.Warning(f"Query impact unavailable: {e}")
         return run
     return replace(run, without_query=without)
+
+
+def new_photo() -> tuple:
+    """Another photo (or an example) was chosen: the results beside it belonged to the last one."""
+    waiting = views.match_html(None)
+    return (waiting, waiting, None, None, None, "A new photo: type a query (or keep this one) and press **Run**.")
 
 
 def set_scale(run: Run | None, scale: str) -> tuple:
@@ -348,7 +355,7 @@ def gpu_note() -> str:
 def bench_submit(variant: str, backends: list[str], buckets: list[str], iterations: float, device: str,
                  token: str | None = None, request: gr.Request = None) -> tuple[str, str, gr.Timer]:  # fmt: skip
     if device == "cuda" and not torch.cuda.is_available() and not get_settings().broker_url:
-        raise gr.Error("No GPU is visible on this server: choose the cpu (or auto) device.", title="GPU only")
+        raise gr.Error("No GPU is visible on this server: choose the cpu (or auto) device.", title="GPU only", print_exception=False)
     try:
         owner = jobs.owner_of(request, token, "bench")  # ARRCOC_TOKEN_SCOPE=bench: token holders only
         jobs.rate_limit(request, "jobs", token)
@@ -418,7 +425,7 @@ def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
     image = photo_input(label="Photo", sources=["upload", "clipboard"], height=300, elem_id="photo")
     _caption(f"JPEG, PNG, WebP, … up to {_mb(settings.max_image_bytes)}. Any size: large photos are scaled down, and the "
              f"model sees every photo at {c.image_size}×{c.image_size}.")  # fmt: skip
-    query = gr.Textbox(label="Query", placeholder="what should the model look for? e.g. the red one", elem_id="query",
+    query = gr.Textbox(label="Query", placeholder="what should the model look for? e.g. the red one", elem_id="query", max_lines=4,
                        info=f"up to {settings.max_query_chars} characters; colours, positions and text work best")  # fmt: skip
     run = gr.Button("Run", variant="primary", elem_id="run")
     gr.Examples([[str(EXAMPLES_DIR / f), q] for f, q, _ in EXAMPLES], [image, query], elem_id="examples",
@@ -595,6 +602,7 @@ def wire_inference(inp: InferenceTab, v: Views) -> None:
                         "colour scale) -> the match score, the photo, the relevance map, the selected cells and a summary.",
     )  # fmt: skip
     inp.query.submit(lambda: None, None, None, js="() => document.querySelector('#run').click()", **PRIVATE)
+    inp.image.change(new_photo, None, [*v.match, *v.overview], show_progress="hidden", **PRIVATE)  # no stale results beside it
     ran.success(render_views, [state, v.map, v.opacity], v.rest, **PRIVATE).then(
         run_without_query, [state, inp.image, *inp.scales[:2], inp.backend], state, **PRIVATE
     ).then(render_impact, state, [*v.impact, v.status], **PRIVATE)

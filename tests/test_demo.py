@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import time
@@ -116,6 +117,9 @@ def test_batch_job_end_to_end(client, examples_dir, tmp_path):
         assert set(i["top_cell"]) == {"row", "col"} and 0 <= i["top_cell"]["row"] < 32
     with zipfile.ZipFile(io.BytesIO(Path(results).read_bytes())) as zf:
         lines = zf.read("results.jsonl").decode().splitlines()
+        summary = list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode())))
+    assert {"match_score", "weak_match", "top_row", "top_col"} <= set(summary[0]) and "top_cell" not in summary[0]
+    assert all(0 <= int(r["top_row"]) < 32 and 0 <= int(r["top_col"]) < 32 for r in summary)
     assert len(lines) == len(photos)
     assert {json.loads(line)["query"] for line in lines} == {"the face"}
 

@@ -224,17 +224,22 @@ def maybe_finalize(job_id: str, store: JobStore, settings: Settings) -> bool:
     return store.set_state(job_id, JobState.DONE, note, expect=(JobState.PENDING, JobState.RUNNING))
 
 
-SUMMARY_FIELDS = ("index", "file", "query", "status", "error", "overlay", "k", "tokens_used", "top_cell",
-                  "weight_information", "weight_perspectival", "weight_participatory", "backend", "bucket")  # fmt: skip
+# the most relevant cell as its row and column of the grid (a flat index means nothing to a reader)
+SUMMARY_FIELDS = ("index", "file", "query", "status", "error", "overlay", "k", "tokens_used", "match_score", "weak_match",
+                  "top_row", "top_col", "weight_information", "weight_perspectival", "weight_participatory", "backend",
+                  "bucket")  # fmt: skip
 
 
 def _summary_row(row: dict[str, Any], overlay_name: str | None) -> dict[str, Any]:
     r = row.get("result") or {}
     bal = dict(zip(r.get("balance_names", []), r.get("balance", []), strict=False))
+    top, grid = (r.get("selected") or [None])[0], r.get("grid") or 1
     return {"index": row["index"], "file": row["file"], "query": row["query"],
             "status": "ok" if row["ok"] else "failed", "error": row.get("error") or "",
             "overlay": overlay_name or "", "k": r.get("k", ""), "tokens_used": r.get("tokens_used", ""),
-            "top_cell": (r.get("selected") or [""])[0], "weight_information": bal.get("information", ""),
+            "match_score": r.get("match_score", ""), "weak_match": r.get("weak_match", ""),
+            "top_row": top // grid if top is not None else "", "top_col": top % grid if top is not None else "",
+            "weight_information": bal.get("information", ""),
             "weight_perspectival": bal.get("perspectival", ""), "weight_participatory": bal.get("participatory", ""),
             "backend": r.get("backend", ""), "bucket": r.get("bucket", "")}  # fmt: skip
 
