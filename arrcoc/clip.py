@@ -111,8 +111,8 @@ def dense_similarity(patches: Tensor, query: Tensor, neutral: Tensor, scale: Ten
 
 
 class ArrcocClip(ArrcocTexture):
-    """Same forward, ModelOutput, controls and match score as ArrcocTexture (subclassing shares
-    them; __init__ builds its own modules); the participatory map is CLIP's."""
+    """Same forward, ModelOutput and controls as ArrcocTexture (subclassing shares them;
+    __init__ builds its own modules); the participatory map and the match score are CLIP's."""
 
     def __init__(self, config: ClipModelConfig = ClipModelConfig()):
         nn.Module.__init__(self)
@@ -137,6 +137,11 @@ class ArrcocClip(ArrcocTexture):
         nn.init.zeros_(self.balancer.mlp[2].bias)
         self.allocator = TokenAllocator()
         self.text_encoder: ClipTextEncoder | None = None  # set by load_clip: not a submodule
+
+    def match_score(self, maps: Tensor) -> Tensor:
+        """maps (B, 3, G, G) -> (B,): the best patch's probability of the query against the
+        neutral prompts (the participatory map's peak; >= 0.5: it beats them all together)."""
+        return maps[:, 2].flatten(1).amax(dim=-1)
 
     def pixels(self, images: Tensor) -> Tensor:
         """uint8 (B, 3, S, S) -> CLIP's normalised float input (CLIPImageProcessor's rescale + normalise)."""

@@ -18,9 +18,9 @@ JSON_KEYS = (
 
 # A match score below this is a weak match: "nothing much like this here". Every variant's
 # `match_score` is on this one scale, in [0, 1] (see each model's `match_score` method and
-# docs/model.md): texture, the best cell's participatory score (cos + 1) / 2; CLIP, the best
-# patch's probability of the query against neutral prompts. 0.5 is where the query stops
-# beating "nothing in particular" at its best location.
+# docs/model.md, "Match score"): texture, the best cell's cosine with the query (clamped at 0);
+# CLIP, the best patch's probability of the query against neutral prompts, where 0.5 is where
+# the query stops beating "nothing in particular" at its best location.
 WEAK_MATCH = 0.5
 
 

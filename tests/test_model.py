@@ -15,7 +15,8 @@ from arrcoc.request import Controls, validate_query
 from arrcoc.train.scenes import SceneObject, render
 
 torch.set_num_threads(2)
-FAST_VARIANTS = [n for n in list_variants() if not get_variant(n).benchmark_only]  # ViT ones: slow on CPU
+# CLIP variants: weights from the hub and slow on CPU; test_clip.py and test_vit.py hold their contract
+FAST_VARIANTS = [n for n in list_variants() if "hub" not in get_variant(n).tags and not get_variant(n).benchmark_only]
 
 
 def _inputs(model, batch: int, seed: int = 0):
@@ -153,3 +154,12 @@ def test_bad_controls_fail_clearly(controls: Controls, message: str) -> None:
 def test_unknown_variant_fails_clearly() -> None:
     with pytest.raises(UnknownVariantError, match="Known variants: .*arrcoc-texture"):
         create_model("arrcoc-nope")
+
+
+def test_match_score_is_the_best_cells_cosine(trained) -> None:
+    """Absolute, not normalised per image: the best cell's cosine with the query, clamped to [0, 1]."""
+    images, query, controls = _inputs(trained, 3)
+    with torch.no_grad():
+        out = trained(images, query, controls)
+    best_cos = 2.0 * out.participatory.flatten(1).amax(-1) - 1.0
+    assert out.match.shape == (3,) and torch.allclose(out.match, best_cos.clamp(0, 1))
