@@ -99,3 +99,22 @@ def test_unreadable_files_fail(tmp_path: Path, content: bytes) -> None:
 def test_missing_file_fails(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="does not exist"):
         create_model("arrcoc-texture", weights=tmp_path / "none.safetensors")
+
+
+def test_bundled_weights_give_each_way_of_knowing_its_queries(query_encoder, examples_dir: Path) -> None:
+    # issue 14: the balancer once gave ~0.02 / 0.02 / 0.96 to every query; now the query decides
+    import numpy as np
+    from PIL import Image
+
+    from arrcoc.result import SCORER_NAMES
+
+    model = create_model("arrcoc-texture")
+    size = model.config.image_size
+    image = np.asarray(Image.open(examples_dir / "coffee.jpg").convert("RGB").resize((size, size)))
+    wanted = {"the most detailed part": "information", "what stands out": "perspectival", "the coffee cup": "participatory"}
+    images = torch.from_numpy(image).permute(2, 0, 1)[None].expand(len(wanted), -1, -1, -1).contiguous()
+    with torch.no_grad():
+        out = model(images, query_encoder.encode(list(wanted)), model.default_controls(len(wanted)))
+    for (query, scorer), weights in zip(wanted.items(), out.balance, strict=True):
+        assert SCORER_NAMES[int(weights.argmax())] == scorer, (query, weights.tolist())
+        assert float(weights.max()) > 0.5, (query, weights.tolist())
