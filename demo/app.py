@@ -8,6 +8,7 @@ variant's config; every limit from the settings.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -19,13 +20,14 @@ import torch
 
 from arrcoc.errors import ArrcocError, InvalidInputError
 from arrcoc.images import load_image
-from arrcoc.registry import Variant, get_variant, list_variants
+from arrcoc.registry import default_weights_path, get_variant, list_variants
 from arrcoc.render import overlay
 from arrcoc.request import MAX_CELL_TOKENS, MIN_CELL_TOKENS, Controls, validate_query
 from arrcoc.result import WEAK_MATCH
 from arrcoc.service.jobs.archive import MANIFEST_NAMES
 from arrcoc.service.jobs.types import JobKind, JobState
 from arrcoc.settings import BACKENDS, Settings, get_settings
+from arrcoc.variant import Variant
 
 from . import batchview, charts, jobs, service, views
 from .views import Run
@@ -36,17 +38,18 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES_DIR = ROOT / "arrcoc" / "examples"
 # (photo, query, label): each checked on the default model (arrcoc-texture, eager, CPU) by looking
 # at where its top cells fall; the last shows what the model cannot do.
-EXAMPLES = [
+EXAMPLES = [  # tests/test_demo_views.py checks that each still lands where its label says
     ("chelsea.jpg", "the black one", "colour · the black one (pupils)"),
-    ("astronaut.jpg", "the orange suit", "colour · the orange suit"),
-    ("astronaut.jpg", "the red one", "colour · the red one (flag)"),
-    ("coffee.jpg", "the top right", "position · the top right"),
+    ("coffee.jpg", "the red one", "colour · the red one (the cup)"),
+    ("astronaut.jpg", "the orange one", "colour · the orange one (suit)"),
+    ("astronaut.jpg", "the text", "text · the text (the patch)"),
+    ("coffee.jpg", "the top left", "position · the top left"),
     ("shapes.jpg", "the green circle in the top right", "shapes · the green circle…"),
-    ("shapes.jpg", "the text", "text · the text"),
+    ("shapes.jpg", "the largest shape", "shapes · the largest shape"),
     ("coffee.jpg", "a giraffe", "LIMIT · a giraffe (not there)"),
 ]
 EXAMPLES_NOTE = (
-    "Each checked on this model. A position query points the right way but scores low (the match score rates "
+    "Each checked on this model. The position query points the right way but scores low (the match score rates "
     "what is there, not where). **LIMIT**: a giraffe is not in the photo, yet the map still has a bright peak — only "
     "the weak match score tells you. Photos: scikit-image (public domain); shapes: a synthetic scene like the training data."
 )
@@ -62,10 +65,9 @@ MODEL_NOTES = {
     "arrcoc-texture": (
         "It reads 13 colour, edge and position features per cell and was trained on **synthetic scenes** "
         "(coloured shapes and blocks of text on plain backgrounds). It grounds **colours** (“the red one”), "
-        "**positions** (“the top right”), **text** (“the text”) and the synthetic **shapes** it was trained on. "
+        "**positions** (“the top left”), **text** (“the text”) and the synthetic **shapes** it was trained on. "
         "It has **no notion of object categories**: “the cup”, “a cat”, “the astronaut's face” land on whatever "
-        "matches their colour or edges — or on noise. Its pointing game, **0.924**, is measured on held-out "
-        "synthetic scenes, not on photos."
+        "matches their colour or edges — or on noise.{pointing}"
     ),
     "arrcoc-clip-b16": (
         "CLIP ViT-B/16's image and text towers (OpenAI CLIP, trained on 400M web image–text pairs) with MaskCLIP dense "
@@ -122,8 +124,21 @@ def intro_markdown(settings: Settings, variant: Variant) -> str:
     )
 
 
+def pointing_game(variant: Variant) -> float | None:
+    """The bundled weights' held-out pointing game, read from their training report beside them."""
+    path = default_weights_path(variant.name)
+    try:
+        report = json.loads(path.with_name(path.name.removesuffix(".safetensors") + ".report.json").read_text())
+        return float(report["accuracy"]["trained"]["overall"])
+    except (AttributeError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def model_note(variant: Variant) -> str:
-    what = MODEL_NOTES.get(variant.name, f"{variant.description}.")
+    score = pointing_game(variant)
+    pointing = (f" Its pointing game, **{score:.3f}**, is measured on held-out **synthetic** scenes, not on photos "
+                "(the training report is beside its weights)." if score is not None else "")  # fmt: skip
+    what = MODEL_NOTES.get(variant.name, f"{variant.description}.").replace("{pointing}", pointing)
     c = variant.config
     return (
         f"**`{variant.name}`**: {variant.description}. Images are resized to {c.image_size}×{c.image_size} "

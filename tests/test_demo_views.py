@@ -216,3 +216,34 @@ def test_the_page_reads_the_variant_and_settings():
     assert "footer" not in app.CSS  # the "Use via API" link stays visible
     with pytest.raises(Exception, match="the limit is"):
         app._query("x" * (get_settings().max_query_chars + 1))
+
+
+# Where each example of the page must land (rows, cols of the 32x32 grid, inclusive), checked by
+# looking at the photos: the examples promise what the default model grounds.
+EXAMPLE_REGIONS = {
+    ("chelsea.jpg", "the black one"): ((9, 16), (9, 25)),  # the two pupils
+    ("coffee.jpg", "the red one"): ((10, 16), (20, 25)),  # the red cup's handle side
+    ("astronaut.jpg", "the orange one"): ((13, 31), (0, 31)),  # the orange suit, lower half
+    ("astronaut.jpg", "the text"): ((21, 28), (8, 12)),  # the mission patch with its lettering
+    ("coffee.jpg", "the top left"): ((0, 10), (0, 10)),
+    ("shapes.jpg", "the green circle in the top right"): ((0, 12), (19, 31)),
+    ("shapes.jpg", "the largest shape"): ((0, 12), (19, 31)),  # the green circle again
+}
+
+
+def test_examples_ground_where_their_labels_say():
+    from arrcoc import RelevancePipeline
+    from demo.app import EXAMPLES, EXAMPLES_DIR
+
+    pipe = RelevancePipeline(backend="eager", device="cpu")
+    if pipe.weights_version == "untrained":
+        pytest.skip("no trained weights")
+    for f, query, label in EXAMPLES:
+        [r] = pipe.infer([EXAMPLES_DIR / f], query)
+        if label.startswith("LIMIT"):
+            assert r.weak_match, (label, r.match_score)  # the page says the score calls it weak
+            continue
+        (r0, r1), (c0, c1) = EXAMPLE_REGIONS[(f, query)]
+        cells = [divmod(int(i), r.grid) for i in r.selected[:5]]
+        inside = [r0 <= y <= r1 and c0 <= x <= c1 for y, x in cells]
+        assert inside[0] and sum(inside) >= 3, (label, cells)
