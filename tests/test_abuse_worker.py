@@ -151,3 +151,31 @@ def test_cli_job_needs_the_token_the_worker_published(env, worker, capsys, monke
         assert "No job" in capsys.readouterr().err
     finally:
         get_settings.cache_clear()
+
+
+def test_cancelled_benchmark_frees_a_worker_groups_engine_process(env, tmp_path):
+    """`arrcoc worker --processes 2`: the benchmark runs in the engine process; the cancel reaches it
+    through the Celery process's answer to its progress (go/stop)."""
+    from arrcoc.service.client.celery_executor import CeleryExecutor
+
+    root, s = env
+    queues = {"queue_gpu": s["queue_gpu"] + "-grp", "queue_bench": s["queue_bench"] + "-grp"}
+    w = Worker(worker_env(BROKER, root / "data", **(s | queues | {"worker_processes": "2"})), tmp_path / "group.log")
+    ex = None
+    try:
+        w.ready(timeout=240)
+        fields = {k: v for k, v in (s | queues).items() if k not in ("buckets", "batch_max_size", "max_bench_iterations")}
+        ex = CeleryExecutor(default_settings(**fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data",
+                                             max_bench_iterations=100000))  # fmt: skip
+        job = ex.submit_bench(BenchRequest(backends=("eager",), buckets=(1,), iterations=100000, warmup=1, device="cpu"))
+        wait(lambda: "timing" in ex.status(job).message, 180, "the benchmark started timing")
+        t0 = time.monotonic()
+        ex.cancel(job)
+        assert ex.infer(png_bytes(64, seed=3), "the sky", timeout=60).query == "the sky"
+        assert time.monotonic() - t0 < 10
+        time.sleep(1.5)
+        assert ex.status(job).state == JobState.CANCELLED
+    finally:
+        if ex is not None:
+            ex.close()
+        w.stop()
