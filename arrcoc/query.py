@@ -14,11 +14,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .request import validate_query
-from .settings import Settings
+from .request import MAX_QUERY_CHARS, validate_query
 
 QUERY_DIM = 384
-MAX_QUERY_CHARS: int = Settings.model_fields["max_query_chars"].default
 
 
 def bundled_model_path() -> Path:

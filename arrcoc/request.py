@@ -79,7 +79,10 @@ _CONTROL = {*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA
             *range(0x202A, 0x202F), *range(0x2066, 0x206A)}  # fmt: skip
 
 
-def validate_query(query: object, max_chars: int) -> str:
+MAX_QUERY_CHARS: int = Settings.model_fields["max_query_chars"].default
+
+
+def validate_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
     """A clean query string (whitespace normalised), or a clear error."""
     if not isinstance(query, str):
         raise InvalidInputError(f"The query must be text, got {type(query).__name__}.")
