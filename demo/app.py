@@ -53,6 +53,7 @@ EXAMPLES_NOTE = (
     "what is there, not where). **LIMIT**: a giraffe is not in the photo, yet the map still has a bright peak — only "
     "the weak match score tells you. Photos: scikit-image (public domain); shapes: a synthetic scene like the training data."
 )
+API_OVERLAY_SIDE = 2048  # /infer's overlay: the photo's own size, unless a big JPEG reduces to about this while decoding
 SERVER_DEFAULT = "server default"  # the backend dropdown's first choice: sends None (ARRCOC_BACKEND)
 BACKEND_LABELS = {
     "eager": "eager (PyTorch)",
@@ -219,7 +220,7 @@ def run_model(
         data = _read_image(image_path)
         text = _query(query)
         controls = jobs.controls_from(s_info, s_persp, s_part, k, budget)  # numbers only, never converted
-        image = views.display_image(load_image(data))
+        image = views.display_image(load_image(data, side=views.DISPLAY_SIDE))  # a big JPEG is reduced while decoding
         chosen = _backend(backend)
         progress(0.25, desc=progress_note(chosen))
         result = service.infer(data, text, controls, chosen)
@@ -287,7 +288,7 @@ def api_infer(image_path: str | None, query: str, request: gr.Request = None) ->
         jobs.rate_limit(request, "infer")
         data = _read_image(image_path)
         result = service.infer(data, _query(query), Controls())
-        return result.to_json(), overlay(load_image(data), result.relevance)
+        return result.to_json(), overlay(load_image(data, side=API_OVERLAY_SIDE), result.relevance)
     except Exception as e:
         raise _user_error(e) from e
 

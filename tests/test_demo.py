@@ -150,3 +150,20 @@ def test_uploads_over_the_size_limit_are_refused(client, tmp_path):
     big.write_bytes(b"\x89PNG" + bytes(get_settings().max_image_bytes + 1024))
     with pytest.raises(Exception, match="(?i)exceeds|too large|413|maximum"):
         client.predict(handle_file(str(big)), "the cup", api_name="/infer")
+
+
+def test_a_48_megapixel_phone_photo_is_accepted(client, tmp_path):
+    """Over the pixel limit as declared, but a JPEG: reduced while decoding, not refused."""
+    from PIL import Image
+
+    from arrcoc.settings import get_settings
+
+    rng = np.random.default_rng(0)
+    small = Image.fromarray((rng.random((60, 80, 3)) * 255).astype(np.uint8))
+    photo = tmp_path / "phone.jpg"
+    small.resize((8000, 6000), Image.Resampling.BILINEAR).save(photo, quality=80)
+    assert 8000 * 6000 > get_settings().max_image_pixels
+    doc, overlay_path = client.predict(handle_file(str(photo)), "the red one", api_name="/infer")
+    assert doc["image_size"] == [8000, 6000] and 0 <= doc["match_score"] <= 1
+    with Image.open(overlay_path) as im:
+        assert max(im.size) <= 4000  # drawn from the reduced decode
