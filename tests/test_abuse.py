@@ -314,6 +314,19 @@ def test_reaper_removes_expired_jobs_without_a_new_submission(settings):
     assert sweep_expired(settings) == 0
 
 
+def test_old_temp_files_are_swept(tmp_path):
+    """The demo's served copies (results, reports) go after ARRCOC_TEMP_MAX_AGE_S."""
+    from arrcoc.service.jobs.files import sweep_old_files
+
+    old, new = tmp_path / "batch-old", tmp_path / "report-new"
+    for d in (old, new):
+        d.mkdir()
+        (d / "f.zip").write_bytes(bytes(100))
+    os.utime(old, (time.time() - 7200,) * 2)
+    assert sweep_old_files(tmp_path, 3600) == 1
+    assert not old.exists() and new.exists()
+
+
 def test_jobs_are_visible_only_to_their_owner(settings):
     from arrcoc.service.jobs.bench import create_bench_job
 

@@ -64,7 +64,8 @@ def test_parse_manifest_gives_text_rows_or_a_clear_error(raw, name, default):
 def test_jsonl_values_of_the_wrong_type_are_refused_not_converted(rows):
     import json
 
-    raw = "\n".join(json.dumps(r, default=str) for r in rows)
+    rows = [json.loads(json.dumps(r, default=str)) for r in rows]  # what a JSONL file can hold
+    raw = "\n".join(json.dumps(r) for r in rows)
     try:
         out = archive.parse_manifest(raw, "manifest.jsonl", None, 500)
     except InvalidInputError:
