@@ -204,7 +204,7 @@ def progress_note(backend: str | None) -> str:
     if service.is_ready(name):
         return f"Running the model ({name})"
     if name in ("compiled", "aot"):
-        return (f"First use of `{name}` on this server: compiling the model for each batch bucket "
+        return (f"First use of `{name}` on this server: compiling the model (one program for single images, one for batches) "
                 "(about a minute on a CPU; later runs take milliseconds)")  # fmt: skip
     return "Loading the model and the query encoder (first run on this server only)"
 

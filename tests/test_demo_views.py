@@ -247,3 +247,12 @@ def test_examples_ground_where_their_labels_say():
         cells = [divmod(int(i), r.grid) for i in r.selected[:5]]
         inside = [r0 <= y <= r1 and c0 <= x <= c1 for y, x in cells]
         assert inside[0] and sum(inside) >= 3, (label, cells)
+
+
+def test_progress_says_what_is_happening(monkeypatch):
+    from demo import app, service
+
+    monkeypatch.setattr(service, "is_ready", lambda backend: False)
+    assert "compiling" in app.progress_note("compiled") and "first run" in app.progress_note("eager").lower()
+    monkeypatch.setattr(service, "is_ready", lambda backend: True)
+    assert app.progress_note("onnx") == "Running the model (onnx)"
