@@ -44,7 +44,7 @@ EXAMPLES = [  # tests/test_demo_views.py checks that each still lands where its 
     ("astronaut.jpg", "the orange one", "colour · the orange one (suit)"),
     ("astronaut.jpg", "the text", "text · the text (the patch)"),
     ("coffee.jpg", "the top left", "position · the top left"),
-    ("shapes.jpg", "the green circle in the top right", "shapes · the green circle…"),
+    ("shapes.jpg", "the green circle in the top right", "shapes · green circle in the top right"),
     ("shapes.jpg", "the largest shape", "shapes · the largest shape"),
     ("coffee.jpg", "a giraffe", "LIMIT · a giraffe (not there)"),
 ]
