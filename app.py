@@ -5,7 +5,12 @@ Spaces runs `python app.py`; the demo uses the in-process executor there (no Red
 
 import os
 
-from demo.app import build_demo, launch
+# On a Space the hub is reachable: serve CLIP ViT-B/16 (objects), unless the Space's settings name
+# another variant. This file is the Space's launcher, as compose.yaml is the containers'.
+if os.environ.get("SPACE_ID"):
+    os.environ.setdefault("ARRCOC_VARIANT", "arrcoc-clip-b16")
+
+from demo.app import build_demo, launch  # noqa: E402
 
 demo = build_demo()  # building the page is cheap: the model loads on the first run
 

@@ -23,7 +23,7 @@ from .errors import ArrcocError, InvalidInputError
 from .images import ImageLike, ImageLimits, load_decoded, read_bytes
 from .preprocess import Decoder, Encoded, to_tensor
 from .registry import create_model, get_variant
-from .request import Controls, validate_query
+from .request import MAX_QUERY_CHARS, Controls, validate_query
 from .result import RelevanceResult
 
 
@@ -51,6 +51,9 @@ class RelevancePipeline:
         buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
         cache_dir: Path | None = None,
         dtype: torch.dtype = torch.float32,
+        query_source: str | None = None,  # with no query_encoder: all-MiniLM's HF id or path (settings.query_encoder)
+        query_cache_size: int = 1024,
+        max_query_chars: int = MAX_QUERY_CHARS,
     ):
         self.variant = get_variant(variant)
         self.device = resolve_device(device)
@@ -60,11 +63,17 @@ class RelevancePipeline:
         else:
             self.model = create_model(variant, weights, self.device)
             self.backend = create_backend(backend, self.model, self.device, buckets, dtype, cache_dir)
-        self.encoder = query_encoder or query_encoder_for(self.model)  # the variant's own (CLIP's text tower)
+        # the variant's own (CLIP's text tower), else all-MiniLM-L6-v2
+        self.encoder = query_encoder or query_encoder_for(self.model, query_source, query_cache_size, max_query_chars)
         self.limits = limits
         # one decoding path per device (arrcoc.preprocess): every caller of this pipeline gets the
         # same pixels for the same bytes
-        self.decoder = Decoder(self.device, self.variant.image_size, limits)
+        self.decoder = Decoder(self.device, self.variant.image_size, limits, self.resample)
+
+    @property
+    def resample(self) -> str:
+        """How images are resized to the model's input: the variant's own (CLIP: bicubic)."""
+        return getattr(self.model.config, "resample", "bilinear")
 
     def warmup(self) -> None:
         self.backend.warmup()
@@ -109,7 +118,7 @@ class RelevancePipeline:
             encoded = got if isinstance(got, Encoded) else None
         else:  # an image already in memory (PIL, numpy)
             decoded = load_decoded(image, self.limits, self.variant.image_size)
-            pixels, size = to_tensor(decoded.image, self.variant.image_size), decoded.size
+            pixels, size = to_tensor(decoded.image, self.variant.image_size, self.resample), decoded.size
         return PreparedRequest(pixels, size, text, checked, (time.perf_counter() - t0) * 1e3, encoded)
 
     def prepare_many(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls | None = None,
@@ -187,7 +196,7 @@ class RelevancePipeline:
             texture=out.texture[i],
             image_size=r.size,
             token_budget=int(c.token_budget),
-            benchmark_only=self.variant.benchmark_only,
+            benchmark_only=self.variant.benchmark_only or self.weights_version == "random",
             bucket=self.backend.bucket_for(out.relevance.shape[0]),
             timings_ms=dict(timings),
             match_score=float(out.match[i]),

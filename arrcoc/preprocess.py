@@ -27,10 +27,12 @@ from PIL import Image
 from .errors import ArrcocError, InvalidInputError
 from .images import ImageLike, ImageLimits, decode_image, load_image, read_bytes
 
+_PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
-def to_tensor(img: Image.Image, size: int) -> torch.Tensor:
-    """RGB PIL image -> uint8 [3, size, size] (bilinear resize, as arr-coc-0-1)."""
-    resized = img.resize((size, size), Image.Resampling.BILINEAR)
+
+def to_tensor(img: Image.Image, size: int, resample: str = "bilinear") -> torch.Tensor:
+    """RGB PIL image -> uint8 [3, size, size] (bilinear as arr-coc-0-1; CLIP's variants bicubic)."""
+    resized = img.resize((size, size), _PIL_FILTERS[resample])
     out = np.empty((3, size, size), dtype=np.uint8)
     np.copyto(out, np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))  # HWC -> CHW in one copy
     return torch.from_numpy(out)
@@ -86,10 +88,12 @@ class Decoder:
     `start` in the request's own thread (header checks, and on the CPU path the whole decode), and
     `finish` for a batch of what `start` left for the GPU, in one nvJPEG call."""
 
-    def __init__(self, device: torch.device, side: int, limits: ImageLimits, threads: int = 8):
+    def __init__(self, device: torch.device, side: int, limits: ImageLimits, resample: str = "bilinear",
+                 threads: int = 8):  # fmt: skip
         self.device = device
         self.side = side
         self.limits = limits
+        self.resample = resample
         self.gpu = uses_gpu_decoder(device)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="arrcoc-decode")
 
@@ -125,7 +129,7 @@ class Decoder:
 
     def _cpu_one(self, data: bytes, view_side: int | None) -> Pixels:
         decoded = decode_image(read_bytes(data, self.limits), self.limits, self.side)
-        pixels = to_tensor(decoded.image, self.side)
+        pixels = to_tensor(decoded.image, self.side, self.resample)
         view = None
         if view_side is not None:
             img = decoded.image.copy()
@@ -166,7 +170,8 @@ class Decoder:
         for i, img in enumerate(images):
             by_shape.setdefault(tuple(img.shape), []).append(i)
         for idx in by_shape.values():
-            for i, px in zip(idx, resize(torch.stack([images[i] for i in idx]), self.side, self.side), strict=True):
+            stack = torch.stack([images[i] for i in idx])
+            for i, px in zip(idx, resize(stack, self.side, self.side, self.resample), strict=True):
                 pixels[i] = px
         out = []
         for img, px in zip(images, pixels, strict=True):
@@ -179,9 +184,10 @@ class Decoder:
         return out
 
 
-def resize(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """uint8 (B, 3, h, w) -> uint8 (B, 3, height, width), bilinear with antialiasing (Pillow's filter)."""
-    out = F.interpolate(images.float(), size=(height, width), mode="bilinear", align_corners=False, antialias=True)
+def resize(images: torch.Tensor, height: int, width: int, mode: str = "bilinear") -> torch.Tensor:
+    """uint8 (B, 3, h, w) -> uint8 (B, 3, height, width), bilinear or bicubic with antialiasing
+    (Pillow's filters)."""
+    out = F.interpolate(images.float(), size=(height, width), mode=mode, align_corners=False, antialias=True)
     return out.round_().clamp_(0, 255).to(torch.uint8)
 
 

@@ -70,8 +70,6 @@ class Runtime(EngineHost):
         return pipe
 
     def _build(self, backend: str) -> RelevancePipeline:
-        from ...query import QueryEncoder
-
         s = self.settings
         t0 = time.perf_counter()
         dtype = parse_dtype(s.dtype)
@@ -80,8 +78,8 @@ class Runtime(EngineHost):
         if first is None:
             pipe = RelevancePipeline(
                 s.variant, s.weights or "default", backend, s.device,
-                query_encoder=QueryEncoder(s.query_encoder, s.query_cache_size, s.max_query_chars),
                 limits=image_limits(s), buckets=buckets, cache_dir=s.cache_dir, dtype=dtype,
+                query_source=s.query_encoder, query_cache_size=s.query_cache_size, max_query_chars=s.max_query_chars,
             )  # fmt: skip
         else:  # another backend over the same model and query encoder
             engine = create_backend(backend, first.model, first.device, buckets, dtype, s.cache_dir)
