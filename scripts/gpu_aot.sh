@@ -18,7 +18,7 @@ timeout "${BUILD_S:-110}" $PY -m arrcoc compile --backend aot --variant "$V" --d
   --cache-dir "$C/aot" 2>&1 | tee "$OUT/compile.log" | grep -E "^\{|built|rror"
 echo "cold aot build (new process, wall): $(( $(date +%s) - t0 )) s"
 backends="eager compiled"; [ "$(ls $C/aot/aot/*.pt2 2>/dev/null | wc -l)" -ge 2 ] && backends="eager compiled aot"
-timeout "${BENCH_S:-85}" $PY -m arrcoc.bench --variants "$V" --backends $backends --iters "${ITERS:-30}" \
+timeout "${BENCH_S:-85}" $PY -m arrcoc bench --variants "$V" --backends $backends --iters "${ITERS:-30}" \
   --warmup-iters 5 --cache-dir "$C" --out "$OUT" --name "bench-$V-aot" 2>&1 \
   | tee "$OUT/bench.log" | grep -E "^\||rror"
 for be in compiled aot; do

@@ -25,23 +25,23 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton._
       "onnx", onnx.__version__, "ort", ort.__version__, ort.get_available_providers())
 print(torch.cuda.get_device_name(0))
 EOF
-    $PY -m arrcoc.bench --variants arrcoc-texture --backends eager onnx --iters 5 --warmup-iters 2 --out "$OUT" --name check-texture \
+    $PY -m arrcoc bench --variants arrcoc-texture --backends eager onnx --iters 5 --warmup-iters 2 --out "$OUT" --name check-texture \
       --cache-dir /tmp/arrcoc-check 2>&1 | tee "$OUT/check.log" | grep -vE "Warning|warn\(|torchvision"
     ;;
   bench)
     for v in ${VARIANTS[@]}; do
-      $PY -m arrcoc.bench --variants "$v" --iters 200 --warmup-iters 20 --out "$OUT" --name "bench-$v" \
+      $PY -m arrcoc bench --variants "$v" --iters 200 --warmup-iters 20 --out "$OUT" --name "bench-$v" \
         2>&1 | tee "$OUT/bench-$v.log" | grep -vE "Warning|warn\(|torchvision"
     done
     ;;
   startup)
-    $PY -m arrcoc.bench --startup-only --variants ${VARIANTS[@]} --backends compiled onnx --out "$OUT" \
+    $PY -m arrcoc bench --startup-only --variants ${VARIANTS[@]} --backends compiled onnx --out "$OUT" \
       --name startup 2>&1 | tee "$OUT/startup.log" | grep -vE "Warning|warn\(|torchvision"
     ;;
   extra)  # bfloat16 CLIP (eager vs compiled) and the compiled CLIP's cold/warm start: no ORT needed
-    $PY -m arrcoc.bench --variants arrcoc-clip-b16 --backends eager compiled --dtype bfloat16 --iters 100 \
+    $PY -m arrcoc bench --variants arrcoc-clip-b16 --backends eager compiled --dtype bfloat16 --iters 100 \
       --warmup-iters 10 --out "$OUT" --name bench-clip-b16-bf16 2>&1 | tee "$OUT/bf16.log" | grep -E "^\||rror"
-    $PY -m arrcoc.bench --startup-only --variants arrcoc-clip-b16 --backends compiled --out "$OUT" \
+    $PY -m arrcoc bench --startup-only --variants arrcoc-clip-b16 --backends compiled --out "$OUT" \
       --name startup-clip 2>&1 | grep -E "^\||rror"
     ;;
   batching)  # extra arguments go to batching_bench.py, e.g. --processes 4

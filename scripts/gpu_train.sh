@@ -17,7 +17,7 @@ while [ $# -ge 2 ]; do
   mkdir -p "$runs/$name"
   echo "== $name: arrcoc train $args"
   # shellcheck disable=SC2086
-  timeout "${TRAIN_TIMEOUT_S:-540}" $PY -m arrcoc.train --device cuda --cache-dir /tmp/arrcoc-cache --quiet \
+  timeout "${TRAIN_TIMEOUT_S:-540}" $PY -m arrcoc train --device cuda --cache-dir /tmp/arrcoc-cache --quiet \
     --out "$runs/$name/arrcoc-texture.safetensors" $args 2>&1 | grep -vE "Warning|warn\(" | tee "$runs/$name.log"
   grep -E "^\| (\*\*overall|participatory|held-out|training)" "$runs/$name/arrcoc-texture.report.md" 2>/dev/null
   tar -czf "$OUT/train-runs.tar.gz" -C "$runs" .  # after every run: a later timeout loses nothing
