@@ -105,8 +105,25 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), side: int | N
         big = img.size[0] * img.size[1] > _LARGE_PIXELS
         with _large_decodes if big else contextlib.nullcontext():
             img.load()
+            if side is not None:
+                img = _reduced(img, side)
             upright = to_rgb(img, limits)
     return Decoded(upright, _upright_size(img, declared))
+
+
+def _reduced(img: Image.Image, side: int) -> Image.Image:
+    """An image decoded much larger than the model needs (a format without draft), reduced by an
+    integer factor (a box average) to at least twice `side`: the conversions and the resize that
+    follow then touch a few MB, not a whole 40 MP frame (or its 16-bit original)."""
+    factor = min(img.size) // (2 * side)
+    if factor < 2:
+        return img
+    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        img = Image.fromarray(_to_uint8(img), mode="L")  # 8 bits first: reduce takes no 16-bit modes
+    try:
+        return img.reduce(factor)
+    except ValueError:  # a mode reduce does not take ("1", "P", ...)
+        return img.convert("RGBA" if img.mode in ("PA", "LA", "P") else "RGB").reduce(factor)
 
 
 def _check_pixels(img: Image.Image, declared: tuple[int, int], limits: ImageLimits) -> None:

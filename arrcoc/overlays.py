@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .render import _LUT, OVERLAY_ALPHA, overlay
+from .render import _LUT, OVERLAY_ALPHA, OVERLAY_MAX_SIDE, overlay
 
 JPEG_QUALITY = 90
-VIEW_SIDE = 1024  # an overlay is drawn on the image at most this size on a side
+VIEW_SIDE = OVERLAY_MAX_SIDE
 
 
 @cache

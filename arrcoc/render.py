@@ -29,6 +29,7 @@ def heatmap_image(grid_values: np.ndarray, size: tuple[int, int], vmin: float = 
 
 
 OVERLAY_ALPHA = 0.55  # how much of the map shows over the image
+OVERLAY_MAX_SIDE = 1024  # overlays are drawn on the image at most this size on a side
 
 
 def overlay(image: Image.Image, grid_values: np.ndarray, alpha: float = OVERLAY_ALPHA) -> Image.Image:
@@ -36,6 +37,16 @@ def overlay(image: Image.Image, grid_values: np.ndarray, alpha: float = OVERLAY_
     base = image.convert("RGB")
     heat = heatmap_image(grid_values, base.size)
     return Image.blend(base, heat, float(np.clip(alpha, 0.0, 1.0)))
+
+
+def overlay_base(source, side: int = OVERLAY_MAX_SIDE) -> Image.Image:
+    """The image an overlay is drawn on: at most `side` on a side, decoded at a fraction of its
+    size where the format allows (a 48 MP photo never decodes in full for a picture of 1024 px)."""
+    from .images import load_image
+
+    img = load_image(source, side=side)
+    img.thumbnail((side, side))
+    return img
 
 
 def selection_mask(selected: np.ndarray, grid: int) -> np.ndarray:

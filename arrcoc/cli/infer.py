@@ -25,9 +25,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..images import load_image
     from ..pipeline import RelevancePipeline
-    from ..render import overlay
+    from ..render import overlay, overlay_base
     from ..request import Controls
     from ..settings import get_settings
     from ._client import check_output, read_input
@@ -54,7 +53,7 @@ def run(args) -> int:
         else:
             args.json_out.write_text(text)
     if args.png_out is not None:
-        overlay(load_image(data), result.relevance).save(args.png_out)
+        overlay(overlay_base(data), result.relevance).save(args.png_out)
     if args.json_out is None or str(args.json_out) != "-":
         top = ", ".join(f"({i // result.grid},{i % result.grid})" for i in result.selected[:5])
         bal = " ".join(f"{n}={w:.2f}" for n, w in zip(doc["balance_names"], doc["balance"], strict=True))

@@ -74,8 +74,7 @@ def _controls(args):
 
 
 def run_infer(args) -> int:
-    from ..images import load_image
-    from ..render import overlay
+    from ..render import overlay, overlay_base
     from ._client import check_output, executor, read_input
 
     image = read_input(args.image, "image file")
@@ -92,7 +91,7 @@ def run_infer(args) -> int:
     elif args.json_out is not None:
         args.json_out.write_text(json.dumps(doc))
     if args.png_out is not None:
-        overlay(load_image(args.image), result.relevance).save(args.png_out)
+        overlay(overlay_base(args.image), result.relevance).save(args.png_out)
     if args.json_out is None:
         print(f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]"
               f" bucket {result.bucket}; {result.k} cells, {doc['tokens_used']} tokens")  # fmt: skip
