@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     job_ttl_s: int = 7 * 24 * 3600
     result_expires_s: int = 24 * 3600
     batch_max_delay_ms: float = 5.0
+    # wait the batching delay even when idle: off, a request arriving in a quiet period (the last
+    # batch was a single request and nobody is waiting) runs at once instead of waiting for company
+    batch_idle_wait: bool = False
     batch_max_size: int = 32
     task_time_limit_s: int = 600
     max_redeliveries: int = 3

@@ -33,7 +33,7 @@ def settings(tmp_path):
     "archive, query, message",
     [
         (b"", "q", "empty"),
-        (b"PK\x03\x04 definitely not a zip", "q", "not a readable zip"),
+        (b"PK\x03\x04 definitely not a zip", "q", "not a readable .zip"),
         (make_zip({}), "q", "no images"),
         (make_zip({"notes.txt": b"hello"}), "q", "no images"),
         (make_zip({"../evil.png": png_bytes(0)}), "q", "unsafe path"),
@@ -90,6 +90,18 @@ def test_batcher_coalesces_concurrent_requests_and_keeps_order():
     with pytest.raises(DeadlineExceeded):
         b.submit(2, deadline=time.monotonic() - 1).result(5)
     b.close()
+
+
+def test_a_lone_request_runs_at_once_unless_told_to_wait_when_idle():
+    """At low load the batching delay only adds latency: a request with nobody else waiting (after
+    a batch of one) runs at once; `idle_wait` restores Triton's rule (always wait the delay)."""
+    for idle_wait, at_least, at_most in ((False, 0.0, 0.5), (True, 1.0, 5.0)):
+        b = DynamicBatcher(lambda items: items, max_batch=8, max_delay_s=1.0, idle_wait=idle_wait)
+        for i in range(2):  # the first, and one after a batch of one
+            t0 = time.perf_counter()
+            assert b.submit(i).result(10) == i
+            assert at_least <= time.perf_counter() - t0 < at_most, (idle_wait, i)
+        b.close()
 
 
 def test_batcher_off_runs_one_at_a_time():

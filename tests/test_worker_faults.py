@@ -122,8 +122,8 @@ def test_interactive_request_that_keeps_killing_workers_fails_with_a_reason(rig)
     for w in rig["workers"]:  # nobody else may take the request
         w.stop()
     r = redis_py.Redis.from_url(rig["redis"][-1].url)
-    # one request waits 5 s in the batcher for company: a window to kill its worker in
-    slow = rig["env"] | {"ARRCOC_BATCH_MAX_DELAY_MS": "5000", "ARRCOC_BATCH_MAX_SIZE": "4"}
+    # one request waits 5 s in the batcher for company (even alone): a window to kill its worker in
+    slow = rig["env"] | {"ARRCOC_BATCH_MAX_DELAY_MS": "5000", "ARRCOC_BATCH_MAX_SIZE": "4", "ARRCOC_BATCH_IDLE_WAIT": "1"}
     ex = rig["executor"]()
     outcome: dict[str, object] = {}
 

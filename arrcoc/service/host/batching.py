@@ -36,9 +36,11 @@ RunBatch = Callable[[list[Any]], Sequence[Any]]
 
 
 class DynamicBatcher:
-    def __init__(self, run_batch: RunBatch, max_batch: int = 32, max_delay_s: float = 0.005, name: str = "batcher"):
+    def __init__(self, run_batch: RunBatch, max_batch: int = 32, max_delay_s: float = 0.005, name: str = "batcher",
+                 idle_wait: bool = False):  # fmt: skip
         assert max_batch >= 1 and max_delay_s >= 0
         self.run_batch = run_batch
+        self.idle_wait = idle_wait
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
         self.submitted = 0  # requests ever submitted
@@ -64,7 +66,7 @@ class DynamicBatcher:
 
     def _collect(self, first: _Request) -> list[_Request]:
         batch = [first]
-        if self._last_size <= 1 and self._queue.empty():
+        if not self.idle_wait and self._last_size <= 1 and self._queue.empty():
             # low load (the last batch was one request, and nobody else is waiting): run it at
             # once; waiting for company that is not coming only adds the delay to its latency.
             # Under load batches are larger, and the delay gathers them.

@@ -174,7 +174,8 @@ class Runtime(EngineHost):
                 if batcher is None:
                     run = lambda items: self.run_batch(items, name)  # noqa: E731
                     batcher = self._batchers[name] = DynamicBatcher(
-                        run, size, self.settings.batch_max_delay_ms / 1e3, f"arrcoc-batcher-{name}"
+                        run, size, self.settings.batch_max_delay_ms / 1e3, f"arrcoc-batcher-{name}",
+                        self.settings.batch_idle_wait,
                     )
         return batcher
 
