@@ -23,6 +23,8 @@ TOMBSTONE_S = 30 * 24 * 3600  # how long "expired" is remembered after a job's T
 
 
 class JobStore(ABC):
+    _stage_lock = threading.Lock()  # add_stage_ms reads, adds and writes back
+
     @abstractmethod
     def create(self, job_id: str, kind: JobKind, total: int, ttl_s: int, fields: dict[str, Any]) -> None: ...
 
@@ -80,8 +82,6 @@ class JobStore(ABC):
             for name, ms in stage_ms.items():
                 total[name] = round(total.get(name, 0.0) + ms, 3)
             self.set_fields(job_id, stage_ms=total)
-
-    _stage_lock = threading.Lock()
 
     def record(self, job_id: str) -> dict[str, str]:
         """The job's fields; {"state": "expired"} past its TTL; JobError for an unknown id."""
