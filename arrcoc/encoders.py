@@ -2,8 +2,9 @@
 
 arrcoc-texture takes all-MiniLM-L6-v2 sentence embeddings (arrcoc/query.py's QueryEncoder);
 arrcoc-clip-b16 takes CLIP's own text embeddings (arrcoc/clip.py's ClipTextEncoder), loaded with
-its image tower from the same checkpoint. Callers ask `query_encoder_for(model)` instead of
-building a QueryEncoder themselves, so the embedding always lives in the space the model scores in.
+its image tower from the same checkpoint. Callers ask `arrcoc.query.query_encoder_for(model)`
+instead of building a QueryEncoder themselves, so the embedding always lives in the space the
+model scores in. Both cache their embeddings per query string the same way (CachedTextEncoder).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from .request import MAX_QUERY_CHARS, validate_query
 
 
 @runtime_checkable
@@ -29,7 +32,7 @@ class TextEncoder(Protocol):
 class CachedTextEncoder(ABC):
     """An LRU cache per query string around `_encode` (a batch of new strings -> vectors)."""
 
-    def __init__(self, cache_size: int = 1024, max_chars: int = 500):
+    def __init__(self, cache_size: int = 1024, max_chars: int = MAX_QUERY_CHARS):
         self.cache_size = cache_size
         self.max_chars = max_chars
         self._cache: OrderedDict[str, Tensor] = OrderedDict()
@@ -40,11 +43,6 @@ class CachedTextEncoder(ABC):
         """(N, dim) unit vectors for N validated, distinct strings (called under the lock)."""
 
     def encode(self, queries: list[str] | str) -> Tensor:
-        try:  # its home moves from query.py to the torch-free request.py
-            from .request import validate_query
-        except ImportError:
-            from .query import validate_query
-
         if isinstance(queries, str):
             queries = [queries]
         texts = [validate_query(q, self.max_chars) for q in queries]
@@ -59,20 +57,3 @@ class CachedTextEncoder(ABC):
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return out
-
-
-def query_encoder_for(
-    model: nn.Module,
-    source: str | None = None,
-    cache_size: int = 1024,
-    max_chars: int = 500,
-    device: str = "cpu",
-) -> TextEncoder:
-    """The encoder whose embeddings `model` takes: its own text tower when it brought one
-    (`model.text_encoder`, e.g. CLIP), else all-MiniLM-L6-v2 (`source`: a HF id or path)."""
-    own = getattr(model, "text_encoder", None)
-    if own is not None:
-        return own
-    from .query import QueryEncoder
-
-    return QueryEncoder(source, cache_size=cache_size, max_chars=max_chars, device=device)

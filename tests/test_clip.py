@@ -26,8 +26,8 @@ from arrcoc.clip import (
     dense_similarity,
     to_clip_tensor,
 )  # fmt: skip
-from arrcoc.encoders import query_encoder_for
 from arrcoc.errors import WeightsError
+from arrcoc.query import query_encoder_for
 from arrcoc.registry import create_model, get_variant
 from arrcoc.result import WEAK_MATCH
 
