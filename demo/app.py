@@ -72,8 +72,9 @@ MODEL_NOTES = {
     ),
     "arrcoc-clip-b16": (
         "CLIP ViT-B/16's image and text towers (OpenAI CLIP, trained on 400M web image–text pairs) with MaskCLIP dense "
-        "patch features on a 14×14 grid: it knows **object categories** (“the cat”, “the coffee cup”) as well as colours "
-        "and text, at a coarser grid than the texture model. Its weights come from the Hugging Face hub or a local copy."
+        "patch features on a 14×14 grid, coarser than the texture model's. CLIP names **object categories** "
+        "(“the cat”, “the coffee cup”), so MaskCLIP-style maps are expected to find them (the literature's finding; "
+        "this project has not measured it with the real weights). Its weights come from the Hugging Face hub or a local copy."
     ),
 }
 MODEL_NOTES["arrcoc-clip-b16-448"] = MODEL_NOTES["arrcoc-clip-b16"].replace("14×14", "28×28")

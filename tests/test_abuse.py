@@ -109,8 +109,11 @@ def test_nothing_is_lost_nested_names_and_one_copy_per_file(settings):
     files = {f"d{i % 3}/sub/p{i:02d}.png": png_bytes(seed=i) for i in range(12)}
     jd, items = unpack(make_zip(files), settings)
     assert sorted(it.file for it in items) == sorted(files)
+    opened: dict = {}
     for it in items:
-        assert (jd / it.path).read_bytes() == files[it.file]
+        assert it.read(jd, opened) == files[it.file]
+    for f in opened.values():
+        f.close()
     # a manifest naming one file 500 times: 500 items, one copy on disk
     big = png_bytes(size=256)
     manifest = "file,query\n" + "".join(f"big.png,query {i}\n" for i in range(500))

@@ -145,7 +145,7 @@ def test_damaged_zips_give_a_clear_error_and_write_within_budget(tmp_path, flips
     except InvalidInputError as e:
         assert str(e)
     else:
-        assert items and all((jd / it.path).is_file() for it in items)
+        assert items and all((jd / it.path).is_file() and it.length >= 0 for it in items)
     assert du(jd) <= 64 * 1024 + 4096  # the budget (+ items.jsonl)
 
 
