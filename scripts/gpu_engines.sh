@@ -5,6 +5,13 @@
 #                                 op profile at batch 1 and 64; arrcoc-clip-b16 float32 (eager,
 #                                 compiled, onnx) and bfloat16 (eager, compiled), ORT profile at 1
 #   scripts/gpu_engines.sh aot    scripts/gpu_aot.sh with a longer build budget
+#   scripts/gpu_engines.sh debug  why aot crashed (issue 15), within 390 s (DEBUG_S): the aot packages
+#                                 built (no load) beside a cold compiled start; a warm compiled
+#                                 start with --probe (where its warmup_s goes); scripts/aot_debug.py,
+#                                 each load / run / capture step in its own process; if the real
+#                                 AotBackend with graphs works, arrcoc bench compiled + aot and an
+#                                 aot warm start; ORT's profile by cudnn_conv_algo_search if
+#                                 onnxruntime-gpu is there (skipped otherwise). Carry .whl only.
 #
 # Needs onnxruntime-gpu assembled in /tmp/ort.part (../shared/tools/ort-gpu-chunks) and .whl
 # carried; see scripts/device_env.sh. Everything lands in $OUT/engines-<stage>.tgz (a run brings
@@ -39,6 +46,48 @@ case "$stage" in
     ;;
   aot)
     BUILD_S="${BUILD_S:-330}" OUT="$W" bash scripts/gpu_aot.sh 2>&1 | tee "$W/aot.log"
+    ;;
+  debug)
+    V=arrcoc-texture; C=/tmp/arrcoc-debug; B="1 2 4 8 16 32 64"; END=${DEBUG_S:-390}  # seconds since the script began
+    left() { local l=$((END - SECONDS)); echo $(( l < $1 ? (l > 5 ? l : 5) : $1 )); }  # min(budget, time left)
+    rm -rf "$C"; mkdir -p "$C"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+    $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+    command -v gdb >/dev/null && echo "gdb: yes" || echo "gdb: no (no native backtraces)"
+    echo "== aot build (background, budget 170s) beside a cold compiled start"
+    $PY scripts/aot_debug.py --cache-dir "$C/aot" --build 170 --steps --json "$W/aot-build.json" \
+      > "$W/aot-build.log" 2>&1 &
+    build=$!
+    step "$(left 150)" compiled-cold $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
+      --cache-dir "$C/compiled" --buckets $B
+    wait $build; echo "   aot build exit $?"; grep -E "^STEP|^    " "$W/aot-build.log" | cut -c1-300
+    # on a quiet machine: where the compiled backend's warm start goes (issue 15: 15.2 s)
+    step "$(left 60)" compiled-warm $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
+      --cache-dir "$C/compiled" --buckets $B --probe
+    tail -1 "$W/compiled-warm.log" | cut -c1-1500
+    echo "== aot_debug steps (budget $(left 175)s)"
+    timeout "$(( $(left 175) + 10 ))" $PY scripts/aot_debug.py --cache-dir "$C/aot" --timeout 45 \
+      --budget "$(left 175)" --json "$W/aot-debug.json" 2>&1 | tee "$W/aot-debug.log" | cut -c1-600
+    if grep -qE "^STEP backend_graph +OK" "$W/aot-debug.log"; then
+      step "$(left 90)" bench $PY -m arrcoc bench --variants $V --backends compiled aot --iters 100 \
+        --warmup-iters 10 --cache-dir "$C" --out "$W" --name bench-$V-aot-debug
+      step "$(left 45)" aot-warm $PY -m arrcoc.bench.startup --variant $V --backend aot --device cuda \
+        --cache-dir "$C/aot" --buckets $B --probe
+      tail -1 "$W/aot-warm.log" | cut -c1-1500
+    else
+      echo "== bench and aot warm start skipped: AotBackend with CUDA graphs did not work (see above)"
+    fi
+    if $PY -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" \
+        2>/dev/null; then
+      for algo in EXHAUSTIVE HEURISTIC; do
+        [ "$(left 40)" -ge 30 ] || { echo "== ortprof $algo: no time left"; continue; }
+        step "$(left 40)" ortprof-b64-$algo $PY scripts/ort_profile.py --device cuda --batch 64 --runs 20 \
+          --warmup 2 --top 12 --cudnn-conv-algo-search $algo
+      done
+    else
+      echo "== ORT profiles skipped: no onnxruntime with CUDAExecutionProvider (needs /tmp/ort.part)"
+    fi
+    echo "debug stage: $SECONDS s"
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

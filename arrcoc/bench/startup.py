@@ -42,6 +42,8 @@ def _child(args: argparse.Namespace) -> dict:
     device = resolve_device(args.device)
     model = create_model(args.variant, bench_weights(args.variant, args.weights), device)
     t_model = time.perf_counter()
+    probes = _probe(device) if args.probe else {}  # apart from model_s, backend_init_s and warmup_s
+    t_made = time.perf_counter()
     backend = create_backend(args.backend, model, device, tuple(args.buckets), cache_dir=Path(args.cache_dir))
     t_init = time.perf_counter()
     backend.warmup()
@@ -49,8 +51,30 @@ def _child(args: argparse.Namespace) -> dict:
         torch.cuda.synchronize(device)
     t_ready = time.perf_counter()
     # where ready_s went: the model built and on the device, the backend made, its warmup
-    split = {"model_s": t_model - t1, "backend_init_s": t_init - t_model, "warmup_s": t_ready - t_init}
-    return {"ready_s": t_ready - t1, "import_s": t_import, **split, "stats": backend.stats}
+    split = {"model_s": t_model - t1, "backend_init_s": t_init - t_made, "warmup_s": t_ready - t_init}
+    return {"ready_s": t_ready - t1, "import_s": t_import, **split, **probes, "stats": backend.stats}
+
+
+def _probe(device) -> dict[str, float]:
+    """--probe: pay, and time, what a backend's warmup would otherwise pay inside its own timings:
+    importing the compiler (Dynamo, Inductor), the first cuBLAS matmul and the first cuDNN conv."""
+    import torch
+
+    out = {}
+    t = time.perf_counter()
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.config  # noqa: F401
+
+    out["probe_compiler_import_s"] = time.perf_counter() - t
+    if device.type == "cuda":
+        for name, fn in (("probe_cublas_s", lambda: torch.ones(64, 64, device=device) @ torch.ones(64, 64, device=device)),
+                         ("probe_cudnn_s", lambda: torch.nn.functional.conv2d(torch.ones(1, 3, 16, 16, device=device),
+                                                                              torch.ones(4, 3, 3, 3, device=device)))):  # fmt: skip
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize(device)
+            out[name] = time.perf_counter() - t
+    return out
 
 
 _PARTS = ("import_s", "model_s", "backend_init_s", "warmup_s")
@@ -97,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="default")
     p.add_argument("--cache-dir", required=True)
     p.add_argument("--buckets", type=int, nargs="+", required=True)
+    p.add_argument("--probe", action="store_true",
+                   help="time compiler imports, cuBLAS and cuDNN init before the backend (apart from warmup_s)")  # fmt: skip
     args = p.parse_args(argv)
     args.weights = None if args.weights in ("none", "None") else args.weights
     print(json.dumps(_child(args)))

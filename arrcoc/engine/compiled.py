@@ -70,6 +70,7 @@ class CompiledBackend(Backend):
     def warmup(self) -> None:
         if self.warmed:
             return
+        t_start = time.perf_counter()
         configure_compile_caches(self.cache_dir)
         import torch._dynamo.config as dynamo_config
 
@@ -84,7 +85,10 @@ class CompiledBackend(Backend):
         # dynamic=None: specialised unless a tensor is marked dynamic (the shared batch dim below)
         self._fn = torch.compile(self._eager, fullgraph=True, dynamic=None if self.dynamic_batch else False,
                                  mode=self.mode)  # fmt: skip
+        t_path = time.perf_counter()
+        self.stats["setup_s"] = t_path - t_start  # cache config, compiler imports, the torch.compile wrapper
         artefacts = self._artefacts_path()
+        self.stats["fingerprint_s"] = time.perf_counter() - t_path  # the key hashes code and weights
         # a marker in the Inductor cache says it already holds what the artefacts hold (it made
         # them): loading them again, and saving them again, is only start-up time lost
         marker = self.cache_dir / "inductor" / f"arrcoc-{artefacts.stem}.present" if artefacts else None
@@ -94,18 +98,24 @@ class CompiledBackend(Backend):
         self.stats["artefacts_load_s"] = time.perf_counter() - t_load
         t0 = time.perf_counter()
         before = _phase_totals()
+        first: dict[str, float] = {}  # each program's first call: trace, compile or cache load, first run
         with torch.inference_mode():
             for bucket in self._compile_buckets():
+                t = time.perf_counter()
                 self._fn(*self._marked(example_inputs(self.model, bucket, self.device)))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                first[f"b{bucket}"] = time.perf_counter() - t
         self.stats["compile_s"] = time.perf_counter() - t0
+        self.stats["first_call_s"] = first
+        t_post = time.perf_counter()
         self.phases = {k: v - before.get(k, 0.0) for k, v in _phase_totals().items() if v - before.get(k, 0.0) > 0.05}
         self.stats["compile_phases"] = self.phases
         self.stats["programs"] = float(len(self._compile_buckets()))
         self.stats["artefacts_saved"] = float(not local and _save_artefacts(artefacts))
         if marker is not None and not local:
             marker.touch()
+        self.stats["post_compile_s"] = time.perf_counter() - t_post  # compile timers, artefacts saved
         if not self.use_graphs:  # every bucket served once now: a missed shape fails here, not later
             with torch.inference_mode():
                 for bucket in self.buckets:
@@ -116,6 +126,10 @@ class CompiledBackend(Backend):
             self.stats["capture_s"], self.stats["capture_mem_mb"] = st.capture_s, st.memory_mb
         self.compiles_at_warmup = compile_count()
         self.warmed = True
+        total = time.perf_counter() - t_start
+        known = ("setup_s", "fingerprint_s", "artefacts_load_s", "compile_s", "post_compile_s", "capture_s")
+        self.stats["warmup_total_s"] = total
+        self.stats["warmup_other_s"] = total - sum(self.stats.get(k, 0.0) for k in known)
         log.info("compiled %s buckets %s in %.1f s", type(self.model).__name__, self.buckets, self.stats["compile_s"])
 
     def _compile_buckets(self) -> list[int]:
