@@ -79,10 +79,11 @@ case "$stage" in
     fi
     if $PY -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" \
         2>/dev/null; then
-      for algo in EXHAUSTIVE HEURISTIC; do
-        [ "$(left 40)" -ge 30 ] || { echo "== ortprof $algo: no time left"; continue; }
-        step "$(left 40)" ortprof-b64-$algo $PY scripts/ort_profile.py --device cuda --batch 64 --runs 20 \
-          --warmup 2 --top 12 --cudnn-conv-algo-search $algo
+      for run in 1:EXHAUSTIVE 64:EXHAUSTIVE 64:HEURISTIC; do
+        b=${run%%:*}; algo=${run##*:}
+        [ "$(left 40)" -ge 30 ] || { echo "== ortprof b$b $algo: no time left"; continue; }
+        step "$(left 40)" ortprof-b$b-$algo $PY scripts/ort_profile.py --device cuda --batch $b --runs 20 \
+          --warmup 2 --top 14 --cudnn-conv-algo-search $algo
       done
     else
       echo "== ORT profiles skipped: no onnxruntime with CUDAExecutionProvider (needs /tmp/ort.part)"
