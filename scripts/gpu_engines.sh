@@ -58,16 +58,20 @@ case "$stage" in
     $PY scripts/aot_debug.py --cache-dir "$C/aot" --build 170 --steps --json "$W/aot-build.json" \
       > "$W/aot-build.log" 2>&1 &
     build=$!
-    step "$(left 150)" compiled-cold $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
-      --cache-dir "$C/compiled" --buckets $B
+    if [ -z "${AOT_ONLY:-}" ]; then
+      step "$(left 150)" compiled-cold $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
+        --cache-dir "$C/compiled" --buckets $B
+    fi
     wait $build; echo "   aot build exit $?"; grep -E "^STEP|^    " "$W/aot-build.log" | cut -c1-300
-    # on a quiet machine: where the compiled backend's warm start goes (issue 15: 15.2 s)
-    step "$(left 60)" compiled-warm $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
-      --cache-dir "$C/compiled" --buckets $B --probe
-    tail -1 "$W/compiled-warm.log" | cut -c1-1500
+    if [ -z "${AOT_ONLY:-}" ]; then  # on a quiet machine: where the compiled backend's warm start goes
+      step "$(left 60)" compiled-warm $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
+        --cache-dir "$C/compiled" --buckets $B --probe
+      tail -1 "$W/compiled-warm.log" | cut -c1-1500
+    fi
     echo "== aot_debug steps (budget $(left 175)s)"
-    timeout "$(( $(left 175) + 10 ))" $PY scripts/aot_debug.py --cache-dir "$C/aot" --timeout 45 \
-      --budget "$(left 175)" --json "$W/aot-debug.json" 2>&1 | tee "$W/aot-debug.log" | cut -c1-600
+    timeout "$(( $(left 175) + 10 ))" env ${AOT_DEBUG_ENV:-} $PY scripts/aot_debug.py --cache-dir "$C/aot" --timeout 45 \
+      --budget "$(left 175)" --json "$W/aot-debug.json" ${AOT_STEPS:+--steps $AOT_STEPS} 2>&1 \
+      | tee "$W/aot-debug.log" | cut -c1-600
     if grep -qE "^STEP backend_graph +OK" "$W/aot-debug.log"; then
       step "$(left 90)" bench $PY -m arrcoc bench --variants $V --backends compiled aot --iters 100 \
         --warmup-iters 10 --cache-dir "$C" --out "$W" --name bench-$V-aot-debug

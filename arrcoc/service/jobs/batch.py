@@ -20,6 +20,9 @@ import secrets
 import shutil
 import time
 import zipfile
+import zlib
+from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -323,6 +326,47 @@ class _PartReader:
         self._open.clear()
 
 
+# results.jsonl is deflated in blocks on several threads (zlib lets go of the GIL), each block an
+# independent deflate stream ended by a sync flush, as pigz does, while the overlays are copied:
+# deflating it on one thread was most of building results.zip (the e2e report's `finalize`)
+JSONL_BLOCK = 1 << 21
+DEFLATE_LEVEL = 1
+
+
+def _deflate(block: bytes) -> bytes:
+    c = zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -15)
+    return c.compress(block) + c.flush(zlib.Z_SYNC_FLUSH)
+
+
+class _Deflated:
+    """Stands in for zipfile's compressor of one member written block by block: compress()
+    returns the block's deflate, made ahead on a thread; flush() ends the stream (an empty final
+    block). zipfile itself still counts the sizes and the CRC of what is written."""
+
+    def __init__(self) -> None:
+        self.next: Future[bytes] | None = None
+
+    def compress(self, data: bytes) -> bytes:
+        assert self.next is not None
+        return self.next.result()
+
+    def flush(self) -> bytes:
+        return zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -15).flush()
+
+
+def _blocks(rows: Iterator[bytes]) -> Iterator[bytes]:
+    buf: list[bytes] = []
+    size = 0
+    for row in rows:
+        buf.append(row)
+        size += len(row) + 1
+        if size >= JSONL_BLOCK:
+            yield b"\n".join(buf) + b"\n"
+            buf, size = [], 0
+    if buf:
+        yield b"\n".join(buf) + b"\n"
+
+
 def build_results_zip(jd: Path) -> Path:
     """results.zip: overlays/*, results.jsonl and summary.csv, one row per recorded item."""
     found = _parts(jd)
@@ -331,25 +375,38 @@ def build_results_zip(jd: Path) -> Path:
     writer = csv.DictWriter(csv_buf, fieldnames=SUMMARY_FIELDS)
     writer.writeheader()
     tmp = jd / f".results.{secrets.token_hex(4)}.zip"
-    parts = _PartReader()
+    pictures, texts = _PartReader(), _PartReader()
+    threads = min(8, os.cpu_count() or 2)
+    blocks = _blocks(texts.row(*found[i][:2]) for i in order)
+    window: deque[tuple[bytes, Future[bytes]]] = deque()
     try:
-        # deflate level 1 for results.jsonl (its cost is the `finalize` stage of `arrcoc bench e2e`);
-        # pictures are JPEG or PNG, compressed already: stored
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-            for i in order:  # pictures first: a zip is written one member at a time
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=DEFLATE_LEVEL) as zf, \
+                ThreadPoolExecutor(threads, thread_name_prefix="arrcoc-deflate") as pool:  # fmt: skip
+
+            def refill() -> None:  # bounded: at most 2 blocks per thread deflated ahead
+                while len(window) < 2 * threads and (block := next(blocks, None)) is not None:
+                    window.append((block, pool.submit(_deflate, block)))
+
+            refill()  # results.jsonl deflates while the pictures are copied
+            for i in order:  # pictures (already compressed: stored) first; a zip is written a member at a time
                 path, _, summary = found[i]
                 if summary["overlay"]:
                     name = _zip_name(summary)
-                    zf.writestr(name, parts.picture(path, summary["overlay"]), compress_type=zipfile.ZIP_STORED)
+                    zf.writestr(name, pictures.picture(path, summary["overlay"]), compress_type=zipfile.ZIP_STORED)
                     summary = summary | {"overlay": name}
                 writer.writerow(summary)
             with zf.open("results.jsonl", "w", force_zip64=True) as out:
-                for i in order:
-                    path, line, _ = found[i]
-                    out.write(parts.row(path, line) + b"\n")
+                deflated = _Deflated()
+                if hasattr(out, "_compressor"):  # CPython's zipfile; else it deflates on this thread
+                    out._compressor = deflated  # type: ignore[attr-defined]
+                while window:
+                    block, deflated.next = window.popleft()
+                    out.write(block)
+                    refill()
             zf.writestr("summary.csv", csv_buf.getvalue())
     finally:
-        parts.close()
+        pictures.close()
+        texts.close()
     os.replace(tmp, jd / "results.zip")
     return jd / "results.zip"
 
