@@ -164,17 +164,24 @@ class RelevancePipeline:
         return [self._result(out, i, r, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms, "batch_cpu_ms": cpu_ms})
                 for i, r in enumerate(requests)]  # fmt: skip
 
+    def decode_pending(self, requests: list[PreparedRequest]) -> list[PreparedRequest | ArrcocError]:
+        """What `prepare` left for the GPU, decoded in one call: per request the request with its
+        pixels, or its ImageError."""
+        pending = [i for i, r in enumerate(requests) if r.pixels is None]
+        out: list[PreparedRequest | ArrcocError] = list(requests)
+        if pending:
+            for i, got in zip(pending, self.decoder.finish([requests[i].encoded for i in pending]), strict=True):
+                out[i] = got if isinstance(got, ArrcocError) else dataclasses.replace(requests[i], pixels=got.pixels,
+                                                                                       encoded=None)  # fmt: skip
+        return out
+
     def _decoded(self, requests: list[PreparedRequest]) -> list[PreparedRequest]:
         """The batch's pixels: what `prepare` left for the GPU decodes here, in one call."""
-        pending = [i for i, r in enumerate(requests) if r.pixels is None]
-        if not pending:
-            return requests
-        out = list(requests)
-        for i, got in zip(pending, self.decoder.finish([requests[i].encoded for i in pending]), strict=True):
+        out = self.decode_pending(requests)
+        for got in out:
             if isinstance(got, ArrcocError):
                 raise got  # the caller runs the items one by one: this one fails alone
-            out[i] = dataclasses.replace(requests[i], pixels=got.pixels, encoded=None)
-        return out
+        return out  # type: ignore[return-value]
 
     def _result(self, out, i: int, r: PreparedRequest, timings: dict[str, float]) -> RelevanceResult:
         """Item i of a batch's outputs (numpy arrays) as its result."""

@@ -114,6 +114,35 @@ def test_batcher_off_runs_one_at_a_time():
     b.close()
 
 
+def test_two_stage_batcher_prepares_the_next_batch_while_the_engine_runs_one():
+    """With prepare_batch (a GPU decodes a batch's JPEGs), batch k+1 is prepared while batch k runs;
+    an item that fails to prepare fails alone; every other caller gets its own result."""
+    running, prepared_meanwhile = threading.Event(), threading.Event()
+    first = []
+
+    def prepare(items):
+        if running.is_set():
+            prepared_meanwhile.set()
+        return [ValueError(f"undecodable {x}") if x == 7 else x for x in items]
+
+    def run(items):
+        if not first:
+            first.append(items)
+            running.set()
+            assert prepared_meanwhile.wait(5), "the next batch was not prepared while this one ran"
+            running.clear()
+        return [x * 10 for x in items]
+
+    b = DynamicBatcher(run, max_batch=4, max_delay_s=0.01, prepare_batch=prepare)
+    futures = [b.submit(0)]
+    assert running.wait(5)
+    futures += [b.submit(i) for i in range(1, 12)]
+    assert [f.result(5) for i, f in enumerate(futures) if i != 7] == [i * 10 for i in range(12) if i != 7]
+    with pytest.raises(ValueError, match="undecodable 7"):
+        futures[7].result(5)
+    b.close()
+
+
 # -- the job store: one contract, two implementations -----------------------------------------
 @pytest.fixture(params=["memory", "redis"])
 def store(request):

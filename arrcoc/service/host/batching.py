@@ -5,6 +5,11 @@ takes the first waiting item, then keeps collecting until `max_batch` items are 
 `max_delay_s` has passed since that first item arrived, and runs them as one batch. Under load
 the backlog that queued during the last batch runs at once; when idle a request waits at most
 `max_delay_s`.
+
+With `prepare_batch` the work runs as two stages on two threads: the batching thread prepares a
+batch (on a GPU: decodes its JPEGs, on a stream of its own) while the engine thread runs the one
+before, so decoding and the engine overlap instead of taking turns; one prepared batch waits at
+most (back-pressure).
 """
 
 from __future__ import annotations
@@ -33,13 +38,21 @@ class _Request:
 
 # run_batch(items) -> one result or one exception per item, in order
 RunBatch = Callable[[list[Any]], Sequence[Any]]
+# prepare_batch(items) -> per item the item ready to run, or the exception it failed with
+PrepareBatch = Callable[[list[Any]], Sequence[Any]]
 
 
 class DynamicBatcher:
     def __init__(self, run_batch: RunBatch, max_batch: int = 32, max_delay_s: float = 0.005, name: str = "batcher",
-                 idle_wait: bool = False):  # fmt: skip
+                 idle_wait: bool = False, prepare_batch: PrepareBatch | None = None):  # fmt: skip
         assert max_batch >= 1 and max_delay_s >= 0
         self.run_batch = run_batch
+        self.prepare_batch = prepare_batch
+        self._prepared: queue.Queue[list[tuple[_Request, Any]] | None] = queue.Queue(maxsize=1)
+        self._engine = None
+        if prepare_batch is not None:
+            self._engine = threading.Thread(target=self._engine_loop, name=f"{name}-engine", daemon=True)
+            self._engine.start()
         self.idle_wait = idle_wait
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
@@ -104,17 +117,44 @@ class DynamicBatcher:
             if not live:
                 continue
             self._last_size = len(live)
-            try:
-                results = list(self.run_batch([r.item for r in live]))
-                assert len(results) == len(live), "run_batch must return one result per item"
-            except BaseException as e:  # the whole batch failed: every caller hears why
-                log.exception("batch of %d failed", len(live))
-                results = [e] * len(live)
-            for req, res in zip(live, results, strict=True):
-                if isinstance(res, BaseException):
-                    req.future.set_exception(res)
-                else:
-                    req.future.set_result(res)
+            if self.prepare_batch is None:
+                self._run(live, [r.item for r in live])
+                continue
+            ready = self._call(self.prepare_batch, live, [r.item for r in live])
+            self._prepared.put(list(zip(live, ready, strict=True)))  # waits while the engine is a batch behind
+        if self._engine is not None:
+            self._prepared.put(None)
+            self._engine.join()
+        self._fail_queued()
+
+    def _engine_loop(self) -> None:
+        while (pairs := self._prepared.get()) is not None:
+            ok = [(req, item) for req, item in pairs if not isinstance(item, BaseException)]
+            for req, item in pairs:
+                if isinstance(item, BaseException):
+                    req.future.set_exception(item)
+            if ok:
+                self._run([req for req, _ in ok], [item for _, item in ok])
+
+    @staticmethod
+    def _call(fn: Callable[[list[Any]], Sequence[Any]], live: list[_Request], items: list[Any]) -> list[Any]:
+        """fn(items), one entry per item; if fn fails as a whole, every item gets its exception."""
+        try:
+            out = list(fn(items))
+            assert len(out) == len(live), "a batch function must return one entry per item"
+        except BaseException as e:  # the whole batch failed: every caller hears why
+            log.exception("batch of %d failed", len(live))
+            out = [e] * len(live)
+        return out
+
+    def _run(self, live: list[_Request], items: list[Any]) -> None:
+        for req, res in zip(live, self._call(self.run_batch, live, items), strict=True):
+            if isinstance(res, BaseException):
+                req.future.set_exception(res)
+            else:
+                req.future.set_result(res)
+
+    def _fail_queued(self) -> None:
         # fail whatever is still queued
         while True:
             try:
