@@ -128,16 +128,9 @@ def _configs(key: dict[str, str], device: torch.device) -> dict:
     """AOTInductor settings: the key as metadata; on CUDA the host wrapper at -O0 (it compiles
     much faster, and CUDA-graph replays never run it)."""
     configs: dict = {"aot_inductor.metadata": {"arrcoc_key": json.dumps(key)}}
-    if device.type == "cuda":
-        configs |= CUDA_ISA_CHECK
-        if hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level"):
-            configs["aot_inductor.compile_wrapper_opt_level"] = "O0"
+    if device.type == "cuda" and hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level"):
+        configs["aot_inductor.compile_wrapper_opt_level"] = "O0"
     return configs
-
-
-# A package of CUDA kernels has no CPU-vectorised code: the CPU ISA is only recorded in it and
-# compared at load. Inductor's own check compiles a test program per ISA (see _load); skip it.
-CUDA_ISA_CHECK = {"cpp.vec_isa_ok": True}
 
 
 def _build_in_child(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, device: str, path: str,
@@ -281,16 +274,9 @@ class AotBackend(Backend):
 
     def _load(self, path: Path, key: dict[str, str]):
         try:
-            if self.device.type == "cuda":
-                # loading compares the package's CPU ISA with this machine's, which Inductor finds by
-                # compiling and dlopen-probing a test program per ISA: over 40 s on the H100 host
-                # before a package of GPU kernels loads. Trust /proc/cpuinfo instead (CUDA_ISA_CHECK).
-                with torch._inductor.config.patch(CUDA_ISA_CHECK):
-                    runner = torch._inductor.aoti_load_package(
-                        str(path), run_single_threaded=self.use_graphs, device_index=self.device.index or 0
-                    )
-            else:
-                runner = torch._inductor.aoti_load_package(str(path))
+            runner = torch._inductor.aoti_load_package(
+                str(path), run_single_threaded=self.use_graphs, device_index=self.device.index or 0
+            ) if self.device.type == "cuda" else torch._inductor.aoti_load_package(str(path))  # fmt: skip
         except Exception as e:
             raise EngineError(f"Could not load the AOTInductor package {path} ({e}); delete it and rebuild"
                               " with `arrcoc compile --backend aot`.") from e  # fmt: skip
