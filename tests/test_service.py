@@ -133,10 +133,18 @@ def test_two_stage_batcher_prepares_the_next_batch_while_the_engine_runs_one():
             running.clear()
         return [x * 10 for x in items]
 
-    b = DynamicBatcher(run, max_batch=4, max_delay_s=0.01, prepare_batch=prepare)
-    futures = [b.submit(0)]
+    # idle_wait: the first four gather into one batch (a lone request would run both stages inline)
+    b = DynamicBatcher(run, max_batch=4, max_delay_s=0.05, prepare_batch=prepare, idle_wait=True)
+    # a lone request with the engine idle runs both stages on the batching thread (no hand-over)
+    lone = DynamicBatcher(lambda items: [threading.current_thread().name for _ in items], prepare_batch=prepare,
+                          name="lone")  # fmt: skip
+    assert lone.submit(1).result(5) == "lone"
+    with pytest.raises(ValueError, match="undecodable 7"):
+        lone.submit(7).result(5)
+    lone.close()
+    futures = [b.submit(i) for i in range(4)]
     assert running.wait(5)
-    futures += [b.submit(i) for i in range(1, 12)]
+    futures += [b.submit(i) for i in range(4, 12)]
     assert [f.result(5) for i, f in enumerate(futures) if i != 7] == [i * 10 for i in range(12) if i != 7]
     with pytest.raises(ValueError, match="undecodable 7"):
         futures[7].result(5)

@@ -49,6 +49,7 @@ class DynamicBatcher:
         self.run_batch = run_batch
         self.prepare_batch = prepare_batch
         self._prepared: queue.Queue[list[tuple[_Request, Any]] | None] = queue.Queue(maxsize=1)
+        self._engine_busy = False  # the engine thread is running a batch
         self._engine = None
         if prepare_batch is not None:
             self._engine = threading.Thread(target=self._engine_loop, name=f"{name}-engine", daemon=True)
@@ -117,8 +118,10 @@ class DynamicBatcher:
             if not live:
                 continue
             self._last_size = len(live)
-            if self.prepare_batch is None:
-                self._run(live, [r.item for r in live])
+            if self.prepare_batch is None or (len(live) == 1 and not self._engine_busy and self._prepared.empty()):
+                # nothing to overlap with (a lone request and an idle engine): both stages here,
+                # sparing the hand-over to the engine thread (the single-stage path's latency)
+                self._run(live, [r.item for r in live], self.prepare_batch)
                 continue
             ready = self._call(self.prepare_batch, live, [r.item for r in live])
             self._prepared.put(list(zip(live, ready, strict=True)))  # waits while the engine is a batch behind
@@ -134,7 +137,11 @@ class DynamicBatcher:
                 if isinstance(item, BaseException):
                     req.future.set_exception(item)
             if ok:
-                self._run([req for req, _ in ok], [item for _, item in ok])
+                self._engine_busy = True
+                try:
+                    self._run([req for req, _ in ok], [item for _, item in ok])
+                finally:
+                    self._engine_busy = False
 
     @staticmethod
     def _call(fn: Callable[[list[Any]], Sequence[Any]], live: list[_Request], items: list[Any]) -> list[Any]:
@@ -147,7 +154,17 @@ class DynamicBatcher:
             out = [e] * len(live)
         return out
 
-    def _run(self, live: list[_Request], items: list[Any]) -> None:
+    def _run(self, live: list[_Request], items: list[Any], prepare: PrepareBatch | None = None) -> None:
+        """run_batch(items) (after `prepare`, if given) and every caller told its result."""
+        if prepare is not None:
+            ready = self._call(prepare, live, items)
+            for req, item in zip(live, ready, strict=True):
+                if isinstance(item, BaseException):
+                    req.future.set_exception(item)
+            pairs = [(req, item) for req, item in zip(live, ready, strict=True) if not isinstance(item, BaseException)]
+            live, items = [req for req, _ in pairs], [item for _, item in pairs]
+            if not live:
+                return
         for req, res in zip(live, self._call(self.run_batch, live, items), strict=True):
             if isinstance(res, BaseException):
                 req.future.set_exception(res)
