@@ -1,9 +1,13 @@
-"""Test helpers: small deterministic inputs, seeded weights, and the same-result check."""
+"""Test helpers: small deterministic inputs, seeded weights, the same-result check, and a test
+module's own worker settings on the test Redis."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -46,3 +50,24 @@ def assert_same_result(a, b) -> None:
         ja.pop(key, None), jb.pop(key, None)
     assert ja == jb
     assert np.array_equal(a.texture, b.texture)
+
+
+BROKER = "redis://127.0.0.1:6379/13"  # the tests' Redis database
+
+
+@contextlib.contextmanager
+def worker_settings(root: Path, prefix: str, **extra: str) -> Iterator[dict[str, str]]:
+    """ARRCOC_* settings (as strings) for a test module's worker: seeded weights, a Redis key
+    prefix and queues of its own, whose keys are deleted afterwards; `extra` adds or overrides."""
+    tag = uuid.uuid4().hex[:8]
+    settings = {"weights": str(seeded_weights(root / "w.safetensors")), "redis_prefix": f"{prefix}-{tag}",
+                "queue_gpu": f"gpu-{tag}", "queue_bench": f"bench-{tag}"} | extra  # fmt: skip
+    try:
+        yield settings
+    finally:
+        import redis
+
+        r = redis.Redis.from_url(BROKER)
+        keys = [k for pat in (f"{prefix}-{tag}:*", f"*{tag}*") for k in r.scan_iter(pat)]
+        if keys:
+            r.delete(*keys)

@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 from abuse_inputs import du, png16, png_bytes, png_header
-from helpers import make_zip, seeded_weights
+from helpers import BROKER, make_zip, worker_settings
 from PIL import Image
 
 from arrcoc.bench.processes import Worker, worker_env
@@ -20,24 +20,15 @@ from arrcoc.errors import InvalidInputError, JobError
 from arrcoc.service.jobs.types import BenchRequest, JobState
 from arrcoc.settings import default_settings
 
-BROKER = "redis://127.0.0.1:6379/13"
 TOKEN = uuid.uuid4().hex
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("abuse-worker")
-    tag = uuid.uuid4().hex[:8]
-    settings = {"weights": str(seeded_weights(root / "w.safetensors")), "buckets": "[1,2]",
-                "redis_prefix": f"arrcoc-abuse-{tag}", "queue_gpu": f"gpu-{tag}", "queue_bench": f"bench-{tag}",
-                "batch_max_size": "2", "max_bench_iterations": "100000", "api_token": TOKEN}  # fmt: skip
-    yield root, settings
-    import redis
-
-    r = redis.Redis.from_url(BROKER)
-    keys = [k for pat in (f"arrcoc-abuse-{tag}:*", f"*{tag}*") for k in r.scan_iter(pat)]
-    if keys:
-        r.delete(*keys)
+    with worker_settings(root, "arrcoc-abuse", buckets="[1,2]", batch_max_size="2", max_bench_iterations="100000",
+                         api_token=TOKEN) as settings:  # fmt: skip
+        yield root, settings
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,10 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 import zipfile
 
 import pytest
-from helpers import assert_same_result, make_zip, png_bytes, seeded_weights
+from helpers import BROKER, assert_same_result, make_zip, png_bytes, worker_settings
 
 from arrcoc.bench.processes import REPO, Worker, worker_env
 from arrcoc.errors import ImageError, InvalidInputError, JobError
@@ -20,8 +19,6 @@ from arrcoc.request import Controls
 from arrcoc.service.client.queue import TASKS
 from arrcoc.service.jobs.types import BenchRequest, JobState
 from arrcoc.settings import default_settings
-
-BROKER = "redis://127.0.0.1:6379/13"
 
 
 def test_registered_tasks_and_config_exactly():
@@ -40,17 +37,9 @@ def test_registered_tasks_and_config_exactly():
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("svc")
-    tag = uuid.uuid4().hex[:8]
-    settings = {"weights": str(seeded_weights(root / "w.safetensors")), "buckets": "[1,2,4,8]",
-                "redis_prefix": f"arrcoc-test-{tag}", "queue_gpu": f"gpu-{tag}", "queue_bench": f"bench-{tag}",
-                "batch_max_delay_ms": "20", "batch_max_size": "8"}  # fmt: skip
-    yield root, settings
-    import redis
-
-    r = redis.Redis.from_url(BROKER)
-    keys = [k for pat in (f"arrcoc-test-{tag}:*", f"*{tag}*") for k in r.scan_iter(pat)]
-    if keys:
-        r.delete(*keys)
+    with worker_settings(root, "arrcoc-test", buckets="[1,2,4,8]", batch_max_delay_ms="20",
+                         batch_max_size="8") as settings:  # fmt: skip
+        yield root, settings
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ class DynamicBatcher:
         assert max_batch >= 1 and max_delay_s >= 0
         self.run_batch = run_batch
         self.prepare_batch = prepare_batch
-        self._prepared: queue.Queue[list[tuple[_Request, Any]] | None] = queue.Queue(maxsize=1)
+        self._prepared: queue.Queue[tuple[list[_Request], list[Any]] | None] = queue.Queue(maxsize=1)
         self._engine_busy = False  # the engine thread is running a batch
         self._engine = None
         if prepare_batch is not None:
@@ -124,24 +124,30 @@ class DynamicBatcher:
                 self._run(live, [r.item for r in live], self.prepare_batch)
                 continue
             ready = self._call(self.prepare_batch, live, [r.item for r in live])
-            self._prepared.put(list(zip(live, ready, strict=True)))  # waits while the engine is a batch behind
+            self._prepared.put((live, ready))  # waits while the engine is a batch behind
         if self._engine is not None:
             self._prepared.put(None)
             self._engine.join()
         self._fail_queued()
 
     def _engine_loop(self) -> None:
-        while (pairs := self._prepared.get()) is not None:
-            ok = [(req, item) for req, item in pairs if not isinstance(item, BaseException)]
-            for req, item in pairs:
-                if isinstance(item, BaseException):
-                    req.future.set_exception(item)
-            if ok:
-                self._engine_busy = True
-                try:
-                    self._run([req for req, _ in ok], [item for _, item in ok])
-                finally:
-                    self._engine_busy = False
+        while (prepared := self._prepared.get()) is not None:
+            self._engine_busy = True
+            try:
+                self._run(*self._ready(*prepared))
+            finally:
+                self._engine_busy = False
+
+    @staticmethod
+    def _ready(live: list[_Request], prepared: list[Any]) -> tuple[list[_Request], list[Any]]:
+        """Callers whose item failed to prepare hear why; the rest go on, with their prepared items."""
+        ok = []
+        for req, item in zip(live, prepared, strict=True):
+            if isinstance(item, BaseException):
+                req.future.set_exception(item)
+            else:
+                ok.append((req, item))
+        return [req for req, _ in ok], [item for _, item in ok]
 
     @staticmethod
     def _call(fn: Callable[[list[Any]], Sequence[Any]], live: list[_Request], items: list[Any]) -> list[Any]:
@@ -157,14 +163,9 @@ class DynamicBatcher:
     def _run(self, live: list[_Request], items: list[Any], prepare: PrepareBatch | None = None) -> None:
         """run_batch(items) (after `prepare`, if given) and every caller told its result."""
         if prepare is not None:
-            ready = self._call(prepare, live, items)
-            for req, item in zip(live, ready, strict=True):
-                if isinstance(item, BaseException):
-                    req.future.set_exception(item)
-            pairs = [(req, item) for req, item in zip(live, ready, strict=True) if not isinstance(item, BaseException)]
-            live, items = [req for req, _ in pairs], [item for _, item in pairs]
-            if not live:
-                return
+            live, items = self._ready(live, self._call(prepare, live, items))
+        if not live:
+            return
         for req, res in zip(live, self._call(self.run_batch, live, items), strict=True):
             if isinstance(res, BaseException):
                 req.future.set_exception(res)

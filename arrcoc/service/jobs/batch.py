@@ -150,17 +150,13 @@ def run_chunk(
             return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
         processed += done
     t_final = time.perf_counter()
-    recorded: list[bool] = []
 
     def record() -> None:  # before the job reads as done: whoever sees it done sees its timings too
         _add(stages, "finalize", t_final)
         _add(stages, "chunk", t_chunk)
         store.add_stage_ms(job_id, stages)
-        recorded.append(True)
 
     maybe_finalize(job_id, store, settings, before_done=record)
-    if not recorded:
-        record()
     return {"job_id": job_id, "processed": processed, "stage_ms": stages}
 
 
@@ -244,10 +240,12 @@ def _write_step(job_id: str, jd: Path, step: list[Item], batch: ProcessedBatch, 
 # -- finishing ------------------------------------------------------------------------------------
 def maybe_finalize(job_id: str, store: JobStore, settings: Settings,
                    before_done: Callable[[], None] | None = None) -> bool:  # fmt: skip
-    """Once every item is recorded, build results.zip and mark the job done (`before_done` runs
-    between the two). Idempotent."""
+    """Once every item is recorded, build results.zip and mark the job done. Idempotent.
+    `before_done` runs once: between the two, or before returning when the job is not done."""
     st = store.status(job_id)
     if st.done + st.failed < st.total or st.state in (JobState.CANCELLED, JobState.EXPIRED):
+        if before_done is not None:
+            before_done()
         return False
     jd = job_dir(settings, job_id)
     if not (jd / "results.zip").exists() or st.state != JobState.DONE:
