@@ -13,6 +13,14 @@ signal is run again under gdb for a native backtrace.
 
 Steps (most informative first; --budget cuts the tail):
   info            versions, packages (files inside, sizes), key check (would warmup rebuild?)
+  tiny_plain      a two-layer toy model, built and loaded on its own (AOTInductor's defaults):
+                  does AOTInductor work on this machine at all?
+  tiny_o0         the toy model with the backend's build settings (wrapper at -O0, metadata)
+  load_b1_direct  b1 through the backend's loader (arrcoc.engine.aot.load_runner: the C++
+                  loader without aoti_load_package's CPU-ISA probe), run 3x, compare
+  graph_b1_direct a CUDA graph over that runner
+  build_plain_b1  b1 built without the -O0 wrapper, into <cache-dir>/plain
+  load_plain_b1   that package through load_runner, run, CUDA graph
   load_b1_st      aoti_load_package(b1, run_single_threaded=True), run 3x, compare with eager
   load_dyn_st     b2-64 package, run_single_threaded=True, at batch 8 and 64
   graph_b1        CUDA graph over the b1 runner: warm-up on a side stream, capture, replay
@@ -42,7 +50,8 @@ import time
 import zipfile
 from pathlib import Path
 
-STEPS = ("info", "load_b1_st", "load_dyn_st", "graph_b1", "graph_dyn8", "backend_nograph", "backend_graph",
+STEPS = ("info", "tiny_plain", "tiny_o0", "load_b1_direct", "graph_b1_direct", "build_plain_b1", "load_plain_b1",
+         "load_b1_st", "load_dyn_st", "graph_b1", "graph_dyn8", "backend_nograph", "backend_graph",
          "load_b1_mt", "load_dyn_mt", "load_both_st", "graph_pool", "load_b1_pkg", "graph_b1_mt")  # fmt: skip
 T0 = time.perf_counter()
 
@@ -94,6 +103,10 @@ class Ctx:
         kw = {"run_single_threaded": single}
         if self.device.type == "cuda":
             kw["device_index"] = self.device.index or 0
+        if api == "direct":
+            from arrcoc.engine.aot import load_runner
+
+            return self.timed(f"load b{spec} (load_runner, single={single})", load_runner, path, self.device, single)
         if api == "load_package":
             from torch._inductor.package import load_package
 
@@ -216,6 +229,38 @@ def _info(c: Ctx) -> dict:
     return doc
 
 
+def _tiny(c: Ctx, o0: bool) -> None:
+    """Export, build and load a toy model (a linear layer, a buffer, a reduction) on c.device."""
+    import torch
+
+    from arrcoc.engine.aot import _configs, load_runner
+
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 32)
+            self.register_buffer("shift", torch.linspace(0, 1, 32))
+
+        def forward(self, x):
+            y = torch.relu(self.lin(x)) + self.shift
+            return y, y.amax(dim=-1)
+
+    toy = Toy().to(c.device).eval()
+    x = torch.randn(4, 64, device=c.device)
+    path = Path(c.args.cache_dir) / f"toy-{'o0' if o0 else 'plain'}-{c.device.type}.pt2"
+    configs = _configs({"variant": "toy"}, c.device) if o0 else {}
+    with torch.no_grad():
+        program = c.timed("toy export", torch.export.export, toy, (x,), strict=False)
+        c.timed("toy build", torch._inductor.aoti_compile_and_package, program, package_path=str(path),
+                inductor_configs=configs)  # fmt: skip
+    r = c.timed("toy load (load_runner)", load_runner, path, c.device, True)
+    with torch.inference_mode():
+        out = c.timed("toy run", r, x)
+        ref = toy(x)
+    c.diffs["toy"] = max(float((o - e).abs().max()) for o, e in zip(out, ref, strict=True))
+    say(f"toy: max |aot - eager| = {c.diffs['toy']:.3g}")
+
+
 def _dyn_spec(c: Ctx) -> str:
     big = [b for b in c.args.buckets if b > 1]
     return f"{big[0]}-{big[-1]}"
@@ -243,6 +288,25 @@ def child(args: argparse.Namespace) -> None:
         say(f"built {extra['built'] or 'nothing (every package present and current)'}")
     elif step == "info":
         extra = _info(c)
+    elif step in ("tiny_plain", "tiny_o0"):
+        _tiny(c, o0=step == "tiny_o0")
+    elif step in ("load_b1_direct", "graph_b1_direct"):
+        r = c.load("1", True, "direct")
+        c.run_runner(r, 1, step) if step == "load_b1_direct" else c.graph(r, 1, step)
+    elif step == "build_plain_b1":
+        import arrcoc.engine.aot as aot
+
+        plain = aot._configs
+        aot._configs = lambda key, device: {k: v for k, v in plain(key, device).items() if "opt_level" not in k}
+        c.root = Path(args.cache_dir) / "plain" / "aot"
+        be = aot.AotBackend(c.model, c.device, (1,), cache_dir=Path(args.cache_dir) / "plain", cuda_graphs=False)
+        extra = {"built": {f"{lo}-{hi}": round(t, 1) for (lo, hi), t in c.timed("build plain b1", be.prepare).items()}}
+        say(f"built {extra['built']}")
+    elif step == "load_plain_b1":
+        c.root = Path(args.cache_dir) / "plain" / "aot"
+        r = c.load("1", True, "direct")
+        c.run_runner(r, 1, step)
+        c.graph(r, 1, step)
     elif step in ("load_b1_st", "load_b1_mt", "load_b1_pkg"):
         api = "load_package" if step == "load_b1_pkg" else "aoti_load_package"
         c.run_runner(c.load("1", step != "load_b1_mt", api), 1, step)
@@ -295,8 +359,23 @@ def _child_cmd(args: argparse.Namespace, step: str, timeout: float) -> list[str]
             "--device", args.device, "--timeout", str(int(timeout)), "--buckets", *map(str, args.buckets)]  # fmt: skip
 
 
+NATIVE_TRACE = Path("/tmp/segv_backtrace.so")
+
+
+def native_backtraces() -> bool:
+    """Build scripts/segv_backtrace.c (a backtrace on a fatal signal) for the children; False
+    when there is no C compiler."""
+    src = Path(__file__).with_name("segv_backtrace.c")
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        return False
+    return subprocess.call([cc, "-shared", "-fPIC", "-O1", "-o", str(NATIVE_TRACE), str(src)]) == 0
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
+    if NATIVE_TRACE.is_file():
+        env["LD_PRELOAD"] = str(NATIVE_TRACE) + (os.pathsep + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
     env.setdefault("AOTI_RUNTIME_CHECK_INPUTS", "1")  # a wrong input is an error, not a crash
     env.setdefault("TORCH_SHOW_CPP_STACKTRACES", "1")
     root = str(Path(__file__).resolve().parent.parent)
@@ -381,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="first build missing or stale packages (AotBackend.prepare, no load), time-boxed")  # fmt: skip
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per step")
     p.add_argument("--budget", type=float, default=400.0, help="seconds for all steps (the tail is skipped)")
-    p.add_argument("--tail", type=int, default=25, help="stderr lines shown for a step that failed")
+    p.add_argument("--tail", type=int, default=45, help="stderr lines shown for a step that failed")
     p.add_argument("--json", type=Path, default=None, help="write every step's result here")
     p.add_argument(
         "--gdb",
@@ -395,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         child(args)
         return 0
     results, gdb_done = [], not args.gdb
+    if args.gdb and shutil.which("gdb") is None:
+        print(f"native backtraces: {'LD_PRELOAD ' + str(NATIVE_TRACE) if native_backtraces() else 'none (no gcc)'}")
     if args.build > 0:
         r = run_step(args, "build", args.build)
         report(r, args.tail)

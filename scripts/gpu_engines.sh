@@ -4,6 +4,9 @@
 #   scripts/gpu_engines.sh ort    ONNX Runtime beside compiled: arrcoc-texture every bucket, ORT's
 #                                 op profile at batch 1 and 64; arrcoc-clip-b16 float32 (eager,
 #                                 compiled, onnx) and bfloat16 (eager, compiled), ORT profile at 1
+#   scripts/gpu_engines.sh ortopt ONNX Runtime settings for arrcoc-clip-b16 (scripts/ort_options.py:
+#                                 parity and speed per CUDA-provider option / disabled rewrite),
+#                                 then arrcoc bench eager / compiled / onnx under the best one
 #   scripts/gpu_engines.sh aot    scripts/gpu_aot.sh with a longer build budget
 #   scripts/gpu_engines.sh debug  why aot crashed (issue 15), within 390 s (DEBUG_S): the aot packages
 #                                 built (no load) beside a cold compiled start; a warm compiled
@@ -44,6 +47,18 @@ case "$stage" in
     step 45 ortprof-clip-b1 $PY scripts/ort_profile.py --variant arrcoc-clip-b16 --weights none --device cuda \
       --batch 1 --runs 50 --top 15
     ;;
+  ortopt)
+    $PY -c "import torch, onnxruntime as o; print('torch', torch.__version__, 'ort', o.__version__, o.get_available_providers())"
+    step 330 ortopt $PY scripts/ort_options.py --variant arrcoc-clip-b16 --buckets 1 8 64 --json "$W/ort-options.json"
+    grep -E "^(compiled|BEST)" "$W/ortopt.log"
+    best=$(grep '^BEST_OPTIONS ' "$W/ortopt.log" | cut -d' ' -f2-); bestenv=$(grep '^BEST_ENV' "$W/ortopt.log" | cut -s -d' ' -f2-)
+    if [ -n "$best" ]; then
+      step 200 clip-fp32 env $bestenv $PY -m arrcoc bench --variants arrcoc-clip-b16 --backends eager compiled onnx \
+        --buckets 1 8 64 --iters 100 --warmup-iters 10 --onnx-options "$best" --out "$W" --name bench-clip-b16-float32
+    else
+      echo "== no ORT setting kept parity at every bucket: bench skipped"
+    fi
+    ;;
   aot)
     BUILD_S="${BUILD_S:-330}" OUT="$W" bash scripts/gpu_aot.sh 2>&1 | tee "$W/aot.log"
     ;;
@@ -58,11 +73,16 @@ case "$stage" in
     $PY scripts/aot_debug.py --cache-dir "$C/aot" --build 170 --steps --json "$W/aot-build.json" \
       > "$W/aot-build.log" 2>&1 &
     build=$!
+    # the b1 package again without the -O0 wrapper, beside it (does the wrapper's build matter?)
+    $PY scripts/aot_debug.py --cache-dir "$C/aot" --steps build_plain_b1 --timeout 170 --budget 175 \
+      > "$W/aot-build-plain.log" 2>&1 &
+    plain=$!
     if [ -z "${AOT_ONLY:-}" ]; then
       step "$(left 150)" compiled-cold $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
         --cache-dir "$C/compiled" --buckets $B
     fi
     wait $build; echo "   aot build exit $?"; grep -E "^STEP|^    " "$W/aot-build.log" | cut -c1-300
+    wait $plain; grep -E "^STEP|^    |^native" "$W/aot-build-plain.log" | cut -c1-300
     if [ -z "${AOT_ONLY:-}" ]; then  # on a quiet machine: where the compiled backend's warm start goes
       step "$(left 60)" compiled-warm $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
         --cache-dir "$C/compiled" --buckets $B --probe

@@ -41,6 +41,7 @@ class BenchConfig:
     cache_dir: Path | None = None  # None: a fresh temporary dir, so compile_s is a cold compile
     startup: bool = False  # also measure cold/warm start in separate processes (slow)
     input_sets: int = 3  # random input sets rotated through while timing (no cache-warm replays)
+    backend_options: dict[str, dict] = field(default_factory=dict)  # backend -> its class's options
     notes: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -90,7 +91,10 @@ def _warm(name: str, model, device, config, dtype, cache: Path) -> tuple[Backend
         torch.cuda.reset_peak_memory_stats(device)
         base, free0 = torch.cuda.memory_allocated(device), torch.cuda.mem_get_info(device)[0]
     t0 = time.perf_counter()
-    be = create_backend(name, model, device, config.buckets, dtype, cache / name)
+    options = dict(config.backend_options.get(name, {}))
+    if "disabled_optimizers" in options:
+        options["disabled_optimizers"] = tuple(options["disabled_optimizers"])
+    be = create_backend(name, model, device, config.buckets, dtype, cache / name, **options)
     be.warmup()
     info = {"backend": name, "warmup_s": time.perf_counter() - t0, **be.stats}
     if cuda:

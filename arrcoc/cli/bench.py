@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", type=Path, default=Path("benchmarks"), help="output folder")
     p.add_argument("--name", default=None, help="file stem (default: bench-<date>-<device>)")
     p.add_argument("--render", nargs="+", type=Path, default=None, help="merge and re-render these JSON reports")
+    p.add_argument("--onnx-options", type=json.loads, default=None, metavar="JSON",
+                   help='the onnx backend\'s settings, e.g. \'{"provider_options": {"cudnn_conv_algo_search":'
+                        ' "DEFAULT"}, "disabled_optimizers": ["AttentionFusion"]}\' (scripts/ort_options.py)')
     p.set_defaults(func=run)
     suites = p.add_subparsers(dest="suite", metavar="e2e", help="`arrcoc bench e2e`: the system end to end")
     e = suites.add_parser("e2e", help="batch jobs and interactive requests end to end, in-process and through Celery")
@@ -126,6 +129,7 @@ def _measure(args) -> dict:
         variants=tuple(args.variants), backends=tuple(args.backends), buckets=buckets, iters=args.iters,
         warmup_iters=args.warmup_iters, device=args.device, dtype=args.dtype, weights=weights,
         cache_dir=args.cache_dir, startup=args.startup,
+        backend_options={"onnx": args.onnx_options} if args.onnx_options else {},
     )  # fmt: skip
     with tqdm(total=1.0, unit="", bar_format="{l_bar}{bar}| {elapsed} {postfix}") as bar:
 

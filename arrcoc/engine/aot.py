@@ -133,6 +133,30 @@ def _configs(key: dict[str, str], device: torch.device) -> dict:
     return configs
 
 
+class PackageRunner:
+    """A loaded package, called with flat tensors: `boxed_run` straight away, where
+    AOTICompiledModel parses its input and output tree specs again on every call."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __call__(self, *inputs: Tensor) -> list[Tensor]:
+        return self.loader.boxed_run(list(inputs))
+
+    def get_metadata(self) -> dict[str, str]:
+        return self.loader.get_metadata()
+
+
+def load_runner(path: Path, device: torch.device, single_threaded: bool) -> PackageRunner:
+    """Load a package with AOTInductor's C++ loader. Not through `aoti_load_package`: before
+    loading, that compares the package's device facts with this machine's, and to know the CPU's
+    vector ISA it compiles and imports test programs (over 35 s on the H100 host, measured) only
+    to log a warning; a package's key already pins the device and the torch version.
+    single_threaded: no per-call locking or CUDA events, which a CUDA-graph capture forbids."""
+    index = (device.index or 0) if device.type == "cuda" else -1
+    return PackageRunner(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", single_threaded, 1, index))
+
+
 def _build_in_child(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, device: str, path: str,
                     key: dict) -> float:  # fmt: skip
     if not logging.getLogger().handlers:  # a spawned process: say what it builds, and how long it took
@@ -274,9 +298,7 @@ class AotBackend(Backend):
 
     def _load(self, path: Path, key: dict[str, str]):
         try:
-            runner = torch._inductor.aoti_load_package(
-                str(path), run_single_threaded=self.use_graphs, device_index=self.device.index or 0
-            ) if self.device.type == "cuda" else torch._inductor.aoti_load_package(str(path))  # fmt: skip
+            runner = load_runner(path, self.device, single_threaded=self.use_graphs)
         except Exception as e:
             raise EngineError(f"Could not load the AOTInductor package {path} ({e}); delete it and rebuild"
                               " with `arrcoc compile --backend aot`.") from e  # fmt: skip

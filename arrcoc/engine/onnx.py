@@ -33,6 +33,8 @@ INPUTS = ("images", "query", "controls")
 CONSTANT_OUTPUTS = ("tensions",)
 OUTPUTS = tuple(f for f in ModelOutput._fields if f not in CONSTANT_OUTPUTS)
 OPSET = 18
+# the CUDA provider's options; float32 means float32, as in eager and Inductor
+PROVIDER_OPTIONS = {"use_tf32": "0"}
 _NP = {torch.uint8: np.uint8, torch.float32: np.float32, torch.int64: np.int64}
 _KEEP = [i for i, f in enumerate(ModelOutput._fields) if f not in CONSTANT_OUTPUTS]
 
@@ -68,11 +70,16 @@ def export_onnx(model: torch.nn.Module, path: Path, device: torch.device, batch:
 class OnnxBackend(Backend):
     name = "onnx"
 
-    def __init__(self, *args, cuda_graphs: bool = True, **kwargs):
+    def __init__(self, *args, cuda_graphs: bool = True, provider_options: dict[str, str] | None = None,
+                 disabled_optimizers: tuple[str, ...] = (), **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         if self.dtype != torch.float32:
             raise EngineError("The onnx backend runs float32 only; use the compiled backend for bfloat16.")
         self.use_graphs = cuda_graphs
+        # CUDA provider options over PROVIDER_OPTIONS, and ORT graph rewrites to leave out
+        # (scripts/ort_options.py measures their effect on parity and speed)
+        self.provider_options = {**PROVIDER_OPTIONS, **(provider_options or {})}
+        self.disabled_optimizers = list(disabled_optimizers)
         self.sessions: dict[int, object] = {}
         self.bindings: dict[int, tuple] = {}
         self.onnx_path: Path | None = None
@@ -138,16 +145,17 @@ class OnnxBackend(Backend):
     def _cuda_session(self, bucket: int) -> None:
         ort = self._ort
         opts = {
+            **self.provider_options,
             "device_id": str(self.device.index or 0),
             "user_compute_stream": str(self._stream.cuda_stream),
-            "use_tf32": "0",  # float32 means float32, as in eager and Inductor
         }
         if self.use_graphs:
             opts["enable_cuda_graph"] = "1"
         t0 = time.perf_counter()
         try:
             sess = ort.InferenceSession(
-                str(self.onnx_paths[bucket]), self._options(bucket), providers=[("CUDAExecutionProvider", opts)]
+                str(self.onnx_paths[bucket]), self._options(bucket), providers=[("CUDAExecutionProvider", opts)],
+                **({"disabled_optimizers": self.disabled_optimizers} if self.disabled_optimizers else {}),
             )
         except Exception as e:
             raise EngineError(
