@@ -105,9 +105,9 @@ def main() -> int:
         for b in buckets:
             par = parity(be, reference, model, b, device)
             sets = [example_inputs(model, b, device, seed=100 + s) for s in range(3)]
-            calls = {"onnx": lambda i, be=be: be.run(*sets[i % 3])}
+            calls = {"onnx": lambda i, be=be, sets=sets: be.run(*sets[i % 3])}
             if compiled is not None:
-                calls["compiled"] = lambda i: compiled.run(*sets[i % 3])
+                calls["compiled"] = lambda i, sets=sets: compiled.run(*sets[i % 3])
             with torch.inference_mode():
                 times = time_interleaved(calls, args.iters, 10, device)
             p50 = summarize(times["onnx"])["p50_ms"]
