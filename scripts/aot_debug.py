@@ -15,11 +15,11 @@ Steps (most informative first; --budget cuts the tail):
   info            versions, packages (files inside, sizes), key check (would warmup rebuild?)
   tiny_plain      a two-layer toy model, built and loaded on its own (AOTInductor's defaults):
                   does AOTInductor work on this machine at all?
-  tiny_o0         the toy model with the backend's build settings (wrapper at -O0, metadata)
+  tiny_o0         the toy model with its host wrapper built at -O0 (what the backend did before)
   load_b1_direct  b1 through the backend's loader (arrcoc.engine.aot.load_runner: the C++
                   loader without aoti_load_package's CPU-ISA probe), run 3x, compare
   graph_b1_direct a CUDA graph over that runner
-  build_plain_b1  b1 built without the -O0 wrapper, into <cache-dir>/plain
+  build_plain_b1  b1 built without "opt_level" settings, into <cache-dir>/plain
   load_plain_b1   that package through load_runner, run, CUDA graph
   load_b1_st      aoti_load_package(b1, run_single_threaded=True), run 3x, compare with eager
   load_dyn_st     b2-64 package, run_single_threaded=True, at batch 8 and 64
@@ -248,7 +248,8 @@ def _tiny(c: Ctx, o0: bool) -> None:
     toy = Toy().to(c.device).eval()
     x = torch.randn(4, 64, device=c.device)
     path = Path(c.args.cache_dir) / f"toy-{'o0' if o0 else 'plain'}-{c.device.type}.pt2"
-    configs = _configs({"variant": "toy"}, c.device) if o0 else {}
+    configs = {"aot_inductor.compile_wrapper_opt_level": "O0"} if o0 else {}
+    configs["aot_inductor.metadata"] = _configs({"variant": "toy"}, c.device)["aot_inductor.metadata"]
     with torch.no_grad():
         program = c.timed("toy export", torch.export.export, toy, (x,), strict=False)
         c.timed("toy build", torch._inductor.aoti_compile_and_package, program, package_path=str(path),

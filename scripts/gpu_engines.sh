@@ -69,20 +69,21 @@ case "$stage" in
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
     $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
     command -v gdb >/dev/null && echo "gdb: yes" || echo "gdb: no (no native backtraces)"
-    echo "== aot build (background, budget 170s) beside a cold compiled start"
-    $PY scripts/aot_debug.py --cache-dir "$C/aot" --build 170 --steps --json "$W/aot-build.json" \
+    echo "== aot build (background, budget ${AOT_BUILD_S:-170}s) beside a cold compiled start"
+    $PY scripts/aot_debug.py --cache-dir "$C/aot" --build "${AOT_BUILD_S:-170}" --steps --json "$W/aot-build.json" \
       > "$W/aot-build.log" 2>&1 &
     build=$!
-    # the b1 package again without the -O0 wrapper, beside it (does the wrapper's build matter?)
-    $PY scripts/aot_debug.py --cache-dir "$C/aot" --steps build_plain_b1 --timeout 170 --budget 175 \
-      > "$W/aot-build-plain.log" 2>&1 &
-    plain=$!
+    # beside it, a toy model built and loaded with the host wrapper at Inductor's default and at -O0
+    mkdir -p "$C/aot/aot"
+    $PY scripts/aot_debug.py --cache-dir "$C/aot" --steps tiny_plain tiny_o0 --timeout 150 --budget 300 \
+      > "$W/aot-tiny.log" 2>&1 &
+    tiny=$!
     if [ -z "${AOT_ONLY:-}" ]; then
       step "$(left 150)" compiled-cold $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
         --cache-dir "$C/compiled" --buckets $B
     fi
     wait $build; echo "   aot build exit $?"; grep -E "^STEP|^    " "$W/aot-build.log" | cut -c1-300
-    wait $plain; grep -E "^STEP|^    |^native" "$W/aot-build-plain.log" | cut -c1-300
+    wait $tiny; grep -E "^STEP|^native" "$W/aot-tiny.log" | cut -c1-300; grep -B2 -A12 "native backtrace" "$W/aot-tiny.log" | grep -E "parse_device|regex|segv|^ +\|" | head -8 | cut -c1-240
     if [ -z "${AOT_ONLY:-}" ]; then  # on a quiet machine: where the compiled backend's warm start goes
       step "$(left 60)" compiled-warm $PY -m arrcoc.bench.startup --variant $V --backend compiled --device cuda \
         --cache-dir "$C/compiled" --buckets $B --probe

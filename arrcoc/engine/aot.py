@@ -125,12 +125,11 @@ def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, 
 
 
 def _configs(key: dict[str, str], device: torch.device) -> dict:
-    """AOTInductor settings: the key as metadata; on CUDA the host wrapper at -O0 (it compiles
-    much faster, and CUDA-graph replays never run it)."""
-    configs: dict = {"aot_inductor.metadata": {"arrcoc_key": json.dumps(key)}}
-    if device.type == "cuda" and hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level"):
-        configs["aot_inductor.compile_wrapper_opt_level"] = "O0"
-    return configs
+    """AOTInductor settings: the key as metadata. The host wrapper keeps Inductor's default
+    optimisation: built at -O0 (faster to compile), its out-of-line std::regex code crashed
+    in device-string parsing when the package loaded on the H100 machine (native backtrace in
+    benchmarks/2026-11-23-h100-aot-debug.md)."""
+    return {"aot_inductor.metadata": {"arrcoc_key": json.dumps(key)}}
 
 
 class PackageRunner:
