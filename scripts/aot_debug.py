@@ -233,7 +233,7 @@ def _tiny(c: Ctx, o0: bool) -> None:
     """Export, build and load a toy model (a linear layer, a buffer, a reduction) on c.device."""
     import torch
 
-    from arrcoc.engine.aot import _configs, load_runner
+    from arrcoc.engine.aot import _configs, load_runner, shared_cxx_runtime
 
     class Toy(torch.nn.Module):
         def __init__(self):
@@ -252,8 +252,9 @@ def _tiny(c: Ctx, o0: bool) -> None:
     configs["aot_inductor.metadata"] = _configs({"variant": "toy"}, c.device)["aot_inductor.metadata"]
     with torch.no_grad():
         program = c.timed("toy export", torch.export.export, toy, (x,), strict=False)
-        c.timed("toy build", torch._inductor.aoti_compile_and_package, program, package_path=str(path),
-                inductor_configs=configs)  # fmt: skip
+        with shared_cxx_runtime():
+            c.timed("toy build", torch._inductor.aoti_compile_and_package, program, package_path=str(path),
+                    inductor_configs=configs)  # fmt: skip
     r = c.timed("toy load (load_runner)", load_runner, path, c.device, True)
     with torch.inference_mode():
         out = c.timed("toy run", r, x)

@@ -249,6 +249,22 @@ def test_aot_key_names_everything_a_package_depends_on(model):
     assert key_mismatch(key, {**key, "torch": "2.0.0"}) == [f"torch: '2.0.0' != {torch.__version__!r}"]
 
 
+def test_aot_build_links_the_shared_cxx_runtime(monkeypatch):
+    """Inside shared_cxx_runtime Inductor's compile commands lose -static-libstdc++ /
+    -static-libgcc (a static copy crashed package loading on the H100); outside, untouched."""
+    from torch._inductor import cpp_builder
+
+    from arrcoc.engine.aot import shared_cxx_runtime
+
+    seen = []
+    monkeypatch.setattr(cpp_builder, "_run_compile_cmd", lambda cmd, cwd: seen.append(cmd))
+    cmd = "g++ a.o -shared -static-libstdc++ -static-libgcc -o w.so -lc10"
+    with shared_cxx_runtime():
+        cpp_builder.run_compile_cmd(cmd, cwd=".")
+    cpp_builder.run_compile_cmd(cmd, cwd=".")
+    assert seen == ["g++ a.o -shared -o w.so -lc10", cmd]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["photos", "random"])
 def test_aot_parity_with_eager(aot, eager, model, kind):

@@ -28,6 +28,7 @@ import logging
 import os
 import platform
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -114,7 +115,10 @@ def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, 
         program = torch.export.export(fn, args, dynamic_shapes=dynamic, strict=False)
         t_export = time.perf_counter()
         log.info("exported %s in %.1f s; compiling", path.name, t_export - t0)
-        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=_configs(key, device))
+        with shared_cxx_runtime():
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(tmp), inductor_configs=_configs(key, device)
+            )
     os.replace(tmp, path)
     key_tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.json")
     key_tmp.write_text(json.dumps(key, indent=1))
@@ -122,6 +126,36 @@ def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, 
     seconds = time.perf_counter() - t0
     log.info("built %s in %.1f s (AOTInductor %.1f s)", path.name, seconds, seconds - (t_export - t0))
     return seconds
+
+
+_STATIC_RUNTIME = (" -static-libstdc++", " -static-libgcc")
+
+
+@contextmanager
+def shared_cxx_runtime():
+    """Link AOTInductor's wrapper.so against the process's libstdc++, not a static copy.
+
+    torch 2.11 links the wrapper with -static-libstdc++ on the H100 machine; the static copy's
+    std::locale facet ids differ from those of the libstdc++.so every torch process has loaded,
+    so std::regex (AOTInductor parses the device string with one) fetched the wrong facet and
+    every CUDA package, even a toy model's, segfaulted while loading (native backtrace and
+    the wrapper's symbols: benchmarks/2026-11-23-h100-aot-debug.md). Dropping the two flags from
+    Inductor's compile commands is enough; a build without them is unchanged.
+    """
+    from torch._inductor import cpp_builder
+
+    run = cpp_builder._run_compile_cmd
+
+    def shared(cmd_line: str, cwd: str) -> None:
+        for flag in _STATIC_RUNTIME:
+            cmd_line = cmd_line.replace(flag, "")
+        return run(cmd_line, cwd)
+
+    cpp_builder._run_compile_cmd = shared
+    try:
+        yield
+    finally:
+        cpp_builder._run_compile_cmd = run
 
 
 def _configs(key: dict[str, str], device: torch.device) -> dict:
