@@ -13,7 +13,7 @@ signal is run again under gdb for a native backtrace.
 
 Steps (most informative first; --budget cuts the tail):
   info            versions, packages (files inside, sizes), key check (would warmup rebuild?)
-  tiny_plain      a two-layer toy model, built and loaded on its own (AOTInductor's defaults):
+  tiny_plain      a toy model, built (the backend's settings) and loaded on its own:
                   does AOTInductor work on this machine at all?
   tiny_o0         the toy model with its host wrapper built at -O0 (what the backend did before)
   load_b1_direct  b1 through the backend's loader (arrcoc.engine.aot.load_runner: the C++
@@ -233,7 +233,7 @@ def _tiny(c: Ctx, o0: bool) -> None:
     """Export, build and load a toy model (a linear layer, a buffer, a reduction) on c.device."""
     import torch
 
-    from arrcoc.engine.aot import _configs, load_runner, shared_cxx_runtime
+    from arrcoc.engine.aot import _configs, load_runner
 
     class Toy(torch.nn.Module):
         def __init__(self):
@@ -248,13 +248,13 @@ def _tiny(c: Ctx, o0: bool) -> None:
     toy = Toy().to(c.device).eval()
     x = torch.randn(4, 64, device=c.device)
     path = Path(c.args.cache_dir) / f"toy-{'o0' if o0 else 'plain'}-{c.device.type}.pt2"
-    configs = {"aot_inductor.compile_wrapper_opt_level": "O0"} if o0 else {}
-    configs["aot_inductor.metadata"] = _configs({"variant": "toy"}, c.device)["aot_inductor.metadata"]
+    configs = _configs({"variant": "toy"}, c.device)  # the backend's settings (compiler included)
+    if o0:
+        configs["aot_inductor.compile_wrapper_opt_level"] = "O0"
     with torch.no_grad():
         program = c.timed("toy export", torch.export.export, toy, (x,), strict=False)
-        with shared_cxx_runtime():
-            c.timed("toy build", torch._inductor.aoti_compile_and_package, program, package_path=str(path),
-                    inductor_configs=configs)  # fmt: skip
+        c.timed("toy build", torch._inductor.aoti_compile_and_package, program, package_path=str(path),
+                inductor_configs=configs)  # fmt: skip
     r = c.timed("toy load (load_runner)", load_runner, path, c.device, True)
     with torch.inference_mode():
         out = c.timed("toy run", r, x)

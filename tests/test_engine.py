@@ -249,20 +249,18 @@ def test_aot_key_names_everything_a_package_depends_on(model):
     assert key_mismatch(key, {**key, "torch": "2.0.0"}) == [f"torch: '2.0.0' != {torch.__version__!r}"]
 
 
-def test_aot_build_links_the_shared_cxx_runtime(monkeypatch):
-    """Inside shared_cxx_runtime Inductor's compile commands lose -static-libstdc++ /
-    -static-libgcc (a static copy crashed package loading on the H100); outside, untouched."""
-    from torch._inductor import cpp_builder
+def test_aot_builds_with_a_compiler_that_links_the_shared_libstdcxx(tmp_path):
+    """A compiler that only has a static libstdc++ is passed over (its wrapper.so crashed while
+    loading on the H100), and the chosen one goes to Inductor's settings."""
+    from arrcoc.engine.aot import _configs, shared_runtime_cxx
 
-    from arrcoc.engine.aot import shared_cxx_runtime
-
-    seen = []
-    monkeypatch.setattr(cpp_builder, "_run_compile_cmd", lambda cmd, cwd: seen.append(cmd))
-    cmd = "g++ a.o -shared -static-libstdc++ -static-libgcc -o w.so -lc10"
-    with shared_cxx_runtime():
-        cpp_builder.run_compile_cmd(cmd, cwd=".")
-    cpp_builder.run_compile_cmd(cmd, cwd=".")
-    assert seen == ["g++ a.o -shared -o w.so -lc10", cmd]
+    static_only = tmp_path / "static-g++"  # answers -print-file-name as a static-only GCC does
+    static_only.write_text("#!/bin/sh\necho libstdc++.so\n")
+    static_only.chmod(0o755)
+    chosen = shared_runtime_cxx((str(static_only), "g++"))
+    assert chosen is not None and chosen != str(static_only) and Path(chosen).name == "g++"
+    assert shared_runtime_cxx((str(static_only),)) is None
+    assert _configs({"variant": "x"}, CPU)["cpp.cxx"][1] == shared_runtime_cxx()
 
 
 @pytest.mark.slow

@@ -27,8 +27,9 @@ import json
 import logging
 import os
 import platform
+import shutil
+import subprocess
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -115,10 +116,7 @@ def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, 
         program = torch.export.export(fn, args, dynamic_shapes=dynamic, strict=False)
         t_export = time.perf_counter()
         log.info("exported %s in %.1f s; compiling", path.name, t_export - t0)
-        with shared_cxx_runtime():
-            torch._inductor.aoti_compile_and_package(
-                program, package_path=str(tmp), inductor_configs=_configs(key, device)
-            )
+        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=_configs(key, device))
     os.replace(tmp, path)
     key_tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.json")
     key_tmp.write_text(json.dumps(key, indent=1))
@@ -128,42 +126,36 @@ def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, 
     return seconds
 
 
-_STATIC_RUNTIME = (" -static-libstdc++", " -static-libgcc")
+def shared_runtime_cxx(candidates: tuple[str, ...] | None = None) -> str | None:
+    """The first C++ compiler (CXX, then g++, c++) that links libstdc++ as a shared library.
 
-
-@contextmanager
-def shared_cxx_runtime():
-    """Link AOTInductor's wrapper.so against the process's libstdc++, not a static copy.
-
-    torch 2.11 links the wrapper with -static-libstdc++ on the H100 machine; the static copy's
-    std::locale facet ids differ from those of the libstdc++.so every torch process has loaded,
-    so std::regex (AOTInductor parses the device string with one) fetched the wrong facet and
-    every CUDA package, even a toy model's, segfaulted while loading (native backtrace and
-    the wrapper's symbols: benchmarks/2026-11-23-h100-aot-debug.md). Dropping the two flags from
-    Inductor's compile commands is enough; a build without them is unchanged.
+    A package's wrapper.so must use the libstdc++.so every torch process has loaded. The H100
+    machine's CXX (/opt/gcc/bin/g++) ships only a static libstdc++, so its wrapper.so carried a
+    private copy whose std::locale facet ids differ from the process's: std::regex (AOTInductor
+    parses the device string with one) fetched the wrong facet and every CUDA package, even a toy
+    model's, segfaulted while loading (benchmarks/2026-11-23-h100-aot-debug.md).
     """
-    from torch._inductor import cpp_builder
-
-    run = cpp_builder._run_compile_cmd
-
-    def shared(cmd_line: str, cwd: str) -> None:
-        for flag in _STATIC_RUNTIME:
-            cmd_line = cmd_line.replace(flag, "")
-        return run(cmd_line, cwd)
-
-    cpp_builder._run_compile_cmd = shared
-    try:
-        yield
-    finally:
-        cpp_builder._run_compile_cmd = run
+    for name in candidates or (os.environ.get("CXX", ""), "g++", "c++"):
+        path = shutil.which(name) if name else None
+        if path is None:
+            continue
+        try:
+            found = subprocess.run([path, "-print-file-name=libstdc++.so"], capture_output=True, text=True,
+                                   timeout=30).stdout.strip()  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if os.path.isabs(found) and os.path.exists(found):
+            return path
+    return None
 
 
 def _configs(key: dict[str, str], device: torch.device) -> dict:
-    """AOTInductor settings: the key as metadata. The host wrapper keeps Inductor's default
-    optimisation: built at -O0 (faster to compile), its out-of-line std::regex code crashed
-    in device-string parsing when the package loaded on the H100 machine (native backtrace in
-    benchmarks/2026-11-23-h100-aot-debug.md)."""
-    return {"aot_inductor.metadata": {"arrcoc_key": json.dumps(key)}}
+    """AOTInductor settings: the key as metadata, and a compiler that links the shared libstdc++."""
+    configs: dict = {"aot_inductor.metadata": {"arrcoc_key": json.dumps(key)}}
+    cxx = shared_runtime_cxx() if platform.system() == "Linux" else None
+    if cxx is not None:
+        configs["cpp.cxx"] = (None, cxx)
+    return configs
 
 
 class PackageRunner:
