@@ -59,6 +59,12 @@ case "$stage" in
       echo "== no ORT setting kept parity at every bucket: bench skipped"
     fi
     ;;
+  aotbench)  # the aot backend in the report: texture start-up (cold build, warm) in new processes, clip-b16 beside eager/compiled
+    step 170 startup-texture-aot $PY -m arrcoc bench --startup-only --variants arrcoc-texture --backends aot \
+      --out "$W" --name startup-texture-aot
+    step 380 clip-aot $PY -m arrcoc bench --variants arrcoc-clip-b16 --backends eager compiled aot --buckets 1 8 64 \
+      --iters 50 --warmup-iters 5 --out "$W" --name bench-clip-b16-aot
+    ;;
   aot)
     BUILD_S="${BUILD_S:-330}" OUT="$W" bash scripts/gpu_aot.sh 2>&1 | tee "$W/aot.log"
     ;;
