@@ -203,7 +203,14 @@ def build_packages(jobs: list[tuple[tuple[int, int], Path, dict]], model: nn.Mod
 
     # a CPU copy is pickled to the children: moving `model` itself would reallocate its weights
     # under any CUDA graph another backend has already captured over them
-    cpu_model = copy.deepcopy(model).to("cpu")
+    # (without its query encoder: it holds a lock and a tokenizer, which neither pickle nor matter
+    # to the forward a package compiles)
+    encoder = model.__dict__.pop("text_encoder", None)
+    try:
+        cpu_model = copy.deepcopy(model).to("cpu")
+    finally:
+        if encoder is not None:
+            model.text_encoder = encoder
     threads = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
     # each child runs its own pool of Triton compile workers: share the cores, do not multiply them
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 2) // processes))
