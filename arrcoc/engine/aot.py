@@ -10,7 +10,7 @@ on two CPU cores), so fewer programs is most of a faster cold build.
 
 A package is keyed by variant, weights version, model fingerprint (code, weights, torch
 version: caches.model_fingerprint), batch (the bucket, or the range a dynamic program serves),
-dtype, device capability and torch version. The
+dtype, device capability, torch version and build recipe. The
 key is written beside the package and inside it (AOTInductor's metadata). warmup() loads every
 bucket's package; a missing or stale one is rebuilt (build=True, the default) or is an
 EngineError that says how to build it (build=False: a server that must never compile). A
@@ -42,7 +42,10 @@ from .cuda_graph import CudaGraphRunner
 
 log = logging.getLogger(__name__)
 
-KEY_FIELDS = ("variant", "weights_version", "fingerprint", "batch", "dtype", "device", "torch")
+KEY_FIELDS = ("variant", "weights_version", "fingerprint", "batch", "dtype", "device", "torch", "recipe")
+# how packages are built; a new recipe makes every older package stale. 2: a compiler that links
+# the shared libstdc++ (packages of recipe 1 could crash while loading, see shared_runtime_cxx)
+RECIPE = "2"
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
@@ -75,6 +78,7 @@ def package_key(
         "dtype": _DTYPE_NAMES[dtype],
         "device": device_tag(device),
         "torch": torch.__version__,
+        "recipe": RECIPE,
     }
 
 
