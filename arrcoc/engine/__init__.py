@@ -21,6 +21,14 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
+def exact_float32() -> None:
+    """float32 means IEEE float32 on every backend. PyTorch lets cuDNN convolutions use TF32 by
+    default (its matmuls not), ONNX Runtime runs with use_tf32=0: eager and compiled disagreed
+    with onnx wherever cuDNN picked a TF32 kernel (clip-b16's patch convolution at bucket 64:
+    1.4e-3 on the participatory map; scripts/clip_drift.py). Process-wide, read by cuDNN per call."""
+    torch.backends.cudnn.allow_tf32 = False  # the legacy switch: sets conv and RNN alike
+
+
 def create_backend(
     name: str,
     model: nn.Module,
@@ -33,6 +41,8 @@ def create_backend(
     """The named backend, not yet warmed up. `options` go to its class (e.g. aot's build=False,
     compiled's dynamic_batch=False)."""
     dev = resolve_device(device)
+    if dev.type == "cuda":
+        exact_float32()
     if name == "eager":
         from .eager import EagerBackend as cls
     elif name == "compiled":
@@ -46,4 +56,4 @@ def create_backend(
     return cls(model, dev, buckets, dtype, cache_dir, **options)
 
 
-__all__ = ["Backend", "BACKENDS", "create_backend", "resolve_device"]
+__all__ = ["Backend", "BACKENDS", "create_backend", "exact_float32", "resolve_device"]
