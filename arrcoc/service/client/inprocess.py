@@ -49,10 +49,10 @@ class InProcessExecutor(Executor):
 
     def _run_batch(self, job_id: str, chunks: list[tuple[int, int]]) -> None:
         try:
-            for start, stop in chunks:
-                out = batch.run_chunk(job_id, start, stop, self.runtime, self.store, self.settings)
-                if out.get("skipped"):
-                    break
+            # the whole job as one chunk: chunks are Celery's unit of redelivery, which a job
+            # thread does not have, and each chunk's pipeline fills and drains anew
+            if chunks:
+                batch.run_chunk(job_id, chunks[0][0], chunks[-1][1], self.runtime, self.store, self.settings)
             batch.maybe_finalize(job_id, self.store, self.settings)
         except Exception as e:  # never leave a job "running" when its thread died
             log.exception("batch job %s failed", job_id)

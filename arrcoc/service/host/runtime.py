@@ -50,7 +50,7 @@ class Runtime(EngineHost):
         self._build_lock = threading.RLock()
         self._batchers: dict[str, DynamicBatcher] = {}
         self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
-        self._copy_streams = threading.local()  # a CUDA stream per thread for copy_to_device
+        self._streams = threading.local()  # a CUDA stream per thread (_thread_stream)
         self._render_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="arrcoc-render")  # CPU overlays
 
     # -- the engine ------------------------------------------------------------------------
@@ -139,7 +139,16 @@ class Runtime(EngineHost):
     def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
                 backend: str | None = None) -> ProcessedBatch:  # fmt: skip
         pipe = self.pipeline_for(backend)
-        sync = torch.cuda.synchronize if pipe.device.type == "cuda" else (lambda: None)
+        # on a GPU each calling thread works on a stream of its own, so that calls in flight
+        # together (a batch job's pipeline, a worker group's processes) overlap: one's overlays
+        # encode while the next decodes; the stage times are this stream's, waited for
+        stream = self._thread_stream(pipe.device)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return self._process(pipe, images, queries, controls, overlay, backend,
+                                 stream.synchronize if stream is not None else (lambda: None))  # fmt: skip
+
+    def _process(self, pipe: RelevancePipeline, images: Sequence[bytes], queries: Sequence[str], controls: Controls,
+                 overlay: str, backend: str | None, sync) -> ProcessedBatch:  # fmt: skip
         t0 = time.perf_counter()
         prepared = pipe.prepare_many(images, queries, controls, None if overlay == "none" else overlays.VIEW_SIDE)
         sync()  # the stage times below are the device's too
@@ -238,13 +247,20 @@ class Runtime(EngineHost):
         device = self.pipeline_for(backend).device
         if device.type != "cuda":
             return pixels.clone()
-        stream = getattr(self._copy_streams, "stream", None)
-        if stream is None:
-            stream = self._copy_streams.stream = torch.cuda.Stream(device)
+        stream = self._thread_stream(device)
         with torch.cuda.stream(stream):
             out = pixels.to(device, non_blocking=True)
         stream.synchronize()
         return out
+
+    def _thread_stream(self, device: torch.device) -> torch.cuda.Stream | None:
+        """This thread's own CUDA stream on `device` (None off the GPU)."""
+        if device.type != "cuda":
+            return None
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = torch.cuda.Stream(device)
+        return stream
 
     def warm(self) -> None:
         """Build and warm the default backend's engine and batcher now, not on the first request."""

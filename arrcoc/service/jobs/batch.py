@@ -68,13 +68,18 @@ def create_batch_job(
 
 
 # -- running a chunk --------------------------------------------------------------------------
-# A chunk runs as a pipeline of steps (bounded: one step read ahead, one being written): while the
-# engine host decodes, runs and renders step k, a thread reads step k+1's files and another
-# writes step k-1's results. A step is one engine-host call: decoded together (on the GPU when it
-# can), run in the largest buckets, overlays encoded together: two engine batches (64 items on a
-# GPU), at least 8 (a CPU runs one at a time) so that progress moves on a small job.
+# A chunk runs as a pipeline of steps, bounded (one step read ahead, IN_FLIGHT in the engine
+# host, WRITERS being written): while the engine host works on steps k and k+1, a thread reads
+# step k+2's files and two others write steps k-1 and k-2 (a part file each: they never share an
+# item). A step is one engine-host call: decoded
+# together (on the GPU when it can), run in the largest buckets, overlays encoded together: two
+# engine batches (64 items on a GPU), at least 8 (a CPU runs one at a time) so that progress
+# moves on a small job. Two calls in flight: one step's overlays are encoded while the next is
+# decoded and run (the host serves concurrent calls: a worker group's processes share it).
 STEP_ITEMS = 64
 MIN_STEP_ITEMS = 8
+IN_FLIGHT = 2
+WRITERS = 2
 
 
 def _row(it: Item, ok: bool, error: str | None = None) -> dict[str, Any]:
@@ -182,10 +187,31 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
     steps = [group[i : i + size] for i in range(0, len(group), size)]
     fmt = settings.overlay_format
     with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-read") as reader, \
-            ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write") as writer:  # fmt: skip
+            ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="arrcoc-engine") as engine, \
+            ThreadPoolExecutor(WRITERS, thread_name_prefix="arrcoc-write") as writer:  # fmt: skip
         reading = reader.submit(_read, jd, steps[0])
-        writing: Future | None = None
+        running: deque[tuple[list[Item], Future[ProcessedBatch]]] = deque()
+        writing: deque[Future] = deque()
         ran = 0
+
+        def written(future: Future[float]) -> None:  # the writer threads' time, added up here
+            stages["write"] = stages.get("write", 0.0) + future.result()
+
+        def write_next() -> None:  # the oldest step in flight, once processed, to a writer
+            nonlocal ran
+            step, future = running.popleft()
+            t0 = time.perf_counter()
+            batch = future.result()
+            _add(stages, "engine_wait", t0)
+            for name, ms in batch.stage_ms.items():
+                stages[name] = stages.get(name, 0.0) + ms
+            t1 = time.perf_counter()
+            if len(writing) == WRITERS:  # back-pressure: WRITERS steps being written at most
+                written(writing.popleft())
+            _add(stages, "write_wait", t1)
+            writing.append(writer.submit(_write_step, job_id, jd, step, batch, fmt, store))
+            ran += len(step)
+
         for k, step in enumerate(steps):
             t0 = time.perf_counter()
             datas = reading.result()
@@ -193,24 +219,22 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
             if k + 1 < len(steps):
                 reading = reader.submit(_read, jd, steps[k + 1])
             if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
-                if writing is not None:
-                    writing.result()
+                for _, future in running:  # what is in flight finishes, unrecorded
+                    future.result()
+                for future in writing:
+                    written(future)
                 return None
             if deadline is not None and time.monotonic() > deadline:
                 _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
                                                 for it in step])  # fmt: skip
                 continue
-            batch = host.process(datas, [it.query for it in step], controls, fmt)
-            for name, ms in batch.stage_ms.items():
-                stages[name] = stages.get(name, 0.0) + ms
-            t1 = time.perf_counter()
-            if writing is not None:  # back-pressure: one step being written at a time
-                writing.result()
-            _add(stages, "write_wait", t1)
-            writing = writer.submit(_write_step, job_id, jd, step, batch, fmt, store, stages)
-            ran += len(step)
-        if writing is not None:
-            writing.result()
+            running.append((step, engine.submit(host.process, datas, [it.query for it in step], controls, fmt)))
+            if len(running) == IN_FLIGHT:
+                write_next()
+        while running:
+            write_next()
+        for future in writing:
+            written(future)
     return ran
 
 
@@ -218,8 +242,8 @@ def _add(stages: dict[str, float], name: str, since: float) -> None:
     stages[name] = stages.get(name, 0.0) + (time.perf_counter() - since) * 1e3
 
 
-def _write_step(job_id: str, jd: Path, step: list[Item], batch: ProcessedBatch, fmt: str, store: JobStore,
-                stages: dict[str, float]) -> None:  # fmt: skip
+def _write_step(job_id: str, jd: Path, step: list[Item], batch: ProcessedBatch, fmt: str, store: JobStore) -> float:
+    """Write the step's part and record its items; the ms it took."""
     t0 = time.perf_counter()
     entries: list[tuple[dict[str, Any], bytes | None, str]] = []
     marks: list[tuple[int, str | None]] = []
@@ -234,7 +258,7 @@ def _write_step(job_id: str, jd: Path, step: list[Item], batch: ProcessedBatch, 
             marks.append((it.index, None))
     _write_part(jd, entries)
     store.mark_items(job_id, marks)
-    _add(stages, "write", t0)
+    return (time.perf_counter() - t0) * 1e3
 
 
 # -- finishing ------------------------------------------------------------------------------------
