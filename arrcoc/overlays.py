@@ -34,16 +34,26 @@ def encode(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray], fmt: str,
     """One encoded overlay per (view (3, h, w) uint8, map (G, G) in [0, 1])."""
     if not views:
         return []
-    if fmt == "jpeg" and views[0].is_cuda:
-        return _encode_gpu(views, maps)
-    work = lambda vm: _encode_cpu(vm[0], vm[1], fmt)  # noqa: E731
+    if views[0].is_cuda:
+        blended = _blend_gpu(views, maps)
+        if fmt == "jpeg" and JPEG_ON_GPU:
+            from torchvision.io import encode_jpeg
+
+            return [bytes(t.cpu().numpy()) for t in encode_jpeg(blended, quality=JPEG_QUALITY)]
+        hosts = [t.cpu().numpy().transpose(1, 2, 0) for t in blended]
+        work = lambda a: _save(Image.fromarray(a), fmt)  # noqa: E731
+        return list(pool.map(work, hosts)) if pool else [work(a) for a in hosts]
+    work = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt)  # noqa: E731
     return list(pool.map(work, zip(views, maps, strict=True))) if pool else [work(vm) for vm in zip(views, maps, strict=True)]
 
 
-def _encode_cpu(view: torch.Tensor, grid: np.ndarray, fmt: str) -> bytes:
-    img = Image.fromarray(view.cpu().numpy().transpose(1, 2, 0))
+# nvJPEG encodes one picture after another on a CUDA worker (torchvision's encode_jpeg): measured
+# against Pillow in the render pool by scripts/batch_probe.py
+JPEG_ON_GPU = True
+
+
+def _save(picture: Image.Image, fmt: str) -> bytes:
     buf = io.BytesIO()
-    picture = overlay(img, grid)
     if fmt == "jpeg":
         picture.save(buf, "JPEG", quality=JPEG_QUALITY)
     else:
@@ -51,9 +61,9 @@ def _encode_cpu(view: torch.Tensor, grid: np.ndarray, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def _encode_gpu(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray]) -> list[bytes]:
-    from torchvision.io import encode_jpeg
-
+def _blend_gpu(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray]) -> list[torch.Tensor]:
+    """The overlays' pixels, (3, h, w) uint8 on the views' device: each map's cells coloured
+    through the colour table, upsampled crisp (nearest) and blended over its view."""
     device = views[0].device
     lut = _lut(device)
     grids = torch.from_numpy(np.stack([np.asarray(m, dtype=np.float32) for m in maps])).to(device)
@@ -67,4 +77,4 @@ def _encode_gpu(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray]) -> li
         mix = torch.stack([views[i] for i in idx]).float() * (1.0 - OVERLAY_ALPHA) + up * OVERLAY_ALPHA
         for i, picture in zip(idx, mix.round_().clamp_(0, 255).to(torch.uint8), strict=True):
             blended[i] = picture
-    return [bytes(t.cpu().numpy()) for t in encode_jpeg(blended, quality=JPEG_QUALITY)]
+    return blended  # type: ignore[return-value]

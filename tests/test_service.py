@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import threading
 import time
@@ -249,6 +251,24 @@ def test_inprocess_infer_and_batch_job(inprocess):
     # the in-process path matches a direct engine call
     r2 = inprocess.runtime.pipeline.infer([png_bytes(0)], "the red mug")[0]
     assert r.to_json()["selected"] == r2.to_json()["selected"]
+
+
+def test_a_batch_job_without_overlays(settings, tmp_path):
+    """ARRCOC_OVERLAY_FORMAT=none: every row, no pictures, summary.csv's overlay column empty."""
+    from arrcoc.service.client.inprocess import InProcessExecutor
+
+    ex = InProcessExecutor(settings.model_copy(update={"overlay_format": "none", "data_dir": tmp_path}))
+    try:
+        job = ex.submit_batch(make_zip({f"img{i}.png": png_bytes(i) for i in range(3)}), "the red mug")
+        st = wait_finished(ex, job)
+        assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 0), st
+        with zipfile.ZipFile(ex.batch_results(job)) as zf:
+            assert not [n for n in zf.namelist() if n.startswith("overlays/")]
+            assert len(zf.read("results.jsonl").splitlines()) == 3
+            summary = list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode())))
+            assert [r["overlay"] for r in summary] == ["", "", ""] and {r["status"] for r in summary} == {"ok"}
+    finally:
+        ex.close()
 
 
 def test_a_bad_query_in_a_manifest_fails_its_item_only(inprocess):

@@ -254,7 +254,7 @@ def _write_step(job_id: str, jd: Path, step: list[Item], batch: ProcessedBatch, 
             marks.append((it.index, message))
         else:
             row = _row(it, True) | {"result": got.result.to_json(numpy_arrays=True)}
-            entries.append((row, got.overlay, OVERLAY_EXTENSIONS[fmt]))
+            entries.append((row, got.overlay, OVERLAY_EXTENSIONS.get(fmt, "")))  # "none": no picture
             marks.append((it.index, None))
     _write_part(jd, entries)
     store.mark_items(job_id, marks)

@@ -1,0 +1,89 @@
+"""What bounds an in-process batch job (issue 12): the e2e benchmark's 2,048-photo job under
+variants of the pipeline, one warm engine, each variant's images/s, CPU cores used (process CPU
+time over wall: ~1 means one thread at a time, the GIL) and per-item stages.
+
+    python scripts/batch_probe.py [--items 2048] [--configs gpu-jpeg pool-jpeg none ...]
+
+Variants: how overlays are encoded (nvJPEG on the GPU, or blended on the GPU and encoded by
+Pillow in the render pool, or none), how many engine-host calls are in flight and how many part
+writers run (arrcoc.service.jobs.batch.IN_FLIGHT / WRITERS), the render pool's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from arrcoc import overlays  # noqa: E402
+from arrcoc.bench.e2e import _zip, batch_job, workload  # noqa: E402
+from arrcoc.engine import resolve_device  # noqa: E402
+from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
+from arrcoc.service.jobs import batch  # noqa: E402
+from arrcoc.settings import default_settings  # noqa: E402
+
+# name -> (overlay format, nvJPEG, in flight, writers, render pool threads)
+CONFIGS = {
+    "gpu-jpeg": ("jpeg", True, 2, 2, 4),
+    "gpu-jpeg-serial": ("jpeg", True, 1, 1, 4),
+    "pool-jpeg": ("jpeg", False, 2, 2, 4),
+    "pool-jpeg-12": ("jpeg", False, 2, 2, 12),
+    "pool-jpeg-12-if3": ("jpeg", False, 3, 2, 12),
+    "none": ("none", True, 2, 2, 4),
+    "none-serial": ("none", True, 1, 1, 4),
+}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--items", type=int, default=2048)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--backend", default="compiled")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    device = resolve_device(args.device)
+    photos = workload()["jpeg_800x600"]
+    archive = _zip(photos, args.items, ".jpg")
+    root = Path(tempfile.mkdtemp(prefix="batch-probe-"))
+
+    def settings(fmt: str, name: str):
+        return default_settings(device=str(device), backend=args.backend, backends=(args.backend,),
+                                data_dir=root / name, overlay_format=fmt, broker_url=None,
+                                max_batch_items=max(args.items, 1))  # fmt: skip
+
+    first = InProcessExecutor(settings("jpeg", "warm"))
+    t0 = time.perf_counter()
+    first.warmup()
+    print(f"warm-up {time.perf_counter() - t0:.1f} s", flush=True)
+    pipe = first.runtime.pipeline
+    rows = []
+    for name in args.configs:
+        fmt, on_gpu, in_flight, writers, pool = CONFIGS[name]
+        overlays.JPEG_ON_GPU, batch.IN_FLIGHT, batch.WRITERS = on_gpu, in_flight, writers
+        ex = InProcessExecutor(settings(fmt, name), pipeline=pipe)
+        ex.runtime._render_pool = ThreadPoolExecutor(pool, thread_name_prefix="arrcoc-render")
+        batch_job(ex, _zip(photos, 64, ".jpg"), 64, device)  # warm this executor's threads
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        row = batch_job(ex, archive, args.items, device)
+        row["cores_used"] = round((time.process_time() - cpu0) / (time.perf_counter() - wall0), 2)
+        row["config"] = name
+        rows.append(row)
+        print(f"{name:18s} {row['images_per_s']:8.1f} images/s  cores {row['cores_used']:.2f}  gpu {row['gpu_busy']}  "
+              + json.dumps(row["stage_ms_per_item"]), flush=True)  # fmt: skip
+        ex.reaper.stop()  # not ex.close(): the engine is shared with the next variant
+        ex._jobs.shutdown(wait=True)
+    first.close()
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
