@@ -68,18 +68,17 @@ def create_batch_job(
 
 
 # -- running a chunk --------------------------------------------------------------------------
-# A chunk runs as a pipeline of steps, bounded (one step read ahead, IN_FLIGHT in the engine
-# host, WRITERS being written): while the engine host works on steps k and k+1, a thread reads
-# step k+2's files and two others write steps k-1 and k-2 (a part file each: they never share an
-# item). A step is one engine-host call: decoded
+# A chunk runs as a pipeline of steps, bounded (one step read ahead, IN_FLIGHT in the engine host,
+# WRITERS being written): while the engine host decodes, runs and renders step k, a thread reads
+# step k+1's files and another writes step k-1's results. A step is one engine-host call: decoded
 # together (on the GPU when it can), run in the largest buckets, overlays encoded together: two
-# engine batches (64 items on a GPU), at least 8 (a CPU runs one at a time) so that progress
-# moves on a small job. Two calls in flight: one step's overlays are encoded while the next is
-# decoded and run (the host serves concurrent calls: a worker group's processes share it).
+# engine batches (64 items on a GPU), at least 8 (a CPU runs one at a time) so that progress moves
+# on a small job. One call in flight and one writer: two of each ran slower on the H100
+# (764 vs 918 images/s, scripts/batch_probe.py): the stages contend for the GIL, not for the device.
 STEP_ITEMS = 64
 MIN_STEP_ITEMS = 8
-IN_FLIGHT = 2
-WRITERS = 2
+IN_FLIGHT = 1
+WRITERS = 1
 
 
 def _row(it: Item, ok: bool, error: str | None = None) -> dict[str, Any]:
