@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import shutil
+import struct
 import time
 import zipfile
 import zlib
@@ -333,29 +334,61 @@ class _PartReader:
     KEEP = 4
 
     def __init__(self) -> None:
-        self._open: dict[Path, tuple[zipfile.ZipFile, list[bytes] | None]] = {}
+        self._open: dict[Path, tuple[zipfile.ZipFile, bytes | None, list[bytes] | None]] = {}
 
-    def _get(self, path: Path) -> tuple[zipfile.ZipFile, list[bytes] | None]:
+    def _get(self, path: Path) -> tuple[zipfile.ZipFile, bytes | None, list[bytes] | None]:
         if path not in self._open:
             if len(self._open) >= self.KEEP:
                 self._open.pop(next(iter(self._open)))[0].close()
-            self._open[path] = (zipfile.ZipFile(path), None)
+            self._open[path] = (zipfile.ZipFile(path), None, None)
         return self._open[path]
 
     def picture(self, path: Path, member: str) -> bytes:
-        return self._get(path)[0].read(member)
+        """The member's bytes read straight from the part, without zipfile's CRC pass (a CRC per
+        overlay was a third of building results.zip on the H100 host; results.zip's own CRC,
+        computed as it is written, still covers them)."""
+        zf = self._get(path)[0]
+        info = zf.getinfo(member)
+        if info.compress_type != zipfile.ZIP_STORED or zf.fp is None:
+            return zf.read(member)
+        zf.fp.seek(info.header_offset)
+        head = struct.unpack(zipfile.structFileHeader, zf.fp.read(zipfile.sizeFileHeader))
+        zf.fp.seek(head[zipfile._FH_FILENAME_LENGTH] + head[zipfile._FH_EXTRA_FIELD_LENGTH], os.SEEK_CUR)
+        return zf.fp.read(info.compress_size)
 
-    def row(self, path: Path, line: int) -> bytes:
-        zf, rows = self._get(path)
-        if rows is None:
-            rows = zf.read("rows.jsonl").splitlines()
-            self._open[path] = (zf, rows)
-        return rows[line]
+    def rows(self, path: Path, start: int, stop: int) -> bytes:
+        """Lines [start, stop) of the part's rows.jsonl, joined by newlines: the whole file as it
+        is when they are all its lines (the common case: splitting it cost more than deflating)."""
+        zf, blob, lines = self._get(path)
+        if blob is None:
+            blob = zf.read("rows.jsonl")
+        if start == 0 and stop == blob.count(b"\n") + 1:
+            self._open[path] = (zf, blob, lines)
+            return blob
+        if lines is None:
+            lines = blob.splitlines()
+        self._open[path] = (zf, blob, lines)
+        return b"\n".join(lines[start:stop])
 
     def close(self) -> None:
-        for zf, _ in self._open.values():
+        for zf, _, _ in self._open.values():
             zf.close()
         self._open.clear()
+
+
+def _runs(found: dict[int, tuple[Path, int, dict[str, Any]]], order: list[int]) -> Iterator[tuple[Path, int, int]]:
+    """(part, start, stop): the rows in index order as runs of consecutive lines of one part."""
+    run: list[Any] | None = None
+    for i in order:
+        path, line, _ = found[i]
+        if run is not None and run[0] == path and run[2] == line:
+            run[2] += 1
+            continue
+        if run is not None:
+            yield run[0], run[1], run[2]
+        run = [path, line, line + 1]
+    if run is not None:
+        yield run[0], run[1], run[2]
 
 
 # results.jsonl is deflated in blocks on several threads (zlib lets go of the GIL), each block an
@@ -387,6 +420,7 @@ class _Deflated:
 
 
 def _blocks(rows: Iterator[bytes]) -> Iterator[bytes]:
+    """Newline-ended lines (or runs of them) gathered into blocks of about JSONL_BLOCK bytes."""
     buf: list[bytes] = []
     size = 0
     for row in rows:
@@ -409,7 +443,7 @@ def build_results_zip(jd: Path) -> Path:
     tmp = jd / f".results.{secrets.token_hex(4)}.zip"
     pictures, texts = _PartReader(), _PartReader()
     threads = min(8, os.cpu_count() or 2)
-    blocks = _blocks(texts.row(*found[i][:2]) for i in order)
+    blocks = _blocks(texts.rows(*run) for run in _runs(found, order))
     window: deque[tuple[bytes, Future[bytes]]] = deque()
     try:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=DEFLATE_LEVEL) as zf, \
