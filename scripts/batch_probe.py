@@ -28,15 +28,18 @@ from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
 from arrcoc.service.jobs import batch  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
-# name -> (overlay format, nvJPEG, in flight, writers, render pool threads)
+# name -> overrides of (overlay format, nvJPEG, in flight, writers, render pool threads, JPEG quality)
+BASE = {"fmt": "jpeg", "gpu_jpeg": True, "in_flight": 1, "writers": 1, "pool": 4, "quality": overlays.JPEG_QUALITY}
 CONFIGS = {
-    "gpu-jpeg": ("jpeg", True, 2, 2, 4),
-    "gpu-jpeg-serial": ("jpeg", True, 1, 1, 4),
-    "pool-jpeg": ("jpeg", False, 2, 2, 4),
-    "pool-jpeg-12": ("jpeg", False, 2, 2, 12),
-    "pool-jpeg-12-if3": ("jpeg", False, 3, 2, 12),
-    "none": ("none", True, 2, 2, 4),
-    "none-serial": ("none", True, 1, 1, 4),
+    "gpu-jpeg": {},
+    "gpu-jpeg-if2": {"in_flight": 2},
+    "gpu-jpeg-w2": {"writers": 2},
+    "gpu-jpeg-if2-w2": {"in_flight": 2, "writers": 2},
+    "gpu-jpeg-q85": {"quality": 85},
+    "gpu-jpeg-q75": {"quality": 75},
+    "pool-jpeg-12": {"gpu_jpeg": False, "pool": 12},
+    "none": {"fmt": "none"},
+    "none-if2": {"fmt": "none", "in_flight": 2},
 }
 
 
@@ -56,7 +59,7 @@ def main() -> int:
     def settings(fmt: str, name: str):
         return default_settings(device=str(device), backend=args.backend, backends=(args.backend,),
                                 data_dir=root / name, overlay_format=fmt, broker_url=None,
-                                max_batch_items=max(args.items, 1))  # fmt: skip
+                                max_batch_items=max(args.items, 64))  # fmt: skip
 
     first = InProcessExecutor(settings("jpeg", "warm"))
     t0 = time.perf_counter()
@@ -65,15 +68,17 @@ def main() -> int:
     pipe = first.runtime.pipeline
     rows = []
     for name in args.configs:
-        fmt, on_gpu, in_flight, writers, pool = CONFIGS[name]
-        overlays.JPEG_ON_GPU, batch.IN_FLIGHT, batch.WRITERS = on_gpu, in_flight, writers
-        ex = InProcessExecutor(settings(fmt, name), pipeline=pipe)
-        ex.runtime._render_pool = ThreadPoolExecutor(pool, thread_name_prefix="arrcoc-render")
+        c = BASE | CONFIGS[name]
+        overlays.JPEG_ON_GPU, overlays.JPEG_QUALITY = c["gpu_jpeg"], c["quality"]
+        batch.IN_FLIGHT, batch.WRITERS = c["in_flight"], c["writers"]
+        ex = InProcessExecutor(settings(c["fmt"], name), pipeline=pipe)
+        ex.runtime._render_pool = ThreadPoolExecutor(c["pool"], thread_name_prefix="arrcoc-render")
         batch_job(ex, _zip(photos, 64, ".jpg"), 64, device)  # warm this executor's threads
         cpu0, wall0 = time.process_time(), time.perf_counter()
         row = batch_job(ex, archive, args.items, device)
         row["cores_used"] = round((time.process_time() - cpu0) / (time.perf_counter() - wall0), 2)
         row["config"] = name
+        row["settings"] = c
         rows.append(row)
         print(f"{name:18s} {row['images_per_s']:8.1f} images/s  cores {row['cores_used']:.2f}  gpu {row['gpu_busy']}  "
               + json.dumps(row["stage_ms_per_item"]), flush=True)  # fmt: skip
