@@ -139,13 +139,14 @@ class GpuBusy:
 def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "the red one") -> dict[str, Any]:
     """One batch job from submission until its results zip is complete."""
     with GpuBusy(device) as busy:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         job = ex.submit_batch(archive, query)
         t_unpacked = time.perf_counter()
         while not ex.status(job).state.finished:
             time.sleep(0.01)
         path = ex.batch_results(job)
         wall = time.perf_counter() - t0
+        cores = (time.process_time() - cpu0) / wall
     st = ex.status(job)
     stages = json.loads(ex.store.record(job).get("stage_ms") or "{}")
     stages["unpack"] = (t_unpacked - t0) * 1e3
@@ -154,6 +155,9 @@ def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "th
     return {
         "items": n, "done": st.done, "failed": st.failed, "rows": rows, "wall_s": round(wall, 3),
         "images_per_s": round(n / wall, 1), "gpu_busy": busy.fraction,
+        # this process's CPU time over wall: in-process, ~1-2 of 16 cores busy means one thread
+        # at a time (the GIL) bounds the job; through Celery the work is in the worker group
+        "process_cores": round(cores, 2),
         "stage_ms_per_item": {k: round(v / n, 3) for k, v in sorted(stages.items())},
     }  # fmt: skip
 
@@ -202,7 +206,9 @@ def decode_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any] | Non
 
 
 def interactive(make_executor, image: bytes, clients: int, requests: int, processes: int = 1) -> dict[str, Any]:
+    t0, cpu0 = time.perf_counter(), time.process_time()
     report = run_load(make_executor, image, QUERIES, clients, requests, timeout=120.0, processes=processes)
+    report["process_cores"] = round((time.process_time() - cpu0) / (time.perf_counter() - t0), 2)
     t = report["timings_ms_mean"]
     inside = t.get("preprocess_ms", 0.0) + t.get("model_ms", 0.0)
     report["stage_ms_mean"] = {"decode_resize": t.get("preprocess_ms"), "engine_batch": t.get("model_ms"),
@@ -322,13 +328,13 @@ def markdown(report: dict[str, Any]) -> str:
              f"backend {cfg['backend']}, commit {str(env.get('commit'))[:7]}", "",
              f"torch {env['torch']}, CUDA {env.get('cuda')}, {env['cpu_count']} CPUs; warm-up {report.get('warmup_s')} s.",
              "", "## Batch jobs (submission to results zip complete)", "",
-             "| path | workload | items | images/s | GPU busy | per item ms: " + ", ".join(STAGES) + " |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+             "| path | workload | items | images/s | GPU busy | cores | per item ms: " + ", ".join(STAGES) + " |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for path in ("inprocess", "celery"):
         for kind, row in report.get(f"batch_{path}", {}).items():
             st = row["stage_ms_per_item"]
             lines.append(f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | **{row['images_per_s']}** | "
-                         f"{row['gpu_busy'] if row['gpu_busy'] is not None else '-'} | "
+                         f"{row['gpu_busy'] if row['gpu_busy'] is not None else '-'} | {row.get('process_cores', '-')} | "
                          + ", ".join(f"{st.get(s, 0):.2f}" for s in STAGES) + " |")  # fmt: skip
     par = report.get("decode_parity")
     if par:
@@ -340,14 +346,17 @@ def markdown(report: dict[str, Any]) -> str:
         again = f"; after the batch jobs: **{after['images_per_s']} images/s**" if after else ""
         lines += ["", f"Engine alone on the same photos, batch {eng['batch']}, before the batch jobs:"
                       f" **{eng['images_per_s']} images/s**{again}."]  # fmt: skip
-    lines += ["", "## Interactive requests", "", "| path | callers | req/s | p50 ms | p99 ms | mean: decode+resize, engine batch, queue+rest (ms) |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "cores: this process's CPU time over wall time while it ran (the machine has "
+              f"{env['cpu_count']}); in-process, near 1 means the Python threads take turns (the GIL).", ""]
+    lines += ["## Interactive requests", "", "| path | callers | req/s | p50 ms | p99 ms | cores | mean: decode+resize, engine batch, queue+rest (ms) |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for path in ("inprocess", "celery"):
         for n in ("1", "n"):
             row = report.get(f"interactive_{path}_{n}")
             if row:
                 sm = row["stage_ms_mean"]
                 lines.append(f"| {path} | {row['clients']} | **{row['throughput_rps']}** | {row['p50_ms']} | {row['p99_ms']} | "
+                             f"{row.get('process_cores', '-')} | "
                              f"{sm['decode_resize']}, {sm['engine_batch']}, {sm['queue_and_rest']} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
