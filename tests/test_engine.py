@@ -71,6 +71,19 @@ def test_bucket_table_maps_every_size_and_splits():
         BucketTable(())
 
 
+def test_float32_means_ieee_float32():
+    """cuDNN's TF32 convolutions (PyTorch's default) put eager 1.4e-3 off ONNX Runtime on clip-b16."""
+    from arrcoc.engine import exact_float32
+
+    saved = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        exact_float32()
+        assert torch.backends.cudnn.allow_tf32 is False and torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+
+
 def test_unknown_backend_and_run_before_warmup(model):
     with pytest.raises(EngineError, match="Unknown backend"):
         create_backend("tensorrt", model, CPU)
