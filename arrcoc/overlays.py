@@ -18,10 +18,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .render import _LUT, OVERLAY_ALPHA, OVERLAY_MAX_SIDE, overlay
+from .render import _LUT, OVERLAY_ALPHA, overlay
 
 JPEG_QUALITY = 90
-VIEW_SIDE = OVERLAY_MAX_SIDE
 
 
 @cache
@@ -30,8 +29,8 @@ def _lut(device: torch.device) -> torch.Tensor:
 
 
 def encode(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray], fmt: str,
-           pool: ThreadPoolExecutor | None = None) -> list[bytes]:  # fmt: skip
-    """One encoded overlay per (view (3, h, w) uint8, map (G, G) in [0, 1])."""
+           pool: ThreadPoolExecutor | None = None, quality: int = JPEG_QUALITY) -> list[bytes]:  # fmt: skip
+    """One encoded overlay per (view (3, h, w) uint8, map (G, G) in [0, 1]); `quality`: JPEG's."""
     if not views:
         return []
     if views[0].is_cuda:
@@ -39,11 +38,11 @@ def encode(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray], fmt: str,
         if fmt == "jpeg" and JPEG_ON_GPU:
             from torchvision.io import encode_jpeg
 
-            return [bytes(t.cpu().numpy()) for t in encode_jpeg(blended, quality=JPEG_QUALITY)]
+            return [bytes(t.cpu().numpy()) for t in encode_jpeg(blended, quality=quality)]
         hosts = [t.cpu().numpy().transpose(1, 2, 0) for t in blended]
-        work = lambda a: _save(Image.fromarray(a), fmt)  # noqa: E731
+        work = lambda a: _save(Image.fromarray(a), fmt, quality)  # noqa: E731
         return list(pool.map(work, hosts)) if pool else [work(a) for a in hosts]
-    work = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt)  # noqa: E731
+    work = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)  # noqa: E731
     return list(pool.map(work, zip(views, maps, strict=True))) if pool else [work(vm) for vm in zip(views, maps, strict=True)]
 
 
@@ -52,10 +51,10 @@ def encode(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray], fmt: str,
 JPEG_ON_GPU = True
 
 
-def _save(picture: Image.Image, fmt: str) -> bytes:
+def _save(picture: Image.Image, fmt: str, quality: int = JPEG_QUALITY) -> bytes:
     buf = io.BytesIO()
     if fmt == "jpeg":
-        picture.save(buf, "JPEG", quality=JPEG_QUALITY)
+        picture.save(buf, "JPEG", quality=quality)
     else:
         picture.save(buf, "PNG", compress_level=1)  # level 1: a quarter of the default's time, ~10% larger
     return buf.getvalue()

@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import InvalidInputError
@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     max_query_chars: int = 500
     max_batch_items: int = 2000
     overlay_format: OverlayFormat = "jpeg"
+    overlay_max_side: int = Field(1024, ge=64, le=4096)  # batch-job overlays: at most this many pixels a side
+    overlay_jpeg_quality: int = Field(90, ge=10, le=100)
     batch_chunk_items: int = 256  # items per batch-job task (a unit of redelivery and progress)
 
     # Service

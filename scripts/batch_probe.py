@@ -28,8 +28,9 @@ from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
 from arrcoc.service.jobs import batch  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
-# name -> overrides of (overlay format, nvJPEG, in flight, writers, render pool threads, JPEG quality)
-BASE = {"fmt": "jpeg", "gpu_jpeg": True, "in_flight": 1, "writers": 1, "pool": 4, "quality": overlays.JPEG_QUALITY}
+# name -> overrides of BASE: overlay format, nvJPEG or Pillow, engine calls in flight, part writers,
+# render pool threads, JPEG quality, overlay side (ARRCOC_OVERLAY_MAX_SIDE)
+BASE = {"fmt": "jpeg", "gpu_jpeg": True, "in_flight": 1, "writers": 1, "pool": 4, "quality": 90, "side": 1024}
 CONFIGS = {
     "gpu-jpeg": {},
     "gpu-jpeg-if2": {"in_flight": 2},
@@ -37,6 +38,10 @@ CONFIGS = {
     "gpu-jpeg-if2-w2": {"in_flight": 2, "writers": 2},
     "gpu-jpeg-q85": {"quality": 85},
     "gpu-jpeg-q75": {"quality": 75},
+    "gpu-jpeg-q80": {"quality": 80},
+    "gpu-jpeg-768": {"side": 768},
+    "gpu-jpeg-512": {"side": 512},
+    "gpu-jpeg-768-q80": {"side": 768, "quality": 80},
     "pool-jpeg-12": {"gpu_jpeg": False, "pool": 12},
     "none": {"fmt": "none"},
     "none-if2": {"fmt": "none", "in_flight": 2},
@@ -56,9 +61,10 @@ def main() -> int:
     archive = _zip(photos, args.items, ".jpg")
     root = Path(tempfile.mkdtemp(prefix="batch-probe-"))
 
-    def settings(fmt: str, name: str):
+    def settings(fmt: str, name: str, side: int = 1024, quality: int = 90):
         return default_settings(device=str(device), backend=args.backend, backends=(args.backend,),
                                 data_dir=root / name, overlay_format=fmt, broker_url=None,
+                                overlay_max_side=side, overlay_jpeg_quality=quality,
                                 max_batch_items=max(args.items, 64))  # fmt: skip
 
     first = InProcessExecutor(settings("jpeg", "warm"))
@@ -69,9 +75,9 @@ def main() -> int:
     rows = []
     for name in args.configs:
         c = BASE | CONFIGS[name]
-        overlays.JPEG_ON_GPU, overlays.JPEG_QUALITY = c["gpu_jpeg"], c["quality"]
+        overlays.JPEG_ON_GPU = c["gpu_jpeg"]
         batch.IN_FLIGHT, batch.WRITERS = c["in_flight"], c["writers"]
-        ex = InProcessExecutor(settings(c["fmt"], name), pipeline=pipe)
+        ex = InProcessExecutor(settings(c["fmt"], name, c["side"], c["quality"]), pipeline=pipe)
         ex.runtime._render_pool = ThreadPoolExecutor(c["pool"], thread_name_prefix="arrcoc-render")
         batch_job(ex, _zip(photos, 64, ".jpg"), 64, device)  # warm this executor's threads
         cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -150,7 +150,7 @@ class Runtime(EngineHost):
     def _process(self, pipe: RelevancePipeline, images: Sequence[bytes], queries: Sequence[str], controls: Controls,
                  overlay: str, backend: str | None, sync) -> ProcessedBatch:  # fmt: skip
         t0 = time.perf_counter()
-        prepared = pipe.prepare_many(images, queries, controls, None if overlay == "none" else overlays.VIEW_SIDE)
+        prepared = pipe.prepare_many(images, queries, controls, None if overlay == "none" else self.settings.overlay_max_side)
         sync()  # the stage times below are the device's too
         t1 = time.perf_counter()
         ok = [i for i, p in enumerate(prepared) if not isinstance(p, ArrcocError)]
@@ -160,7 +160,8 @@ class Runtime(EngineHost):
         encoded = [None] * len(done)
         if overlay != "none" and done:
             views = [prepared[i][1] for i, _ in done]
-            encoded = overlays.encode(views, [r.relevance for _, r in done], overlay, self._render_pool)
+            encoded = overlays.encode(views, [r.relevance for _, r in done], overlay, self._render_pool,
+                                      self.settings.overlay_jpeg_quality)  # fmt: skip
         t3 = time.perf_counter()
         items = [Processed(error=error_to_wire(p)) if isinstance(p, ArrcocError) else None for p in prepared]
         for i, r in zip(ok, results, strict=True):
