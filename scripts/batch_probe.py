@@ -4,15 +4,23 @@ time over wall: ~1 means one thread at a time, the GIL) and per-item stages.
 
     python scripts/batch_probe.py [--items 2048] [--configs gpu-jpeg pool-jpeg none ...]
 
+With --profile, each variant also runs under cProfile, a profiler per stage (the engine host's
+`process`, the part writer, unpacking, building results.zip), each in its own thread: the top
+functions by own time of each go in the JSON (times inflated by the profiler; compare, don't add).
+
 Variants: how overlays are encoded (nvJPEG on the GPU, or blended on the GPU and encoded by
 Pillow in the render pool, or none), how many engine-host calls are in flight and how many part
-writers run (arrcoc.service.jobs.batch.IN_FLIGHT / WRITERS), the render pool's size.
+writes may wait (arrcoc.service.jobs.batch.IN_FLIGHT / WRITE_QUEUE) and where (ARRCOC_BATCH_WRITER: a child
+process or a thread), the render pool's size.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import sys
 import tempfile
 import time
@@ -25,17 +33,19 @@ from arrcoc import overlays  # noqa: E402
 from arrcoc.bench.e2e import _zip, batch_job, workload  # noqa: E402
 from arrcoc.engine import resolve_device  # noqa: E402
 from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
-from arrcoc.service.jobs import batch  # noqa: E402
+from arrcoc.service.jobs import batch, writer  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
-# name -> overrides of BASE: overlay format, nvJPEG or Pillow, engine calls in flight, part writers,
+# name -> overrides of BASE: overlay format, nvJPEG or Pillow, engine calls in flight, steps queued for the writer and where it runs,
 # render pool threads, JPEG quality, overlay side (ARRCOC_OVERLAY_MAX_SIDE)
-BASE = {"fmt": "jpeg", "gpu_jpeg": True, "in_flight": 1, "writers": 1, "pool": 4, "quality": 90, "side": 1024}
+BASE = {"fmt": "jpeg", "gpu_jpeg": True, "in_flight": 1, "write_queue": 2, "pool": 4, "quality": 90, "side": 1024,
+        "writer": "thread"}
 CONFIGS = {
     "gpu-jpeg": {},
+    "gpu-jpeg-process-writer": {"writer": "process"},
+    "none-process-writer": {"fmt": "none", "writer": "process"},
+    "gpu-jpeg-wq1": {"write_queue": 1},
     "gpu-jpeg-if2": {"in_flight": 2},
-    "gpu-jpeg-w2": {"writers": 2},
-    "gpu-jpeg-if2-w2": {"in_flight": 2, "writers": 2},
     "gpu-jpeg-q85": {"quality": 85},
     "gpu-jpeg-q75": {"quality": 75},
     "gpu-jpeg-q80": {"quality": 80},
@@ -55,16 +65,17 @@ def main() -> int:
     p.add_argument("--backend", default="compiled")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--profile", action="store_true", help="cProfile each stage (slower: compare, don't report)")
     args = p.parse_args()
     device = resolve_device(args.device)
     photos = workload()["jpeg_800x600"]
     archive = _zip(photos, args.items, ".jpg")
     root = Path(tempfile.mkdtemp(prefix="batch-probe-"))
 
-    def settings(fmt: str, name: str, side: int = 1024, quality: int = 90):
+    def settings(fmt: str, name: str, side: int = 1024, quality: int = 90, writer: str = "thread"):
         return default_settings(device=str(device), backend=args.backend, backends=(args.backend,),
                                 data_dir=root / name, overlay_format=fmt, broker_url=None,
-                                overlay_max_side=side, overlay_jpeg_quality=quality,
+                                overlay_max_side=side, overlay_jpeg_quality=quality, batch_writer=writer,
                                 max_batch_items=max(args.items, 64))  # fmt: skip
 
     first = InProcessExecutor(settings("jpeg", "warm"))
@@ -76,12 +87,17 @@ def main() -> int:
     for name in args.configs:
         c = BASE | CONFIGS[name]
         overlays.JPEG_ON_GPU = c["gpu_jpeg"]
-        batch.IN_FLIGHT, batch.WRITERS = c["in_flight"], c["writers"]
-        ex = InProcessExecutor(settings(c["fmt"], name, c["side"], c["quality"]), pipeline=pipe)
+        batch.IN_FLIGHT, batch.WRITE_QUEUE = c["in_flight"], c["write_queue"]
+        ex = InProcessExecutor(settings(c["fmt"], name, c["side"], c["quality"], c["writer"]), pipeline=pipe)
         ex.runtime._render_pool = ThreadPoolExecutor(c["pool"], thread_name_prefix="arrcoc-render")
         batch_job(ex, _zip(photos, 64, ".jpg"), 64, device)  # warm this executor's threads
+        profiles = _profiled(ex) if args.profile else {}
         cpu0, wall0 = time.process_time(), time.perf_counter()
         row = batch_job(ex, archive, args.items, device)
+        for stage, prof in profiles.items():
+            prof.unpatch()
+            row.setdefault("profile", {})[stage] = prof.top()
+            print(f"--- {name} {stage}\n" + "\n".join(prof.top()), flush=True)
         row["cores_used"] = round((time.process_time() - cpu0) / (time.perf_counter() - wall0), 2)
         row["config"] = name
         row["settings"] = c
@@ -94,6 +110,60 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+class _Profile:
+    """cProfile around every call of `owner.attr`, in whichever thread makes it."""
+
+    def __init__(self, owner: object, attr: str, until: tuple[object, str] | None = None):
+        """`until`: enabled from the call of owner.attr to the end of that call instead."""
+        self.patched = [(owner, attr, getattr(owner, attr))]
+        self.prof = cProfile.Profile()
+        orig = self.patched[0][2]
+        if until is not None:
+            end = getattr(*until)
+            self.patched.append((*until, end))
+
+            def started(*a, **k):
+                self.prof.enable()
+                return orig(*a, **k)
+
+            def ended(*a, **k):
+                try:
+                    return end(*a, **k)
+                finally:
+                    self.prof.disable()
+
+            setattr(owner, attr, started)
+            setattr(*until, ended)
+            return
+
+        def wrapped(*a, **k):
+            self.prof.enable()
+            try:
+                return orig(*a, **k)
+            finally:
+                self.prof.disable()
+
+        setattr(owner, attr, wrapped)
+
+    def unpatch(self) -> None:
+        for owner, attr, orig in self.patched:
+            setattr(owner, attr, orig)
+
+    def top(self, n: int = 30) -> list[str]:
+        out = io.StringIO()
+        pstats.Stats(self.prof, stream=out).sort_stats("tottime").print_stats(n)
+        return [line for line in out.getvalue().splitlines() if line.strip()][-n - 1 :]
+
+
+def _profiled(ex: InProcessExecutor) -> dict[str, _Profile]:
+    """One profiler per stage; the engine host's is on the instance. From Python 3.12 cProfile
+    sees every thread and only one runs at a time: there, one around the whole job."""
+    if sys.version_info >= (3, 12):
+        return {"job": _Profile(ex, "submit_batch", until=(ex, "batch_results"))}
+    return {"process": _Profile(ex.runtime, "process"), "write": _Profile(writer, "write_step"),
+            "finalize": _Profile(batch, "build_results_zip"), "unpack": _Profile(batch, "unpack")}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from arrcoc.bench.e2e import _zip, workload  # noqa: E402
 from arrcoc.request import Controls  # noqa: E402
 from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
-from arrcoc.service.jobs import batch  # noqa: E402
+from arrcoc.service.jobs import batch, parts  # noqa: E402
 from arrcoc.service.jobs.archive import load_items  # noqa: E402
-from arrcoc.settings import default_settings  # noqa: E402
+from arrcoc.service.jobs.results_zip import build_results_zip  # noqa: E402
+from arrcoc.settings import OVERLAY_EXTENSIONS, default_settings  # noqa: E402
 
 
 def raw_write(root: Path, size: int = 72_000, n: int = 2048) -> float:
@@ -79,10 +80,11 @@ def probe_dir(base: Path, photos: list[bytes], overlay: str) -> None:
     jd = batch.job_dir(s, job)
     (jd / "results").mkdir(exist_ok=True)
     items = load_items(jd)
-    dt, prof = profiled(lambda: [batch._write_step(job, jd, items[k * 64 : (k + 1) * 64], pb, overlay,
-                                                   ex.store) for k in range(32)])  # fmt: skip
+    ext = OVERLAY_EXTENSIONS.get(overlay, "")
+    keys = [(it.index, it.file, it.query) for it in items]
+    dt, prof = profiled(lambda: [parts.write_step(jd, keys[k * 64 : (k + 1) * 64], pb.items, ext) for k in range(32)])
     print(f"write stage: {dt / 2048 * 1e3:.3f} ms/item\n{prof}", flush=True)
-    dt, prof = profiled(lambda: batch.build_results_zip(jd))
+    dt, prof = profiled(lambda: build_results_zip(jd))
     print(f"results.zip: {dt / 2048 * 1e3:.3f} ms/item, {os.path.getsize(jd / 'results.zip') / 1e6:.0f} MB\n{prof}",
           flush=True)  # fmt: skip
     ex.close()

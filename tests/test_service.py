@@ -271,6 +271,81 @@ def test_a_batch_job_without_overlays(settings, tmp_path):
         ex.close()
 
 
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(settings, tmp_path, writer, monkeypatch):
+    """A job run whole writes results.zip as its parts come (either part writer); built again from
+    the parts it is the same; parts out of order make the streamed zip give up, leaving nothing."""
+    from arrcoc.service.client.inprocess import InProcessExecutor
+    from arrcoc.service.jobs import batch
+    from arrcoc.service.jobs.files import job_dir
+    from arrcoc.service.jobs.parts import PART_SUFFIX
+    from arrcoc.service.jobs.results_zip import ResultsZip, build_results_zip
+
+    def content(path):
+        with zipfile.ZipFile(path) as zf:
+            assert zf.testzip() is None  # every member's CRC checks out
+            return zf.namelist(), {n: zf.read(n) for n in zf.namelist()}
+
+    s = settings.model_copy(update={"data_dir": tmp_path, "batch_writer": writer})
+    ex = InProcessExecutor(s)
+    try:
+        monkeypatch.setattr(batch, "STEP_ITEMS", 8)  # several parts (a CPU's step is 8 items already)
+
+        def not_built(jd):
+            raise AssertionError("results.zip built again after the job instead of written as it ran")
+
+        monkeypatch.setattr(batch, "build_results_zip", not_built)
+        files = {f"img{i:02d}.png": png_bytes(i) for i in range(20)} | {"broken.png": b"\x89PNG not really"}
+        job = ex.submit_batch(make_zip(files), "the red mug")
+        st = wait_finished(ex, job)
+        assert (st.state, st.done, st.failed) == (JobState.DONE, 20, 1), st
+        jd = job_dir(s, job)
+        parts = sorted((jd / "results").glob(f"*{PART_SUFFIX}"))
+        assert len(parts) >= 3
+        assert sorted(p.name for p in jd.iterdir() if p.name.startswith(".")) == []  # no spool left
+        streamed = content(jd / "results.zip")
+        assert len([n for n in streamed[0] if n.startswith("overlays/")]) == 20
+        (jd / "results.zip").unlink()
+        assert content(build_results_zip(jd)) == streamed
+        out_of_order = ResultsZip(jd)
+        out_of_order.add_part(parts[0])
+        out_of_order.add_part(parts[2])
+        assert not out_of_order.complete(21) and out_of_order.abandoned
+        out_of_order.abandon()
+        assert not out_of_order.path.exists()
+        assert sorted(p.name for p in jd.iterdir() if p.name.startswith(".")) == []
+    finally:
+        ex.close()
+
+
+def test_the_part_writer_outlives_its_child_process(tmp_path):
+    """A writer child killed mid-job: the step is written in the caller's thread, the next one
+    by a new child; no step is lost."""
+    from arrcoc.service.host.interface import Processed
+    from arrcoc.service.jobs import writer as part_writer
+    from arrcoc.service.jobs.parts import PartReader
+
+    (tmp_path / "results").mkdir()
+    w = part_writer.PartWriter(process=True)
+    failed = [Processed(error={"message": "bad"})]
+    try:
+        args = (tmp_path, [(0, "a.png", "q")], failed, "")
+        assert w.result(w.submit(*args), *args).marks == [(0, "bad")]
+        for proc in list(part_writer._child()._processes.values()):
+            proc.kill()
+            proc.join(10)
+        steps = []
+        for i in (1, 2):
+            args = (tmp_path, [(i, f"{i}.png", "q")], failed, "")
+            steps.append(w.result(w.submit(*args), *args))
+        assert [s.marks for s in steps] == [[(1, "bad")], [(2, "bad")]]
+        reader = PartReader()
+        assert [reader.summaries(s.part)[0]["index"] for s in steps] == [1, 2]
+        reader.close()
+    finally:
+        w.close()
+
+
 def test_a_bad_query_in_a_manifest_fails_its_item_only(inprocess):
     manifest = "file,query\na.png,the sky\nb.png," + "sky " * 200 + "\nc.png,???\n"
     files = {"a.png": png_bytes(1), "b.png": png_bytes(2), "c.png": png_bytes(3), "manifest.csv": manifest.encode()}

@@ -61,7 +61,7 @@ def wait_for(ex, job, predicate, timeout):
             st = None
         if st is not None and predicate(st):
             return st
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s; last status {st}")
 
 
@@ -76,8 +76,8 @@ def assert_every_item_exactly_once(ex, job, total):
 def test_sigkill_mid_batch_then_new_worker_completes_every_item_once(rig):
     worker = rig["start_worker"]()
     ex = rig["executor"]()
-    total = 24
-    job = ex.submit_batch(make_zip({f"{i:02d}.png": png_bytes(i) for i in range(total)}), "the sky")
+    total = 160  # long enough that the kill lands mid-job (8 items a step; a step takes tens of ms here)
+    job = ex.submit_batch(make_zip({f"{i:03d}.png": png_bytes(i) for i in range(total)}), "the sky")
     st = wait_for(ex, job, lambda s: s.done >= 4 or s.state.finished, 120)
     assert not st.state.finished, "the job finished before the kill; make it longer"
     worker.kill(signal.SIGKILL)
@@ -94,8 +94,8 @@ def test_sigkill_mid_batch_then_new_worker_completes_every_item_once(rig):
 def test_redis_restart_mid_job_resumes_and_no_call_hangs(rig):
     redis = rig["redis"][-1]
     ex = rig["executor"]()
-    total = 24
-    job = ex.submit_batch(make_zip({f"{i:02d}.png": png_bytes(50 + i) for i in range(total)}), "a face")
+    total = 160
+    job = ex.submit_batch(make_zip({f"{i:03d}.png": png_bytes(50 + i) for i in range(total)}), "a face")
     wait_for(ex, job, lambda s: s.done >= 4 or s.state.finished, 120)
     redis.stop()  # SIGTERM: Redis writes its AOF and exits
     for call in (lambda: ex.status(job), lambda: ex.infer(png_bytes(1), "q", timeout=5)):

@@ -1,0 +1,86 @@
+"""Where a batch job's parts are written: a child process, or a thread.
+
+Writing a step (each result's JSON, the part's zip, its CRCs) is Python work that holds the GIL:
+in the engine's process it slowed the engine host's decoding and encoding by as much as it cost
+(scripts/batch_probe.py: one core and a half busy of 16, the stages stretching together). In a
+child process it runs beside them. One child per process, started on first use and kept (a start
+costs an interpreter, ~0.2 s); the step crosses to it pickled (its overlays' bytes and results,
+a few MB). Should the child die, the step is written in the calling thread and the next one
+starts a new child.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .parts import ItemKey, WrittenStep, write_step
+
+if TYPE_CHECKING:
+    from ..host.interface import Processed
+
+log = logging.getLogger(__name__)
+
+
+class PartWriter:
+    """Writes steps' parts off the calling thread; `process`: in the child process, else in a thread."""
+
+    def __init__(self, process: bool):
+        self.process = process
+        self._threads = ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write")
+
+    def submit(self, jd: Path, keys: Sequence[ItemKey], items: Sequence[Processed], ext: str) -> Future[WrittenStep]:
+        """The step's part written, in the background."""
+        args = (jd, list(keys), list(items), ext)
+        if self.process:
+            try:
+                return _child().submit(write_step, *args)
+            except (BrokenProcessPool, RuntimeError, OSError) as e:  # no child to be had: this process
+                log.warning("part writer process unavailable (%s); writing in a thread", e)
+                _reset_child()  # the next step asks for a new one
+        return self._threads.submit(write_step, *args)
+
+    def result(self, future: Future[WrittenStep], jd: Path, keys: Sequence[ItemKey],
+               items: Sequence[Processed], ext: str) -> WrittenStep:  # fmt: skip
+        """The future's result; a step whose child died is written again here (a part written
+        twice is harmless: the later one wins, with the same rows)."""
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            log.warning("part writer process died; writing the step in this thread")
+            _reset_child()
+            return write_step(jd, list(keys), list(items), ext)
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
+
+
+CHILD_WORKERS = 2  # one per chunk written at a time in this process (a worker's threads run several)
+_lock = threading.Lock()
+_pool: ProcessPoolExecutor | None = None
+
+
+def _child() -> ProcessPoolExecutor:
+    """This process's writer child. forkserver: a fresh interpreter forked from a clean server,
+    not from this process (its threads and CUDA context); it preloads the part writer only."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload([__name__])
+            _pool = ProcessPoolExecutor(CHILD_WORKERS, mp_context=ctx)
+        return _pool
+
+
+def _reset_child() -> None:
+    global _pool
+    with _lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
