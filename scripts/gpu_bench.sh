@@ -6,6 +6,11 @@
 #   scripts/gpu_bench.sh startup VARIANT... cold/warm start of compiled and onnx -> $OUT
 #   scripts/gpu_bench.sh batching           dynamic batching on/off through Celery (carried
 #                                           .whl celery/redis wheels and .redis server) -> $OUT
+#   scripts/gpu_bench.sh probe [CONFIG...]  where the end-to-end CPU goes: scripts/batch_probe.py
+#                                           --profile (batch-job variants) and
+#                                           scripts/interactive_probe.py (1 and 32 callers) -> $OUT
+#   scripts/gpu_bench.sh e2e [ARGS...]      arrcoc bench e2e, in-process and through Celery (.whl,
+#                                           .redis, the query encoder in /tmp/mlm.part) -> $OUT
 #
 # Carried packages (onnxruntime-gpu chunks, wheels): see scripts/device_env.sh.
 # ARRCOC_COMMIT names the commit under test (the device copy has no .git).
@@ -48,6 +53,19 @@ EOF
     $PY scripts/batching_bench.py --device cuda --clients 32 --client-processes 8 --max-batch 32 --requests 1024 \
       --rounds 2 --out "$OUT" "$@" \
       2>&1 | tee "$OUT/batching.log" | grep -vE "Warning|warn\("
+    ;;
+  probe)  # arguments: batch_probe.py configs (default: the thread and process writers, no overlays)
+    configs=("${@:-gpu-jpeg gpu-jpeg-process-writer none}")
+    $PY scripts/batch_probe.py --device cuda --items 2048 --configs ${configs[@]} --profile --json "$OUT/batch-probe.json" \
+      > "$OUT/batch-probe.log" 2>&1; echo "batch_probe exit $?"
+    grep -E "images/s|^==|^\{" "$OUT/batch-probe.log" | head -20
+    $PY scripts/interactive_probe.py --device cuda --clients 1 32 --requests 4096 --json "$OUT/interactive-probe.json" \
+      > "$OUT/interactive-probe.log" 2>&1; echo "interactive_probe exit $?"
+    grep -E "^==" "$OUT/interactive-probe.log"
+    ;;
+  e2e)  # extra arguments go to arrcoc bench e2e, e.g. --no-celery
+    $PY -m arrcoc bench e2e --device cuda --backend compiled --out "$OUT" \
+      --name "e2e-$(date -u +%F)-h100-compiled-${ARRCOC_COMMIT:-unknown}" "$@" 2>&1 | tee "$OUT/e2e.log" | grep -vE "Warning|warn\("
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

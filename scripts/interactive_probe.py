@@ -1,0 +1,79 @@
+"""Where an interactive request's CPU goes, in-process: N callers (threads) through the project's
+InProcessExecutor, the load run twice — timed, then under cProfile — and the top functions by own
+time printed (and written to --json). From Python 3.12 cProfile sees every thread of the process
+(the callers, the batching and engine threads); before, only the calling one.
+
+    python scripts/interactive_probe.py [--device cuda] [--clients 32] [--requests 4096]
+
+Times under the profiler are inflated: compare functions, don't add them up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from arrcoc.bench.e2e import QUERIES, _Lent, workload  # noqa: E402
+from arrcoc.bench.load import run_load  # noqa: E402
+from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
+from arrcoc.settings import default_settings  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--backend", default="compiled")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--requests", type=int, default=4096)
+    p.add_argument("--top", type=int, default=35)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    s = default_settings(device=args.device, backend=args.backend, backends=(args.backend,), broker_url=None,
+                         data_dir=Path(tempfile.mkdtemp(prefix="interactive-probe-")))  # fmt: skip
+    ex = InProcessExecutor(s)
+    ex.warmup()
+    image = workload()["jpeg_800x600"][1]
+    lent = _Lent(ex)
+    out = []
+    try:
+        run_load(lent, image, QUERIES, 8, 256, timeout=120.0)  # warm the batcher's threads and caches
+        for clients in args.clients:
+            n = args.requests if clients > 1 else min(args.requests, 1024)
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            timed = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
+            cores = (time.process_time() - cpu0) / (time.perf_counter() - t0)
+            prof = cProfile.Profile()
+            prof.enable()
+            profiled = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
+            prof.disable()
+            buf = io.StringIO()
+            stats = pstats.Stats(prof, stream=buf)
+            stats.sort_stats("tottime").print_stats(args.top)
+            stats.sort_stats("cumulative").print_stats(args.top)
+            row = {"clients": clients, "requests": n, "req_s": timed["throughput_rps"], "p50_ms": timed["p50_ms"],
+                   "p99_ms": timed["p99_ms"], "process_cores": round(cores, 2),
+                   "timings_ms_mean": timed.get("timings_ms_mean"), "batch_sizes": timed.get("batch_sizes"),
+                   "profiled_req_s": profiled["throughput_rps"],
+                   "profile": [ln for ln in buf.getvalue().splitlines() if ln.strip()]}  # fmt: skip
+            out.append(row)
+            print(f"== {clients} callers: {row['req_s']} req/s, p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
+                  f"{row['process_cores']} cores; under the profiler {row['profiled_req_s']} req/s", flush=True)
+            print("\n".join(row["profile"]), flush=True)
+    finally:
+        ex.close()
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
