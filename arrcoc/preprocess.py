@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .errors import ArrcocError, InvalidInputError
-from .images import ImageLike, ImageLimits, decode_image, load_image, read_bytes
+from .images import ImageLike, ImageLimits, decode_image, jpeg_header, load_image, read_bytes
 
 _PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
@@ -196,16 +196,22 @@ def _header(data: bytes, limits: ImageLimits) -> tuple[bool, int, tuple[int, int
     grey, not CMYK, within the pixel limit as it is: a larger one goes to Pillow, which decodes it
     at a fraction of its size), its EXIF orientation and its upright size. What the GPU does not
     take, the CPU path checks and decodes (with the same errors)."""
-    try:
-        img = Image.open(io.BytesIO(read_bytes(data, limits)))
-        w, h = img.size
-        ok = img.format == "JPEG" and img.mode in ("RGB", "L") and w * h <= limits.max_pixels
-        orientation = int(img.getexif().get(0x0112, 1)) if ok else 1
-    except ArrcocError:
-        raise
-    except Exception:  # noqa: BLE001 -- unreadable: the CPU path says what is wrong
+    data = read_bytes(data, limits)
+    head = jpeg_header(data)  # a plain JPEG's header without Pillow's full parse (odd ones: Pillow)
+    if head is not None:
+        (w, h), orientation = head.size, head.orientation
+        ok = head.components in (1, 3) and w * h <= limits.max_pixels
+    else:
+        try:
+            img = Image.open(io.BytesIO(data))
+            w, h = img.size
+            ok = img.format == "JPEG" and img.mode in ("RGB", "L") and w * h <= limits.max_pixels
+            orientation = int(img.getexif().get(0x0112, 1)) if ok else 1
+        except Exception:  # noqa: BLE001 -- unreadable: the CPU path says what is wrong
+            return False, 1, (0, 0)
+    if not ok:
         return False, 1, (0, 0)
-    if ok and min(w, h) < limits.min_side:
+    if min(w, h) < limits.min_side:
         return False, 1, (0, 0)  # the CPU path refuses it with its message
     return ok, orientation, ((h, w) if orientation in (5, 6, 7, 8) else (w, h))
 

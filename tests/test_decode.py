@@ -99,3 +99,80 @@ def test_gpu_decoding_is_close_to_pillow_and_upright() -> None:
         assert (a.pixels.cpu().int() - b.pixels.int()).abs().float().mean() < 2.0  # a level here and there
     assert g[2].size == (photo.height, photo.width)  # upright
     assert g[4].size == (8000, 6000) and torch.equal(g[4].pixels.cpu(), c[4].pixels)
+
+
+def _pillow_header(data: bytes) -> tuple[tuple[int, int], int, int] | None:
+    """What Pillow's full parse says of a JPEG: (size, components, orientation), or None."""
+    try:
+        img = Image.open(io.BytesIO(data))
+        if img.format != "JPEG":
+            return None
+        return img.size, {"L": 1, "RGB": 3, "CMYK": 4}[img.mode], int(img.getexif().get(0x0112, 1))
+    except Exception:  # noqa: BLE001 -- unreadable: no answer to compare
+        return None
+
+
+def _photo_jpeg(w: int, h: int, mode: str, orientation: int | None, **kw) -> bytes:
+    rng = np.random.default_rng(w * h)
+    img = Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).convert(mode)
+    if orientation is not None:
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        exif[0x010F] = "camera"
+        kw["exif"] = exif.tobytes()
+    return jpeg(img, **kw)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "CMYK"])
+@pytest.mark.parametrize("orientation", [None, 1, 6, 8])
+@pytest.mark.parametrize("progressive", [False, True])
+def test_the_quick_jpeg_header_reads_what_pillow_reads(mode: str, orientation: int | None, progressive: bool) -> None:
+    from arrcoc.images import jpeg_header
+
+    data = _photo_jpeg(37, 23, mode, orientation, progressive=progressive)
+    head = jpeg_header(data)
+    assert head is not None
+    assert (head.size, head.components, head.orientation) == _pillow_header(data)
+
+
+def test_the_quick_jpeg_header_leaves_every_odd_file_to_pillow() -> None:
+    """Mutated and cut headers: where the quick reader answers, Pillow gives the same answer (or
+    cannot read the file, which then fails on the decoding path as before); what it cannot read
+    plainly it leaves to Pillow (None)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from arrcoc.images import jpeg_header
+
+    base = _photo_jpeg(40, 30, "RGB", 6)
+    sof = base.index(b"\xff\xc0")
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(st.integers(0, sof + 19), st.integers(0, 255), st.integers(2, len(base)))
+    def check(at: int, value: int, cut: int) -> None:
+        data = (base[:at] + bytes([value]) + base[at + 1 :])[:cut]
+        head = jpeg_header(data)
+        if head is not None:
+            pillow = _pillow_header(data)
+            assert pillow is None or (head.size, head.components, head.orientation) == pillow, (at, value, cut)
+
+    check()
+    assert jpeg_header(b"\x89PNG\r\n\x1a\n") is None and jpeg_header(base[: sof + 4]) is None
+    assert jpeg_header(_photo_jpeg(40, 30, "RGB", 9)) is None  # an orientation out of range: Pillow's call
+
+
+def test_gpu_header_check_takes_the_same_jpegs_as_pillow() -> None:
+    """The decoder's header check (which JPEGs go to nvJPEG, upright size) with the quick reader
+    is what it was with Pillow's full parse, including the limits."""
+    from arrcoc.preprocess import _header
+
+    limits = ImageLimits(max_pixels=40 * 30 + 1, min_side=16)
+    for data, expected in (
+        (_photo_jpeg(40, 30, "RGB", 6), (True, 6, (30, 40))),
+        (_photo_jpeg(40, 30, "L", None), (True, 1, (40, 30))),
+        (_photo_jpeg(40, 30, "CMYK", None), (False, 1, (0, 0))),  # CMYK: Pillow decodes it
+        (_photo_jpeg(50, 30, "RGB", None), (False, 1, (0, 0))),  # over the pixel limit: Pillow, with draft
+        (_photo_jpeg(40, 12, "RGB", None), (False, 1, (0, 0))),  # a side under the minimum: Pillow's error
+        (b"\xff\xd8\xff\xe0 not a jpeg", (False, 1, (0, 0))),
+    ):
+        assert _header(data, limits) == expected
