@@ -54,14 +54,25 @@ EOF
       --rounds 2 --out "$OUT" "$@" \
       2>&1 | tee "$OUT/batching.log" | grep -vE "Warning|warn\("
     ;;
-  probe)  # arguments: batch_probe.py configs (default: the thread and process writers, no overlays)
-    configs=("${@:-gpu-jpeg gpu-jpeg-process-writer none}")
-    $PY scripts/batch_probe.py --device cuda --items 2048 --configs ${configs[@]} --profile --json "$OUT/batch-probe.json" \
-      > "$OUT/batch-probe.log" 2>&1; echo "batch_probe exit $?"
-    grep -E "images/s|^==|^\{" "$OUT/batch-probe.log" | head -20
-    $PY scripts/interactive_probe.py --device cuda --clients 1 32 --requests 4096 --json "$OUT/interactive-probe.json" \
-      > "$OUT/interactive-probe.log" 2>&1; echo "interactive_probe exit $?"
+  probe)  # arguments: batch_probe.py configs (default: the thread and process writers)
+    # py-spy (carried in .pyspy/) samples the thread holding the GIL: where one process's time goes
+    SPY=(); if ls .pyspy/py_spy-*.whl >/dev/null 2>&1; then
+      [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/py_spy-*.whl
+      SPY=(/tmp/pyspy/bin/py-spy record --gil -r 200 --format raw -o); fi
+    configs=("${@:-gpu-jpeg gpu-jpeg-process-writer}")
+    for c in ${configs[@]}; do
+      ${SPY[@]:+${SPY[@]} "$OUT/spy-batch-$c.txt" --} $PY scripts/batch_probe.py --device cuda --items 2048 --configs $c \
+        --json "$OUT/batch-probe-$c.json" > "$OUT/batch-probe-$c.log" 2>&1; echo "batch_probe $c exit $?"
+      grep -E "images/s" "$OUT/batch-probe-$c.log"
+    done
+    ${SPY[@]:+${SPY[@]} "$OUT/spy-interactive.txt" --} $PY scripts/interactive_probe.py --device cuda --clients 1 32 \
+      --requests 4096 --json "$OUT/interactive-probe.json" > "$OUT/interactive-probe.log" 2>&1; echo "interactive_probe exit $?"
     grep -E "^==" "$OUT/interactive-probe.log"
+    # the Celery path: every process of the benchmark (client processes, worker group, engine process)
+    ${SPY[@]:+${SPY[@]} "$OUT/spy-celery.txt" --subprocesses --} timeout 300 $PY -m arrcoc bench e2e --device cuda \
+      --backend compiled --items 256 --large-items 0 --png-items 0 --requests 2048 --out "$OUT" --name e2e-probe \
+      > "$OUT/e2e-probe.log" 2>&1; echo "e2e probe exit $?"
+    grep -E "^\| (inprocess|celery)" "$OUT/e2e-probe.md"
     ;;
   e2e)  # extra arguments go to arrcoc bench e2e, e.g. --no-celery
     $PY -m arrcoc bench e2e --device cuda --backend compiled --out "$OUT" \

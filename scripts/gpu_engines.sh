@@ -7,6 +7,12 @@
 #   scripts/gpu_engines.sh ortopt ONNX Runtime settings for arrcoc-clip-b16 (scripts/ort_options.py:
 #                                 parity and speed per CUDA-provider option / disabled rewrite),
 #                                 then arrcoc bench eager / compiled / onnx under the best one
+#   scripts/gpu_engines.sh ortfuse ORT's transformer fusions of the export (engine/ort_fusion.py,
+#                                 default for arrcoc-clip-*), within 300 s: arrcoc bench eager /
+#                                 compiled / fused onnx at 1 8 64 (parity per bucket); the same
+#                                 exports unfused, fused without attention and fused with
+#                                 memory-efficient fp32 attention (ort_options.py, parity + p50);
+#                                 CUDA kernels a call, fused against unfused (kernel_split.py)
 #   scripts/gpu_engines.sh aot    scripts/gpu_aot.sh with a longer build budget
 #   scripts/gpu_engines.sh debug  why aot crashed (issue 15), within 390 s (DEBUG_S): the aot packages
 #                                 built (no load) beside a cold compiled start; a warm compiled
@@ -58,6 +64,20 @@ case "$stage" in
     else
       echo "== no ORT setting kept parity at every bucket: bench skipped"
     fi
+    ;;
+  ortfuse)  # one cache dir: the later steps reuse the bench's exports (and fused files)
+    C=/tmp/arrcoc-ortfuse; rm -rf "$C"
+    $PY -c "import torch, onnxscript, onnxruntime as o; print('torch', torch.__version__, 'onnxscript', onnxscript.__version__, 'ort', o.__version__, o.get_available_providers())"
+    step 150 clip-fused $PY -m arrcoc bench --variants arrcoc-clip-b16 --backends eager compiled onnx \
+      --buckets 1 8 64 --iters 100 --warmup-iters 10 --cache-dir "$C" --out "$W" --name bench-clip-b16-ortfuse
+    $PY -c "import json, sys; [print('   fused', w['backend'], w.get('fusions'), w.get('fuse_s'), w.get('fused')) for w in json.load(open(sys.argv[1]))['warmup'] if w['backend'] == 'onnx']" \
+      "$W/bench-clip-b16-ortfuse.json" 2>&1 | cut -c1-400
+    step 90 configs $PY scripts/ort_options.py --variant arrcoc-clip-b16 --buckets 1 8 64 --no-compiled --iters 50 \
+      --configs default unfused fused-norm fused-mea --cache-dir "$C/onnx" --json "$W/ort-fusions.json"
+    grep -E "^(default|unfused|fused)" "$W/configs.log" | cut -c1-220
+    step 50 kernels $PY scripts/kernel_split.py --variant arrcoc-clip-b16 --buckets 1 8 --backends onnx \
+      --onnx-fusions none all --cache-dir "$C/onnx" --json "$W/kernel-split-ortfuse.json"
+    grep '^{' "$W/kernels.log" | cut -c1-330
     ;;
   aotbench)  # the aot backend in the report: texture start-up (cold build, warm) in new processes, clip-b16 beside eager/compiled
     step 170 startup-texture-aot $PY -m arrcoc bench --startup-only --variants arrcoc-texture --backends aot \

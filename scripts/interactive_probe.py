@@ -1,7 +1,8 @@
 """Where an interactive request's CPU goes, in-process: N callers (threads) through the project's
-InProcessExecutor, the load run twice — timed, then under cProfile — and the top functions by own
-time printed (and written to --json). From Python 3.12 cProfile sees every thread of the process
-(the callers, the batching and engine threads); before, only the calling one.
+InProcessExecutor, the load timed, and with --cprofile run again under cProfile, the top functions
+by own time printed (and written to --json). From Python 3.12 cProfile sees every thread of the
+process; its times are wall times, a thread's waits for the GIL included, so for where the GIL's
+time goes run the script under `py-spy record --gil` (scripts/gpu_bench.sh probe does).
 
     python scripts/interactive_probe.py [--device cuda] [--clients 32] [--requests 4096]
 
@@ -35,6 +36,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, nargs="+", default=[1, 32])
     p.add_argument("--requests", type=int, default=4096)
     p.add_argument("--top", type=int, default=35)
+    p.add_argument("--cprofile", action="store_true", help="also run each load under cProfile")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     s = default_settings(device=args.device, backend=args.backend, backends=(args.backend,), broker_url=None,
@@ -51,14 +53,16 @@ def main() -> int:
             cpu0, t0 = time.process_time(), time.perf_counter()
             timed = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
             cores = (time.process_time() - cpu0) / (time.perf_counter() - t0)
-            prof = cProfile.Profile()
-            prof.enable()
-            profiled = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
-            prof.disable()
             buf = io.StringIO()
-            stats = pstats.Stats(prof, stream=buf)
-            stats.sort_stats("tottime").print_stats(args.top)
-            stats.sort_stats("cumulative").print_stats(args.top)
+            profiled = {"throughput_rps": None}
+            if args.cprofile:
+                prof = cProfile.Profile()
+                prof.enable()
+                profiled = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
+                prof.disable()
+                stats = pstats.Stats(prof, stream=buf)
+                stats.sort_stats("tottime").print_stats(args.top)
+                stats.sort_stats("cumulative").print_stats(args.top)
             row = {"clients": clients, "requests": n, "req_s": timed["throughput_rps"], "p50_ms": timed["p50_ms"],
                    "p99_ms": timed["p99_ms"], "process_cores": round(cores, 2),
                    "timings_ms_mean": timed.get("timings_ms_mean"), "batch_sizes": timed.get("batch_sizes"),

@@ -4,6 +4,7 @@ kernel in the process, ORT's too), summed per call into GEMM, convolution, atten
 everything else (elementwise, reductions, copies), with how many kernels each call launches.
 
     python scripts/kernel_split.py --variant arrcoc-clip-b16 --buckets 1 8 [--backends compiled onnx]
+                                   [--onnx-fusions default none]
 
 What it answers (issue 14): whether ONNX Runtime's gap to compiled is in the big kernels (the
 vision tower's GEMMs) or in the many small ones Inductor fuses.
@@ -70,19 +71,25 @@ def main() -> int:
     p.add_argument("--backends", nargs="+", default=["compiled", "onnx"])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--cache-dir", type=Path, default=None, help="default: a fresh temporary dir (cold)")
+    p.add_argument("--onnx-fusions", nargs="+", default=["default"],
+                   help="onnx once per value: default, none, norm, all (engine/ort_fusion.py)")  # fmt: skip
     args = p.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
     model = create_model(args.variant, bench_weights(args.variant, "default"), device)
-    cache = Path(tempfile.mkdtemp(prefix="kernel-split-"))
+    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="kernel-split-"))
     rows = []
-    for name in args.backends:
-        be = create_backend(name, model, device, tuple(args.buckets), cache_dir=cache)
+    runs = [(n, f) for n in args.backends for f in (args.onnx_fusions if n == "onnx" else [None])]
+    for name, fusions in runs:
+        options = {} if fusions in (None, "default") else {"fusions": fusions}
+        be = create_backend(name, model, device, tuple(args.buckets), cache_dir=cache, **options)
         be.warmup()
+        label = f"{name}[{be.stats['fusions']}]" if name == "onnx" else name
         for b in args.buckets:
             ins = example_inputs(model, b, device, seed=7)
             with torch.inference_mode():
-                row = {"backend": name, "bucket": b} | split(lambda be=be, ins=ins: be.run(*ins), args.iters)
+                row = {"backend": label, "bucket": b} | split(lambda be=be, ins=ins: be.run(*ins), args.iters)
             rows.append(row)
             print(json.dumps(row), flush=True)
         be.close()

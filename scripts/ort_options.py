@@ -1,7 +1,8 @@
 """Which ONNX Runtime settings keep parity, and what they cost: the onnx backend under several
-CUDA-provider options and disabled graph rewrites, each checked against eager and timed with its
-CUDA graphs, beside compiled + graph in the same process (issue 14: arrcoc-clip-b16 at bucket 64
-drifted 1.35e-3 on the participatory map; ORT's CPU provider matches to 5.7e-6).
+CUDA-provider options, disabled graph rewrites and fusions of the export (engine/ort_fusion.py),
+each checked against eager and timed with its CUDA graphs, beside compiled + graph in the same
+process (issue 14: arrcoc-clip-b16 at bucket 64 drifted 1.35e-3 on the participatory map; ORT's
+CPU provider matches to 5.7e-6).
 
     python scripts/ort_options.py --variant arrcoc-clip-b16 --buckets 1 8 64 [--configs ...]
 
@@ -32,17 +33,21 @@ from arrcoc.registry import create_model  # noqa: E402
 
 _FUSIONS = ["AttentionFusion", "LayerNormFusion", "SimplifiedLayerNormFusion", "SkipLayerNormFusion",
             "GeluFusion", "BiasGeluFusion", "FastGeluFusion", "MatMulScaleFusion", "BiasSoftmaxFusion"]  # fmt: skip
-# name -> (provider options, disabled optimizers, environment)
-CONFIGS: dict[str, tuple[dict, list, dict]] = {
-    "default": ({}, [], {}),
-    "conv-heuristic": ({"cudnn_conv_algo_search": "HEURISTIC"}, [], {}),
-    "conv-default": ({"cudnn_conv_algo_search": "DEFAULT"}, [], {}),
-    "no-attention-fusion": ({}, ["AttentionFusion"], {}),
+_MEA_FP32 = {"ORT_MIN_SEQ_LEN_EFFICIENT_ATTENTION_FP32": "1"}  # ORT's default: 256 tokens (clip-b16 has 197)
+# name -> (provider options, disabled optimizers, environment, fusions (engine/ort_fusion.py; None: the default))
+CONFIGS: dict[str, tuple[dict, list, dict, str | None]] = {
+    "default": ({}, [], {}, None),
+    "unfused": ({}, [], {}, "none"),
+    "fused-norm": ({}, [], {}, "norm"),
+    "fused-mea": ({}, [], _MEA_FP32, "all"),
+    "conv-heuristic": ({"cudnn_conv_algo_search": "HEURISTIC"}, [], {}, None),
+    "conv-default": ({"cudnn_conv_algo_search": "DEFAULT"}, [], {}, None),
+    "no-attention-fusion": ({}, ["AttentionFusion"], {}, None),
     "no-fused-attention-kernels": ({}, [], {"ORT_DISABLE_FLASH_ATTENTION": "1", "ORT_DISABLE_FUSED_ATTENTION": "1",
                                             "ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION": "1",
-                                            "ORT_DISABLE_TRT_FLASH_ATTENTION": "1"}),  # fmt: skip
-    "no-transformer-fusions": ({}, _FUSIONS, {}),
-    "conv-default+no-transformer-fusions": ({"cudnn_conv_algo_search": "DEFAULT"}, _FUSIONS, {}),
+                                            "ORT_DISABLE_TRT_FLASH_ATTENTION": "1"}, None),  # fmt: skip
+    "no-transformer-fusions": ({}, _FUSIONS, {}, None),
+    "conv-default+no-transformer-fusions": ({"cudnn_conv_algo_search": "DEFAULT"}, _FUSIONS, {}, None),
 }
 
 
@@ -86,13 +91,13 @@ def main() -> int:
         print(f"compiled ready in {time.perf_counter() - t:.1f} s", flush=True)
     rows = []
     for name in args.configs:
-        options, disabled, env = CONFIGS[name]
+        options, disabled, env, fusions = CONFIGS[name]
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         t = time.perf_counter()
         try:
             be = create_backend("onnx", model, device, buckets, cache_dir=cache, provider_options=options,
-                                disabled_optimizers=tuple(disabled))  # fmt: skip
+                                disabled_optimizers=tuple(disabled), fusions=fusions)  # fmt: skip
             be.warmup()
         except Exception as e:  # a config ORT refuses: say so, go on
             print(f"{name:38s} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
@@ -102,6 +107,8 @@ def main() -> int:
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         ready_s = time.perf_counter() - t
+        for shape, counts in be.stats.get("fused", {}).items():  # node counts of each fused export
+            print(f"{name:38s} fused {shape}: {counts}", flush=True)
         for b in buckets:
             par = parity(be, reference, model, b, device)
             sets = [example_inputs(model, b, device, seed=100 + s) for s in range(3)]
@@ -114,7 +121,7 @@ def main() -> int:
             ref = summarize(times["compiled"])["p50_ms"] if compiled is not None else None
             worst_map = max(par["diff_by_map"], key=par["diff_by_map"].get)
             ok = par["max_abs_diff"] <= TOL[torch.float32] and par["topk_agreement_ties"] == 1.0
-            row = {"config": name, "bucket": b, "ready_s": round(ready_s, 1), "onnx_p50_ms": p50,
+            row = {"config": name, "bucket": b, "fusions": be.stats.get("fusions"), "ready_s": round(ready_s, 1), "onnx_p50_ms": p50,
                    "compiled_p50_ms": ref, "ratio": p50 / ref if ref else None, "max_abs_diff": par["max_abs_diff"],
                    "worst_map": worst_map, "diff_by_map": par["diff_by_map"], "parity_ok": ok,
                    "topk_agreement_ties": par["topk_agreement_ties"]}  # fmt: skip
@@ -129,9 +136,10 @@ def main() -> int:
         args.json.write_text(json.dumps(rows, indent=1))
     best = pick(rows, args.configs)
     if best:  # for `arrcoc bench --onnx-options` (scripts/gpu_engines.sh ortopt)
-        options, disabled, env = CONFIGS[best]
+        options, disabled, env, fusions = CONFIGS[best]
         print(f"BEST {best}")
-        print("BEST_OPTIONS " + json.dumps({"provider_options": options, "disabled_optimizers": disabled}))
+        print("BEST_OPTIONS " + json.dumps({"provider_options": options, "disabled_optimizers": disabled}
+                                           | ({"fusions": fusions} if fusions else {})))  # fmt: skip
         print("BEST_ENV " + " ".join(f"{k}={v}" for k, v in env.items()))
     return 0
 

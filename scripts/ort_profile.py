@@ -1,13 +1,14 @@
 """ONNX Runtime's own op-by-op profile of the exported model (static batch), by operator type.
 
     python scripts/ort_profile.py --batch 8 [--device cuda] [--threads 1] [--runs 5] [--warmup 1]
-                                  [--cudnn-conv-algo-search HEURISTIC]
+                                  [--cudnn-conv-algo-search HEURISTIC] [--fusions none]
 
 Exports the forward at one batch size with arrcoc's exporter (arrcoc.engine.onnx.export_onnx),
-runs it `warmup` + `runs` times under ORT's profiler (CUDA provider on --device cuda:
-onnxruntime-gpu) and prints, for the timed runs only, each operator type's kernel time per run,
-its share of kernel time and how many nodes of it a run executes; then the total kernel time per
-run beside the host's wall time per run and ORT's own model_run time.
+fuses it as the onnx backend does (--fusions; engine/ort_fusion.py), runs it `warmup` + `runs`
+times under ORT's profiler (CUDA provider on --device cuda: onnxruntime-gpu) and prints, for the
+timed runs only, each operator type's kernel time per run, its share of kernel time and how many
+nodes of it a run executes; then the total kernel time per run beside the host's wall time per
+run and ORT's own model_run time.
 
 The warm-up runs are left out (cuDNN's exhaustive algorithm search on the first Conv alone
 inflates Conv many times over): events before the end of the last warm-up `model_run` are
@@ -95,6 +96,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--cudnn-conv-algo-search", default=None, choices=CONV_ALGO_SEARCH,
                    help="CUDA provider's cudnn_conv_algo_search (default: ORT's, EXHAUSTIVE)")  # fmt: skip
+    p.add_argument("--fusions", default="default", choices=("default", "none", "norm", "all"),
+                   help="ORT fusions of the export as the onnx backend applies them (default: the model's)")  # fmt: skip
     args = p.parse_args()
     if args.runs < 1 or args.warmup < 0:
         p.error("--runs must be at least 1 and --warmup at least 0")
@@ -103,7 +106,8 @@ def main() -> None:
     import torch
 
     from arrcoc.engine.base import example_inputs
-    from arrcoc.engine.onnx import INPUTS, export_onnx
+    from arrcoc.engine.onnx import INPUTS, default_fusions, export_onnx
+    from arrcoc.engine.ort_fusion import Fusions, fuse_onnx, fused_path
     from arrcoc.registry import create_model
 
     torch.manual_seed(0)
@@ -111,6 +115,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="arrcoc-ortprof-"))
     path = tmp / f"{args.variant}-b{args.batch}.onnx"
     export_onnx(model, path, torch.device("cpu"), args.batch)
+    fusions = default_fusions(model) if args.fusions == "default" else Fusions(args.fusions)
+    if fusions != Fusions.NONE:
+        print(f"fusions {fusions.value}: {fuse_onnx(path, fused_path(path, fusions), fusions)}")
+        path = fused_path(path, fusions)
     so = ort.SessionOptions()
     so.enable_profiling = True
     so.profile_file_prefix = str(tmp / "profile")
