@@ -54,7 +54,8 @@ EOF
       --rounds 2 --out "$OUT" "$@" \
       2>&1 | tee "$OUT/batching.log" | grep -vE "Warning|warn\("
     ;;
-  probe)  # arguments: batch_probe.py configs (default: the thread and process writers)
+  probe)  # arguments: batch_probe.py configs (default: the thread and process writers); -> $OUT/probe.tgz
+    R="$OUT"; OUT=/tmp/probe; rm -rf "$OUT"; mkdir -p "$OUT"; trap 'tar czf "$R/probe.tgz" -C /tmp probe' EXIT
     # py-spy (carried in .pyspy/) samples the thread holding the GIL: where one process's time goes
     SPY=(); if ls .pyspy/py_spy-*.whl >/dev/null 2>&1; then
       [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/py_spy-*.whl
