@@ -6,6 +6,10 @@ capture on the H100) and its own session with the CUDA execution provider, IO bi
 (`enable_cuda_graph`). CPU fallback of any node is refused (`session.disable_cpu_ep_fallback`),
 and a GPU machine without the CUDA provider is an error, not a silent CPU run. On CPU one
 export with a dynamic batch dimension and one session with the CPU provider serve every bucket.
+
+Models with a ViT tower (arrcoc-clip-*) have ORT's transformer fusions applied to each export
+first (engine/ort_fusion.py: attention, residual + layer norm, activations as single contrib ops;
+`fusions="none"` turns them off), cached beside the export.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ..errors import EngineError
 from ..model import ModelOutput
 from .base import Backend, ForwardFn, example_inputs, pad_rows
 from .caches import model_fingerprint
+from .ort_fusion import Fusions, fuse_onnx, fused_path
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +72,29 @@ def export_onnx(model: torch.nn.Module, path: Path, device: torch.device, batch:
     return time.perf_counter() - t0
 
 
+def default_fusions(model: torch.nn.Module) -> Fusions:
+    """ALL for a model with a ViT tower (what ORT's fusions are for; parity checked on the CPU
+    provider by tests/test_onnx_fusion.py), NONE otherwise (arrcoc-texture: nothing to fuse)."""
+    from ..vit import CLIPVisionTower
+
+    return Fusions.ALL if isinstance(getattr(model, "vision_model", None), CLIPVisionTower) else Fusions.NONE
+
+
 class OnnxBackend(Backend):
     name = "onnx"
 
     def __init__(self, *args, cuda_graphs: bool = True, provider_options: dict[str, str] | None = None,
-                 disabled_optimizers: tuple[str, ...] = (), **kwargs):  # fmt: skip
+                 disabled_optimizers: tuple[str, ...] = (), fusions: str | None = None, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         if self.dtype != torch.float32:
             raise EngineError("The onnx backend runs float32 only; use the compiled backend for bfloat16.")
         self.use_graphs = cuda_graphs
+        try:  # None: the model's default (default_fusions)
+            self.fusions = Fusions(fusions) if fusions is not None else default_fusions(self.model)
+        except ValueError:
+            raise EngineError(f"Unknown onnx fusions {fusions!r}; choose one of {[f.value for f in Fusions]}.") from None
+        self._fusions_asked = fusions is not None
+        self.stats["fusions"] = self.fusions.value
         # CUDA provider options over PROVIDER_OPTIONS, and ORT graph rewrites to leave out
         # (scripts/ort_options.py measures their effect on parity and speed)
         self.provider_options = {**PROVIDER_OPTIONS, **(provider_options or {})}
@@ -132,7 +151,22 @@ class OnnxBackend(Backend):
         if not path.is_file():
             log.info("exporting %s", path)
             export_onnx(self.model, path, self.device, batch)
-        return path
+        if self.fusions == Fusions.NONE:
+            return path
+        fused = fused_path(path, self.fusions)
+        if not fused.is_file():
+            t0 = time.perf_counter()
+            try:
+                counts = fuse_onnx(path, fused, self.fusions)
+            except Exception as e:  # an onnxscript / ORT without these passes: asked for, an error;
+                if self._fusions_asked:  # by default, the plain export (slower, same outputs)
+                    raise EngineError(f"ORT fusions {self.fusions.value!r} failed on {path.name}: {e}") from e
+                log.warning("ORT fusions failed on %s, running it unfused: %s", path.name, e)
+                self.fusions, self.stats["fusions"] = Fusions.NONE, f"none (fusing failed: {str(e)[:200]})"
+                return path
+            self.stats["fuse_s"] = self.stats.get("fuse_s", 0.0) + time.perf_counter() - t0
+            self.stats.setdefault("fused", {})[shape] = counts
+        return fused
 
     def _options(self, bucket: int | None = None):
         so = self._ort.SessionOptions()
