@@ -68,14 +68,14 @@ case "$stage" in
   ortfuse)  # one cache dir: the later steps reuse the bench's exports (and fused files)
     C=/tmp/arrcoc-ortfuse; rm -rf "$C"
     $PY -c "import torch, onnxscript, onnxruntime as o; print('torch', torch.__version__, 'onnxscript', onnxscript.__version__, 'ort', o.__version__, o.get_available_providers())"
-    step 150 clip-fused $PY -m arrcoc bench --variants arrcoc-clip-b16 --backends eager compiled onnx \
+    step 170 clip-fused $PY -m arrcoc bench --variants arrcoc-clip-b16 --backends eager compiled onnx \
       --buckets 1 8 64 --iters 100 --warmup-iters 10 --cache-dir "$C" --out "$W" --name bench-clip-b16-ortfuse
     $PY -c "import json, sys; [print('   fused', w['backend'], w.get('fusions'), w.get('fuse_s'), w.get('fused')) for w in json.load(open(sys.argv[1]))['warmup'] if w['backend'] == 'onnx']" \
       "$W/bench-clip-b16-ortfuse.json" 2>&1 | cut -c1-400
-    step 90 configs $PY scripts/ort_options.py --variant arrcoc-clip-b16 --buckets 1 8 64 --no-compiled --iters 50 \
-      --configs default unfused fused-norm fused-mea --cache-dir "$C/onnx" --json "$W/ort-fusions.json"
+    step 80 configs $PY scripts/ort_options.py --variant arrcoc-clip-b16 --buckets 1 8 64 --no-compiled --iters 50 \
+      --configs default unfused fused-mea fused-norm --cache-dir "$C/onnx" --json "$W/ort-fusions.json"
     grep -E "^(default|unfused|fused)" "$W/configs.log" | cut -c1-220
-    step 50 kernels $PY scripts/kernel_split.py --variant arrcoc-clip-b16 --buckets 1 8 --backends onnx \
+    step 45 kernels $PY scripts/kernel_split.py --variant arrcoc-clip-b16 --buckets 1 8 --backends onnx \
       --onnx-fusions none all --cache-dir "$C/onnx" --json "$W/kernel-split-ortfuse.json"
     grep '^{' "$W/kernels.log" | cut -c1-330
     ;;
