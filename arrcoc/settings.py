@@ -54,7 +54,9 @@ class Settings(BaseSettings):
     overlay_max_side: int = Field(1024, ge=64, le=4096)  # batch-job overlays: at most this many pixels a side
     overlay_jpeg_quality: int = Field(90, ge=10, le=100)
     batch_chunk_items: int = 256  # items per batch-job task (a unit of redelivery and progress)
-    batch_writer: Literal["thread", "process"] = "thread"  # where parts are written (arrcoc.service.jobs.writer)
+    # where a batch job's parts are written (arrcoc.service.jobs.writer); auto: a child process when
+    # the engine runs in this process (in-process executor, a one-process worker), else a thread
+    batch_writer: Literal["auto", "thread", "process"] = "auto"
 
     # Service
     broker_url: str | None = None  # None: in-process executor

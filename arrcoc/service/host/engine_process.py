@@ -210,6 +210,10 @@ class EngineClient(EngineHost):
     def max_batch(self) -> int:
         return int(self.info["max_batch"])
 
+    @property
+    def in_this_process(self) -> bool:
+        return False  # the engine process decodes and runs: this process's GIL is free for writing
+
     def infer(
         self, image: Any, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:

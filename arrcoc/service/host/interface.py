@@ -50,6 +50,12 @@ class EngineHost(ABC):
     def max_batch(self) -> int:
         """The largest batch one engine call takes."""
 
+    @property
+    def in_this_process(self) -> bool:
+        """Whether the engine's decoding and running share this process (and its GIL) with the
+        caller: a batch job then writes its parts in a child process (arrcoc.service.jobs.writer)."""
+        return True
+
     @abstractmethod
     def infer(self, image: ImageLike, query: str, controls: Controls, timeout: float,
               backend: str | None = None) -> RelevanceResult:  # fmt: skip

@@ -168,7 +168,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
     steps = [group[i : i + size] for i in range(0, len(group), size)]
     fmt = settings.overlay_format
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
-    writer = PartWriter(settings.batch_writer == "process")
+    writer = PartWriter(settings.batch_writer == "process" or (settings.batch_writer == "auto" and host.in_this_process))
     with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-read") as reader, \
             ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
         reading = reader.submit(_read, jd, steps[0])

@@ -190,13 +190,14 @@ class PartReader:
         zf.fp.seek(head[zipfile._FH_FILENAME_LENGTH] + head[zipfile._FH_EXTRA_FIELD_LENGTH], os.SEEK_CUR)
         return zf.fp.read(info.compress_size)
 
-    def rows(self, path: Path, start: int, stop: int) -> bytes:
+    def rows(self, path: Path, start: int, stop: int, whole: bool = False) -> bytes:
         """Lines [start, stop) of the part's rows.jsonl, joined by newlines: the whole file as it
-        is when they are all its lines (the common case: splitting it cost more than deflating)."""
+        is when they are all its lines (the common case: splitting it cost more than deflating;
+        `whole`: the caller knows they are, and the lines need not be counted)."""
         zf, blob, lines = self._get(path)
         if blob is None:
             blob = zf.read("rows.jsonl")
-        if start == 0 and stop == blob.count(b"\n") + 1:
+        if start == 0 and (whole or stop == blob.count(b"\n") + 1):
             self._open[path] = (zf, blob, lines)
             return blob
         if lines is None:

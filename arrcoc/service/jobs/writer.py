@@ -32,7 +32,8 @@ class PartWriter:
     """Writes steps' parts off the calling thread; `process`: in the child process, else in a thread."""
 
     def __init__(self, process: bool):
-        self.process = process
+        # a daemonic process (e.g. a multiprocessing pool's worker) may not start children
+        self.process = process and not multiprocessing.current_process().daemon
         self._threads = ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write")
 
     def submit(self, jd: Path, keys: Sequence[ItemKey], items: Sequence[Processed], ext: str) -> Future[WrittenStep]:
