@@ -61,18 +61,29 @@ EOF
       [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/py_spy-*.whl
       SPY=(/tmp/pyspy/bin/py-spy record --gil -r 200 --format raw -o); fi
     configs=("${@:-gpu-jpeg gpu-jpeg-process-writer}")
+    [ "${PROBE_BATCH:-1}" = 0 ] && configs=()  # PROBE_BATCH=0: the interactive and Celery parts only
     for c in ${configs[@]}; do
       ${SPY[@]:+${SPY[@]} "$OUT/spy-batch-$c.txt" --} $PY scripts/batch_probe.py --device cuda --items 2048 --configs $c \
         --json "$OUT/batch-probe-$c.json" > "$OUT/batch-probe-$c.log" 2>&1; echo "batch_probe $c exit $?"
       grep -E "images/s" "$OUT/batch-probe-$c.log"
     done
     ${SPY[@]:+${SPY[@]} "$OUT/spy-interactive.txt" --} $PY scripts/interactive_probe.py --device cuda --clients 1 32 \
-      --requests 4096 --json "$OUT/interactive-probe.json" > "$OUT/interactive-probe.log" 2>&1; echo "interactive_probe exit $?"
-    grep -E "^==" "$OUT/interactive-probe.log"
-    # the Celery path: every process of the benchmark (client processes, worker group, engine process)
-    ${SPY[@]:+${SPY[@]} "$OUT/spy-celery.txt" --subprocesses --} timeout 300 $PY -m arrcoc bench e2e --device cuda \
-      --backend compiled --items 256 --large-items 0 --png-items 0 --requests 2048 --out "$OUT" --name e2e-probe \
-      > "$OUT/e2e-probe.log" 2>&1; echo "e2e probe exit $?"
+      --max-batch 32 16 8 --requests 4096 --json "$OUT/interactive-probe.json" > "$OUT/interactive-probe.log" 2>&1; echo "interactive_probe exit $?"
+    grep -E "^==" "$OUT/interactive-probe.log" | cut -c1-300
+    # the Celery path: the engine process of the worker group, sampled while the 32 clients run
+    timeout 300 $PY -m arrcoc bench e2e --device cuda --backend compiled --items 256 --large-items 0 --png-items 0 \
+      --requests 6000 --out "$OUT" --name e2e-probe > "$OUT/e2e-probe.log" 2>&1 &
+    e2e=$!
+    for _ in $(seq 280); do grep -q "interactive through Celery: 32" "$OUT/e2e-probe.log" 2>/dev/null && break; sleep 1; done
+    sleep 2; pid=$(pgrep -f "arrcoc.service.host.engine_process" | head -1)
+    if [ -n "$pid" ] && [ ${#SPY[@]} -gt 0 ]; then
+      /tmp/pyspy/bin/py-spy record --gil -r 200 --format raw -o "$OUT/spy-engine-process.txt" --pid "$pid" -d 6 \
+        > "$OUT/spy-engine.log" 2>&1
+      /tmp/pyspy/bin/py-spy record --idle -r 100 --format raw -o "$OUT/spy-engine-process-idle.txt" --pid "$pid" -d 4 \
+        >> "$OUT/spy-engine.log" 2>&1
+      ps -o nlwp= -p "$pid" | sed 's/^/engine process threads: /'
+    fi
+    wait $e2e; echo "e2e probe exit $?"
     grep -E "^\| (inprocess|celery)" "$OUT/e2e-probe.md"
     ;;
   e2e)  # extra arguments go to arrcoc bench e2e, e.g. --no-celery

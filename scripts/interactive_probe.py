@@ -35,48 +35,88 @@ def main() -> int:
     p.add_argument("--backend", default="compiled")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 32])
     p.add_argument("--requests", type=int, default=4096)
+    p.add_argument("--max-batch", type=int, nargs="+", default=[32],
+                   help="ARRCOC_BATCH_MAX_SIZE values to try (one warm engine shared)")
     p.add_argument("--top", type=int, default=35)
     p.add_argument("--cprofile", action="store_true", help="also run each load under cProfile")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     s = default_settings(device=args.device, backend=args.backend, backends=(args.backend,), broker_url=None,
                          data_dir=Path(tempfile.mkdtemp(prefix="interactive-probe-")))  # fmt: skip
-    ex = InProcessExecutor(s)
-    ex.warmup()
+    first = InProcessExecutor(s)
+    first.warmup()
     image = workload()["jpeg_800x600"][1]
-    lent = _Lent(ex)
     out = []
-    try:
-        run_load(lent, image, QUERIES, 8, 256, timeout=120.0)  # warm the batcher's threads and caches
-        for clients in args.clients:
-            n = args.requests if clients > 1 else min(args.requests, 1024)
-            cpu0, t0 = time.process_time(), time.perf_counter()
-            timed = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
-            cores = (time.process_time() - cpu0) / (time.perf_counter() - t0)
-            buf = io.StringIO()
-            profiled = {"throughput_rps": None}
-            if args.cprofile:
-                prof = cProfile.Profile()
-                prof.enable()
-                profiled = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
-                prof.disable()
-                stats = pstats.Stats(prof, stream=buf)
-                stats.sort_stats("tottime").print_stats(args.top)
-                stats.sort_stats("cumulative").print_stats(args.top)
-            row = {"clients": clients, "requests": n, "req_s": timed["throughput_rps"], "p50_ms": timed["p50_ms"],
-                   "p99_ms": timed["p99_ms"], "process_cores": round(cores, 2),
-                   "timings_ms_mean": timed.get("timings_ms_mean"), "batch_sizes": timed.get("batch_sizes"),
-                   "profiled_req_s": profiled["throughput_rps"],
-                   "profile": [ln for ln in buf.getvalue().splitlines() if ln.strip()]}  # fmt: skip
-            out.append(row)
-            print(f"== {clients} callers: {row['req_s']} req/s, p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
-                  f"{row['process_cores']} cores; under the profiler {row['profiled_req_s']} req/s", flush=True)
-            print("\n".join(row["profile"]), flush=True)
-    finally:
-        ex.close()
+    for max_batch in args.max_batch:
+        ex = InProcessExecutor(s.model_copy(update={"batch_max_size": max_batch}), pipeline=first.runtime.pipeline)
+        try:
+            out += _measure(args, ex, image, max_batch)
+        finally:
+            ex.close()
+    out.append(_decode_alone(first, image))
+    print(f"== decode alone (the batcher's first stage, synchronised): {out[-1]}", flush=True)
+    first.close()
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _decode_alone(ex: InProcessExecutor, image: bytes) -> dict:
+    """ms per batch of the engine's decode path alone (header checks, nvJPEG or Pillow, resize),
+    the same image k times, and the engine's own run on those pixels: the two stages of the
+    interactive batcher, each timed by itself."""
+    import torch
+
+    from arrcoc.request import Controls
+
+    pipe = ex.runtime.pipeline
+    sync = torch.cuda.synchronize if pipe.device.type == "cuda" else (lambda: None)
+    row: dict = {"decode_ms": {}, "engine_ms": {}}
+    for k in (1, 8, 16, 32):
+        times, runs = [], []
+        for _ in range(12):
+            t0 = time.perf_counter()
+            prepared = pipe.prepare_many([image] * k, ["the red one"] * k, Controls())
+            sync()
+            t1 = time.perf_counter()
+            pipe.run([p[0] for p in prepared])
+            t2 = time.perf_counter()
+            times.append((t1 - t0) * 1e3)
+            runs.append((t2 - t1) * 1e3)
+        row["decode_ms"][k] = round(sorted(times)[len(times) // 2], 3)
+        row["engine_ms"][k] = round(sorted(runs)[len(runs) // 2], 3)
+    return row
+
+
+def _measure(args: argparse.Namespace, ex: InProcessExecutor, image: bytes, max_batch: int) -> list[dict]:
+    lent = _Lent(ex)
+    out = []
+    run_load(lent, image, QUERIES, 8, 256, timeout=120.0)  # warm the batcher's threads and caches
+    for clients in args.clients:
+        n = args.requests if clients > 1 else min(args.requests, 1024)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        timed = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
+        cores = (time.process_time() - cpu0) / (time.perf_counter() - t0)
+        buf = io.StringIO()
+        profiled = {"throughput_rps": None}
+        if args.cprofile:
+            prof = cProfile.Profile()
+            prof.enable()
+            profiled = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
+            prof.disable()
+            stats = pstats.Stats(prof, stream=buf)
+            stats.sort_stats("tottime").print_stats(args.top)
+            stats.sort_stats("cumulative").print_stats(args.top)
+        row = {"max_batch": max_batch, "clients": clients, "requests": n, "req_s": timed["throughput_rps"], "p50_ms": timed["p50_ms"],
+               "p99_ms": timed["p99_ms"], "process_cores": round(cores, 2),
+               "timings_ms_mean": timed.get("timings_ms_mean"), "batch_sizes": timed.get("buckets"),
+               "profiled_req_s": profiled["throughput_rps"],
+               "profile": [ln for ln in buf.getvalue().splitlines() if ln.strip()]}  # fmt: skip
+        out.append(row)
+        print(f"== max batch {max_batch}, {clients} callers: {row['req_s']} req/s, p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
+              f"{row['process_cores']} cores; under the profiler {row['profiled_req_s']} req/s", flush=True)
+        print("\n".join(row["profile"]), flush=True)
+    return out
 
 
 if __name__ == "__main__":
