@@ -104,7 +104,7 @@ def main() -> int:
         rows.append(row)
         print(f"{name:18s} {row['images_per_s']:8.1f} images/s  cores {row['cores_used']:.2f}  gpu {row['gpu_busy']}  "
               + json.dumps(row["stage_ms_per_item"]), flush=True)  # fmt: skip
-        ex.reaper.stop()  # not ex.close(): the engine is shared with the next variant
+        ex.close()  # the lent engine stays open: the next variant shares it
         ex._jobs.shutdown(wait=True)
     first.close()
     if args.json:

@@ -46,15 +46,14 @@ def main() -> int:
     first = InProcessExecutor(s)
     first.warmup()
     image = workload()["jpeg_800x600"][1]
-    out = []
+    out = [_decode_alone(first, image)]
+    print(f"== decode alone (the batcher's first stage, synchronised): {out[-1]}", flush=True)
     for max_batch in args.max_batch:
         ex = InProcessExecutor(s.model_copy(update={"batch_max_size": max_batch}), pipeline=first.runtime.pipeline)
         try:
             out += _measure(args, ex, image, max_batch)
         finally:
             ex.close()
-    out.append(_decode_alone(first, image))
-    print(f"== decode alone (the batcher's first stage, synchronised): {out[-1]}", flush=True)
     first.close()
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

@@ -15,6 +15,7 @@ import pytest
 from helpers import make_zip, png_bytes, seeded_weights
 
 from arrcoc.errors import DeadlineExceeded, ImageError, InvalidInputError, JobError
+from arrcoc.request import Controls
 from arrcoc.service.host.batching import DynamicBatcher
 from arrcoc.service.jobs.archive import load_items, unpack
 from arrcoc.service.jobs.store import MemoryJobStore, RedisJobStore, redis_client
@@ -213,6 +214,22 @@ def test_store_reports_expired_not_pending(store):
 
 
 # -- the in-process executor ----------------------------------------------------------------------
+def test_a_runtime_leaves_a_lent_pipeline_open(settings):
+    """A pipeline lent to a second runtime (benchmarks share one warm engine) still serves after
+    that runtime closes: its owner closes it."""
+    from arrcoc.service.host.runtime import Runtime
+
+    owner = Runtime(settings)
+    try:
+        borrower = Runtime(settings, owner.pipeline)
+        assert borrower.infer(png_bytes(1), "the sky", Controls(), 60).grid > 0
+        borrower.close()
+        assert owner.infer(png_bytes(2), "the sky", Controls(), 60).grid > 0
+        assert owner.process([png_bytes(3)], ["the sky"], Controls(), "jpeg").items[0].result is not None
+    finally:
+        owner.close()
+
+
 @pytest.fixture
 def inprocess(settings):
     from arrcoc.service.client.inprocess import InProcessExecutor

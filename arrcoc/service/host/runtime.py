@@ -45,8 +45,9 @@ class Runtime(EngineHost):
         self.settings = settings
         # one pipeline and one batcher per backend served; they share the model and the encoder
         self._pipelines: dict[str, RelevancePipeline] = {}
-        if pipeline is not None:
+        if pipeline is not None:  # lent by the caller, who closes it (it may serve other runtimes)
             self._pipelines[pipeline.backend.name] = pipeline
+        self._lent = pipeline
         self._build_lock = threading.RLock()
         self._batchers: dict[str, DynamicBatcher] = {}
         self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
@@ -299,6 +300,7 @@ class Runtime(EngineHost):
         for batcher in self._batchers.values():
             batcher.close()
         for pipe in self._pipelines.values():
-            pipe.backend.close()
-            pipe.decoder.close()
+            if pipe is not self._lent:
+                pipe.backend.close()
+                pipe.decoder.close()
         self._render_pool.shutdown(wait=False, cancel_futures=True)
