@@ -67,20 +67,20 @@ EOF
         --json "$OUT/batch-probe-$c.json" > "$OUT/batch-probe-$c.log" 2>&1; echo "batch_probe $c exit $?"
       grep -E "images/s" "$OUT/batch-probe-$c.log"
     done
-    ${SPY[@]:+${SPY[@]} "$OUT/spy-interactive.txt" --} $PY scripts/interactive_probe.py --device cuda --clients 1 32 \
+    [ "${PROBE_SPY_INTERACTIVE:-1}" = 0 ] && ISPY=() || ISPY=("${SPY[@]}")  # py-spy pauses the process per sample
+    ${ISPY[@]:+${ISPY[@]} "$OUT/spy-interactive.txt" --} $PY scripts/interactive_probe.py --device cuda --clients 1 32 \
       --max-batch 32 16 8 --requests 4096 --json "$OUT/interactive-probe.json" > "$OUT/interactive-probe.log" 2>&1; echo "interactive_probe exit $?"
     grep -E "^==" "$OUT/interactive-probe.log" | cut -c1-300
     # the Celery path: the engine process of the worker group, sampled while the 32 clients run
     timeout 300 $PY -m arrcoc bench e2e --device cuda --backend compiled --items 256 --large-items 0 --png-items 0 \
-      --requests 6000 --out "$OUT" --name e2e-probe > "$OUT/e2e-probe.log" 2>&1 &
+      --requests 8000 --out "$OUT" --name e2e-probe > "$OUT/e2e-probe.log" 2>&1 &
     e2e=$!
     for _ in $(seq 280); do grep -q "interactive through Celery: 32" "$OUT/e2e-probe.log" 2>/dev/null && break; sleep 1; done
-    sleep 2; pid=$(pgrep -f "arrcoc.service.host.engine_process" | head -1)
+    sleep 9; pid=$(pgrep -f "arrcoc.service.host.engine_process" | head -1)  # the client processes start first
     if [ -n "$pid" ] && [ ${#SPY[@]} -gt 0 ]; then
-      /tmp/pyspy/bin/py-spy record --gil -r 200 --format raw -o "$OUT/spy-engine-process.txt" --pid "$pid" -d 6 \
-        > "$OUT/spy-engine.log" 2>&1
-      /tmp/pyspy/bin/py-spy record --idle -r 100 --format raw -o "$OUT/spy-engine-process-idle.txt" --pid "$pid" -d 4 \
-        >> "$OUT/spy-engine.log" 2>&1
+      /tmp/pyspy/bin/py-spy record --nonblocking --idle -r 100 --format raw -o "$OUT/spy-engine-process.txt" \
+        --pid "$pid" -d 6 > "$OUT/spy-engine.log" 2>&1
+      top -b -H -n 1 -p "$pid" | head -25 > "$OUT/engine-top.txt"
       ps -o nlwp= -p "$pid" | sed 's/^/engine process threads: /'
     fi
     wait $e2e; echo "e2e probe exit $?"
