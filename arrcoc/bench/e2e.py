@@ -372,15 +372,74 @@ def markdown(report: dict[str, Any]) -> str:
 
 # the batch job runner's stages (jobs/batch.py, host.process), per item; `chunk` is a chunk's whole
 # wall time (the others overlap inside it), `finalize` building results.zip
-STAGES = ("unpack", "read_wait", "decode", "engine", "render_encode", "write_wait", "write", "finalize", "chunk")
+STAGES = ("unpack", "read_wait", "decode", "engine", "render_encode", "write_wait", "write", "results_zip", "finalize",
+          "chunk")  # fmt: skip
+# the stages that do work (not waits, not the chunk's wall time), one colour each in the plot
+WORK_STAGES = {"unpack": "#8c564b", "decode": "#1f77b4", "engine": "#d62728", "render_encode": "#ff7f0e",
+               "write": "#2ca02c", "results_zip": "#9467bd", "finalize": "#7f7f7f"}  # fmt: skip
 
 
 def write(report: dict[str, Any], stem: Path) -> list[Path]:
+    """stem.json, stem.md and (with matplotlib) stem.png."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
     paths[0].write_text(json.dumps(report, indent=1))
     paths[1].write_text(markdown(report))
+    if write_png(report, stem.with_suffix(".png")):
+        paths.append(stem.with_suffix(".png"))
     return paths
+
+
+def write_png(report: dict[str, Any], path: Path) -> bool:
+    """Three panels: batch jobs' images/s, where a job's time goes per item (by stage), and
+    interactive throughput with p50/p99 (needs matplotlib: pip install 'arrcoc[plots]')."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    jobs = [(f"{p} {kind}", row) for p in ("inprocess", "celery") for kind, row in report.get(f"batch_{p}", {}).items()]
+    calls = [(f"{p}, {report[k]['clients']} caller{'s' if report[k]['clients'] > 1 else ''}", report[k])
+             for p in ("inprocess", "celery") for k in (f"interactive_{p}_1", f"interactive_{p}_n") if k in report]  # fmt: skip
+    if not jobs and not calls:
+        return False
+    env = report["env"]
+    fig, (ax_rate, ax_stage, ax_call) = plt.subplots(1, 3, figsize=(17, max(3.5, 0.55 * len(jobs) + 2)))
+    names = [n for n, _ in jobs][::-1]
+    rows = [r for _, r in jobs][::-1]
+    ax_rate.barh(names, [r["images_per_s"] for r in rows], color=["#1f77b4" if n.startswith("in") else "#17becf" for n in names])
+    for y, r in enumerate(rows):
+        ax_rate.text(r["images_per_s"], y, f" {r['images_per_s']:,.0f}", va="center", fontsize=8)
+    eng = report.get("engine_alone")
+    ax_rate.set_title("batch jobs: images/s, zip in to results.zip" + (f"\n(engine alone: {eng['images_per_s']:,.0f}/s)" if eng else ""))
+    left = [0.0] * len(rows)
+    for stage, colour in WORK_STAGES.items():
+        widths = [r["stage_ms_per_item"].get(stage, 0.0) for r in rows]
+        ax_stage.barh(names, widths, left=left, color=colour, label=stage)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    wall = [1e3 / r["images_per_s"] for r in rows]
+    ax_stage.plot(wall, range(len(rows)), "k|", markersize=18, mew=2.5, label="wall time per item")
+    ax_stage.set_title("where a job's time goes, ms per item\n(stages overlap: their sum exceeds the wall time)")
+    ax_stage.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=4, frameon=False)
+    ax_stage.set_yticks(range(len(rows)), [""] * len(rows))
+    labels = [n for n, _ in calls][::-1]
+    crows = [r for _, r in calls][::-1]
+    ax_call.barh(labels, [r["throughput_rps"] for r in crows], color=["#2ca02c" if n.startswith("in") else "#98df8a" for n in labels])
+    for y, r in enumerate(crows):
+        ax_call.text(r["throughput_rps"], y, f" {r['throughput_rps']:,.0f}/s  p50 {r['p50_ms']} / p99 {r['p99_ms']} ms",
+                     va="center", fontsize=8)  # fmt: skip
+    ax_call.set_title("interactive requests: req/s")
+    for ax in (ax_rate, ax_stage, ax_call):
+        ax.grid(axis="x", alpha=0.3)
+        ax.margins(x=0.35)
+    fig.suptitle(f"End to end: {env.get('gpu') or env['cpu']} ({env['device']}), backend {report['config']['backend']}, "
+                 f"commit {str(env.get('commit'))[:7]}, {env['date'][:10]}")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
 
 
 __all__ = ["E2EConfig", "markdown", "percentile", "run_e2e", "workload", "write"]
