@@ -68,11 +68,15 @@ def create_batch_job(
 # k-1's results, recorded here once on disk. A step is one engine-host call: decoded
 # together (on the GPU when it can), run in the largest buckets, overlays encoded together: two
 # engine batches (64 items on a GPU), at least 8 (a CPU runs one at a time) so that progress moves
-# on a small job. One call in flight and one writer: two of each ran slower on the H100
-# (764 vs 918 images/s, scripts/batch_probe.py): the stages contend for the GIL, not for the device.
+# on a small job. One call in flight when the engine shares this process: two ran slower on the H100
+# (764 vs 918 images/s, scripts/batch_probe.py), the stages contending for the GIL, not the device.
+# Two when the engine is in another process (a worker group's): one step's images cross the socket
+# while the engine process decodes the last (a chunk of 12 MP JPEGs ran at 186 images/s with two,
+# 85 with one: BENCHMARKS.md, end to end).
 STEP_ITEMS = 64
 MIN_STEP_ITEMS = 8
 IN_FLIGHT = 1
+REMOTE_IN_FLIGHT = 2
 WRITE_QUEUE = 2  # steps handed to the writer, not yet recorded: one written, one waiting, so that the
 # next engine call is not held up by a write that runs a little longer than its step
 
@@ -169,8 +173,9 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
     fmt = settings.overlay_format
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
     writer = PartWriter(settings.batch_writer == "process" or (settings.batch_writer == "auto" and host.in_this_process))
+    in_flight = IN_FLIGHT if host.in_this_process else REMOTE_IN_FLIGHT
     with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-read") as reader, \
-            ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
+            ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
         reading = reader.submit(_read, jd, steps[0])
         running: deque[tuple[list[Item], Future[ProcessedBatch]]] = deque()
         writing: deque[tuple[Future[tuple[list[Mark], float]], tuple[Any, ...]]] = deque()
@@ -218,7 +223,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
                                                     for it in step])  # fmt: skip
                     continue
                 running.append((step, engine.submit(host.process, datas, [it.query for it in step], controls, fmt)))
-                if len(running) == IN_FLIGHT:
+                if len(running) == in_flight:
                     write_next()
             while running:
                 write_next()
