@@ -176,3 +176,26 @@ def test_gpu_header_check_takes_the_same_jpegs_as_pillow() -> None:
         (b"\xff\xd8\xff\xe0 not a jpeg", (False, 1, (0, 0))),
     ):
         assert _header(data, limits) == expected
+
+
+def test_large_photos_are_resized_a_few_at_a_time_with_the_same_pixels(monkeypatch) -> None:
+    """The decoder's resize takes a bounded number of pixels per call (a step of 12 MP photos was
+    one 9.4 GB float tensor on the GPU); how the images are split changes no pixel."""
+    import arrcoc.preprocess as pre
+
+    rng = np.random.default_rng(7)
+    images = [torch.from_numpy(rng.integers(0, 255, (3, 300, 400), dtype=np.uint8)) for _ in range(5)]
+    images.append(torch.from_numpy(rng.integers(0, 255, (3, 200, 200), dtype=np.uint8)))
+    dec = Decoder(torch.device("cpu"), 64, ImageLimits())
+    try:
+        whole = dec._finish(images, view_side=100)
+        calls: list[int] = []
+        real = pre.resize
+        monkeypatch.setattr(pre, "resize", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+        monkeypatch.setattr(pre, "RESIZE_PIXELS", 2 * 300 * 400)
+        split = dec._finish(images, view_side=100)
+    finally:
+        dec.close()
+    assert max(calls) <= 2 and sum(c for c in calls) >= 6  # two 300x400 photos a call at most
+    for a, b in zip(whole, split, strict=True):
+        assert torch.equal(a.pixels, b.pixels) and torch.equal(a.view, b.view) and a.size == b.size
