@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     overlay_jpeg_quality: int = Field(90, ge=10, le=100)
     batch_chunk_items: int = 256  # items per batch-job task (a unit of redelivery and progress)
     # where a batch job's parts are written (arrcoc.service.jobs.writer); auto: a child process when
-    # the engine runs in this process (in-process executor, a one-process worker), else a thread
+    # a GPU engine runs in this process (in-process executor, a one-process worker), else a thread
     batch_writer: Literal["auto", "thread", "process"] = "auto"
 
     # Service

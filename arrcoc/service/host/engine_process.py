@@ -214,6 +214,10 @@ class EngineClient(EngineHost):
     def in_this_process(self) -> bool:
         return False  # the engine process decodes and runs: this process's GIL is free for writing
 
+    @property
+    def on_cpu(self) -> bool:
+        return str(self.info["device"]).startswith("cpu")
+
     def infer(
         self, image: Any, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:

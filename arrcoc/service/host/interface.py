@@ -53,8 +53,15 @@ class EngineHost(ABC):
     @property
     def in_this_process(self) -> bool:
         """Whether the engine's decoding and running share this process (and its GIL) with the
-        caller: a batch job then writes its parts in a child process (arrcoc.service.jobs.writer)."""
+        caller (a batch job then keeps one engine call in flight, and on a GPU writes its parts in
+        a child process: arrcoc.service.jobs.batch)."""
         return True
+
+    @property
+    @abstractmethod
+    def on_cpu(self) -> bool:
+        """Whether the engine computes on this machine's CPU cores (no accelerator): it keeps every
+        core busy itself, so a batch job starts no extra process beside it."""
 
     @abstractmethod
     def infer(self, image: ImageLike, query: str, controls: Controls, timeout: float,

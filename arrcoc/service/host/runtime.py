@@ -115,6 +115,10 @@ class Runtime(EngineHost):
             size = min(size, self._cpu_batch_cap)
         return max(1, min(size, max(self.buckets)))
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.pipeline.device.type == "cpu"
+
     def prepare(self, image: ImageLike, query: str, controls: Controls) -> PreparedRequest:
         """Check and resize one request in the caller's thread (see RelevancePipeline.prepare)."""
         return self.pipeline.prepare(image, query, controls)

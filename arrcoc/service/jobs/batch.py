@@ -172,7 +172,11 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
     steps = [group[i : i + size] for i in range(0, len(group), size)]
     fmt = settings.overlay_format
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
-    writer = PartWriter(settings.batch_writer == "process" or (settings.batch_writer == "auto" and host.in_this_process))
+    # auto: a child process where the engine shares this process's GIL and leaves the cores to it (a
+    # GPU's); an engine on the CPU keeps every core busy itself (the child slowed its stage on the
+    # 2-core machine: 33 vs 24 ms an item, scripts/batch_probe.py)
+    writer = PartWriter(settings.batch_writer == "process"
+                        or (settings.batch_writer == "auto" and host.in_this_process and not host.on_cpu))  # fmt: skip
     in_flight = IN_FLIGHT if host.in_this_process else REMOTE_IN_FLIGHT
     with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-read") as reader, \
             ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
