@@ -32,6 +32,7 @@ import torch
 from PIL import Image
 
 from ..engine import resolve_device
+from ..service.jobs.batch import step_items as batch_step_items
 from ..settings import Settings, default_settings
 from .env import collect_env
 from .load import percentile, run_load
@@ -265,8 +266,11 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     report["warmup_s"] = round(time.perf_counter() - t0, 1)
     jobs = {"jpeg_800x600": (cfg.items, ".jpg"), "jpeg_4032x3024": (cfg.large_items, ".jpg"),
             "png_800x600": (cfg.png_items, ".png")}  # fmt: skip
+    # the engine alone at a batch job's batch size: a step's items per engine-host call (64 on a
+    # GPU, 8 on a CPU, which runs one image at a time and records progress every step)
+    step = batch_step_items(ex.runtime)
     try:
-        report["engine_alone"] = engine_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), 64)
+        report["engine_alone"] = engine_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step)
         report["decode_parity"] = decode_parity(ex.runtime, work)
         report["batch_inprocess"] = {}
         for kind, (n, ext) in jobs.items():
@@ -275,7 +279,7 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
                 report["batch_inprocess"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device)
         # again after the jobs: a shared machine's speed drifts over a run (a 2-core VM moved from
         # 27.5 to 37.8 images/s within minutes), and a job is compared with the engine beside it
-        report["engine_alone_after"] = engine_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), 64)
+        report["engine_alone_after"] = engine_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step)
         image = work["jpeg_800x600"][1]
         shared = _Lent(ex)
         progress("interactive in-process: 1 caller")

@@ -81,6 +81,11 @@ WRITE_QUEUE = 2  # steps handed to the writer, not yet recorded: one written, on
 # next engine call is not held up by a write that runs a little longer than its step
 
 
+def step_items(host: EngineHost) -> int:
+    """Items in one pipeline step (one engine-host call) on this host."""
+    return min(STEP_ITEMS, max(MIN_STEP_ITEMS, 2 * host.max_batch))
+
+
 def _key(it: Item) -> ItemKey:
     return it.index, it.file, it.query
 
@@ -168,7 +173,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
                streamed: ResultsZip | None) -> int | None:  # fmt: skip
     """The group's items through the pipeline; how many ran, or None if the job was cancelled.
     Each part, once recorded, goes into `streamed` (which gives up if they come out of order)."""
-    size = min(STEP_ITEMS, max(MIN_STEP_ITEMS, 2 * host.max_batch))
+    size = step_items(host)
     steps = [group[i : i + size] for i in range(0, len(group), size)]
     fmt = settings.overlay_format
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
