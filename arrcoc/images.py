@@ -163,11 +163,10 @@ _ODD_MARKERS = frozenset((0x01, *range(0xD0, 0xD8), 0xC3, *range(0xC5, 0xC8), *r
 
 def jpeg_header(data: bytes) -> JpegHeader | None:
     """A JPEG's frame header found by walking its markers up to the frame, EXIF orientation read
-    by Pillow's own Exif parser from the APP1 block alone. Pillow's full header parse reads every
-    marker (quantisation and Huffman tables included) in Python: 0.15-0.25 ms a photo, the
-    largest Python cost of an interactive request on a GPU worker (scripts/interactive_probe.py).
-    None for anything but a plain 8-bit JPEG, or anything unusual: the caller asks Pillow then,
-    so every odd file gets Pillow's answer and error."""
+    by Pillow's own Exif parser from the APP1 block alone; Pillow's full header parse also reads
+    every quantisation and Huffman table, in Python, for each request on the GPU path. None for
+    anything but a plain 8-bit JPEG, or anything unusual: the caller asks Pillow then, so every
+    odd file gets Pillow's answer and error."""
     if data[:3] != b"\xff\xd8\xff":
         return None
     pos, end, orientation = 2, len(data), 1

@@ -4,9 +4,7 @@ time over wall: ~1 means one thread at a time, the GIL) and per-item stages.
 
     python scripts/batch_probe.py [--items 2048] [--configs gpu-jpeg pool-jpeg none ...]
 
-With --profile, each variant also runs under cProfile, a profiler per stage (the engine host's
-`process`, the part writer, unpacking, building results.zip), each in its own thread: the top
-functions by own time of each go in the JSON (times inflated by the profiler; compare, don't add).
+Where the GIL's time goes: run it under `py-spy record --gil` (scripts/gpu_bench.sh probe does).
 
 Variants: how overlays are encoded (nvJPEG on the GPU, or blended on the GPU and encoded by
 Pillow in the render pool, or none), how many engine-host calls are in flight and how many part
@@ -17,10 +15,7 @@ process or a thread), the render pool's size.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import sys
 import tempfile
 import time
@@ -33,7 +28,7 @@ from arrcoc import overlays  # noqa: E402
 from arrcoc.bench.e2e import _zip, batch_job, workload  # noqa: E402
 from arrcoc.engine import resolve_device  # noqa: E402
 from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
-from arrcoc.service.jobs import batch, writer  # noqa: E402
+from arrcoc.service.jobs import batch  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
 # name -> overrides of BASE: overlay format, nvJPEG or Pillow, engine calls in flight, steps queued for the writer and where it runs,
@@ -65,7 +60,6 @@ def main() -> int:
     p.add_argument("--backend", default="compiled")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--profile", action="store_true", help="cProfile each stage (slower: compare, don't report)")
     args = p.parse_args()
     device = resolve_device(args.device)
     photos = workload()["jpeg_800x600"]
@@ -91,13 +85,8 @@ def main() -> int:
         ex = InProcessExecutor(settings(c["fmt"], name, c["side"], c["quality"], c["writer"]), pipeline=pipe)
         ex.runtime._render_pool = ThreadPoolExecutor(c["pool"], thread_name_prefix="arrcoc-render")
         batch_job(ex, _zip(photos, 64, ".jpg"), 64, device)  # warm this executor's threads
-        profiles = _profiled(ex) if args.profile else {}
         cpu0, wall0 = time.process_time(), time.perf_counter()
         row = batch_job(ex, archive, args.items, device)
-        for stage, prof in profiles.items():
-            prof.unpatch()
-            row.setdefault("profile", {})[stage] = prof.top()
-            print(f"--- {name} {stage}\n" + "\n".join(prof.top()), flush=True)
         row["cores_used"] = round((time.process_time() - cpu0) / (time.perf_counter() - wall0), 2)
         row["config"] = name
         row["settings"] = c
@@ -110,60 +99,6 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
-
-
-class _Profile:
-    """cProfile around every call of `owner.attr`, in whichever thread makes it."""
-
-    def __init__(self, owner: object, attr: str, until: tuple[object, str] | None = None):
-        """`until`: enabled from the call of owner.attr to the end of that call instead."""
-        self.patched = [(owner, attr, getattr(owner, attr))]
-        self.prof = cProfile.Profile()
-        orig = self.patched[0][2]
-        if until is not None:
-            end = getattr(*until)
-            self.patched.append((*until, end))
-
-            def started(*a, **k):
-                self.prof.enable()
-                return orig(*a, **k)
-
-            def ended(*a, **k):
-                try:
-                    return end(*a, **k)
-                finally:
-                    self.prof.disable()
-
-            setattr(owner, attr, started)
-            setattr(*until, ended)
-            return
-
-        def wrapped(*a, **k):
-            self.prof.enable()
-            try:
-                return orig(*a, **k)
-            finally:
-                self.prof.disable()
-
-        setattr(owner, attr, wrapped)
-
-    def unpatch(self) -> None:
-        for owner, attr, orig in self.patched:
-            setattr(owner, attr, orig)
-
-    def top(self, n: int = 30) -> list[str]:
-        out = io.StringIO()
-        pstats.Stats(self.prof, stream=out).sort_stats("tottime").print_stats(n)
-        return [line for line in out.getvalue().splitlines() if line.strip()][-n - 1 :]
-
-
-def _profiled(ex: InProcessExecutor) -> dict[str, _Profile]:
-    """One profiler per stage; the engine host's is on the instance. From Python 3.12 cProfile
-    sees every thread and only one runs at a time: there, one around the whole job."""
-    if sys.version_info >= (3, 12):
-        return {"job": _Profile(ex, "submit_batch", until=(ex, "batch_results"))}
-    return {"process": _Profile(ex.runtime, "process"), "write": _Profile(writer, "write_step"),
-            "finalize": _Profile(batch, "build_results_zip"), "unpack": _Profile(batch, "unpack")}  # fmt: skip
 
 
 if __name__ == "__main__":

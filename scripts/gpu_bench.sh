@@ -7,8 +7,9 @@
 #   scripts/gpu_bench.sh batching           dynamic batching on/off through Celery (carried
 #                                           .whl celery/redis wheels and .redis server) -> $OUT
 #   scripts/gpu_bench.sh probe [CONFIG...]  where the end-to-end CPU goes: scripts/batch_probe.py
-#                                           --profile (batch-job variants) and
-#                                           scripts/interactive_probe.py (1 and 32 callers) -> $OUT
+#                                           (batch-job variants), scripts/interactive_probe.py
+#                                           (1 and 32 callers) and the worker group's engine
+#                                           process, under py-spy if .pyspy/ is carried -> probe.tgz
 #   scripts/gpu_bench.sh e2e [ARGS...]      arrcoc bench e2e, in-process and through Celery (.whl,
 #                                           .redis, the query encoder in /tmp/mlm.part) -> $OUT
 #

@@ -1,21 +1,15 @@
 """Where an interactive request's CPU goes, in-process: N callers (threads) through the project's
-InProcessExecutor, the load timed, and with --cprofile run again under cProfile, the top functions
-by own time printed (and written to --json). From Python 3.12 cProfile sees every thread of the
-process; its times are wall times, a thread's waits for the GIL included, so for where the GIL's
-time goes run the script under `py-spy record --gil` (scripts/gpu_bench.sh probe does).
+InProcessExecutor, timed for each batcher size asked for on one warm engine, after the batcher's
+two stages (decode, engine) are timed alone per batch size. For where the GIL's time goes run it
+under `py-spy record --gil` (scripts/gpu_bench.sh probe does).
 
     python scripts/interactive_probe.py [--device cuda] [--clients 32] [--requests 4096]
-
-Times under the profiler are inflated: compare functions, don't add them up.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import sys
 import tempfile
 import time
@@ -37,8 +31,6 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=4096)
     p.add_argument("--max-batch", type=int, nargs="+", default=[32],
                    help="ARRCOC_BATCH_MAX_SIZE values to try (one warm engine shared)")
-    p.add_argument("--top", type=int, default=35)
-    p.add_argument("--cprofile", action="store_true", help="also run each load under cProfile")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     s = default_settings(device=args.device, backend=args.backend, backends=(args.backend,), broker_url=None,
@@ -96,25 +88,12 @@ def _measure(args: argparse.Namespace, ex: InProcessExecutor, image: bytes, max_
         cpu0, t0 = time.process_time(), time.perf_counter()
         timed = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
         cores = (time.process_time() - cpu0) / (time.perf_counter() - t0)
-        buf = io.StringIO()
-        profiled = {"throughput_rps": None}
-        if args.cprofile:
-            prof = cProfile.Profile()
-            prof.enable()
-            profiled = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
-            prof.disable()
-            stats = pstats.Stats(prof, stream=buf)
-            stats.sort_stats("tottime").print_stats(args.top)
-            stats.sort_stats("cumulative").print_stats(args.top)
-        row = {"max_batch": max_batch, "clients": clients, "requests": n, "req_s": timed["throughput_rps"], "p50_ms": timed["p50_ms"],
-               "p99_ms": timed["p99_ms"], "process_cores": round(cores, 2),
-               "timings_ms_mean": timed.get("timings_ms_mean"), "batch_sizes": timed.get("buckets"),
-               "profiled_req_s": profiled["throughput_rps"],
-               "profile": [ln for ln in buf.getvalue().splitlines() if ln.strip()]}  # fmt: skip
+        row = {"max_batch": max_batch, "clients": clients, "requests": n, "req_s": timed["throughput_rps"],
+               "p50_ms": timed["p50_ms"], "p99_ms": timed["p99_ms"], "process_cores": round(cores, 2),
+               "timings_ms_mean": timed.get("timings_ms_mean"), "batch_sizes": timed.get("buckets")}  # fmt: skip
         out.append(row)
-        print(f"== max batch {max_batch}, {clients} callers: {row['req_s']} req/s, p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
-              f"{row['process_cores']} cores; under the profiler {row['profiled_req_s']} req/s", flush=True)
-        print("\n".join(row["profile"]), flush=True)
+        print(f"== max batch {max_batch}, {clients} callers: {row['req_s']} req/s, p50 {row['p50_ms']} ms, "
+              f"p99 {row['p99_ms']} ms, {row['process_cores']} cores", flush=True)  # fmt: skip
     return out
 
 

@@ -81,7 +81,7 @@ def probe_dir(base: Path, photos: list[bytes], overlay: str) -> None:
     (jd / "results").mkdir(exist_ok=True)
     items = load_items(jd)
     ext = OVERLAY_EXTENSIONS.get(overlay, "")
-    keys = [(it.index, it.file, it.query) for it in items]
+    keys = [batch._key(it) for it in items]
     dt, prof = profiled(lambda: [parts.write_step(jd, keys[k * 64 : (k + 1) * 64], pb.items, ext) for k in range(32)])
     print(f"write stage: {dt / 2048 * 1e3:.3f} ms/item\n{prof}", flush=True)
     dt, prof = profiled(lambda: build_results_zip(jd))

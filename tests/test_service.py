@@ -346,15 +346,13 @@ def test_the_part_writer_outlives_its_child_process(tmp_path):
     w = part_writer.PartWriter(process=True)
     failed = [Processed(error={"message": "bad"})]
     try:
-        args = (tmp_path, [(0, "a.png", "q")], failed, "")
-        assert w.result(w.submit(*args), *args).marks == [(0, "bad")]
+        assert w.submit(tmp_path, [(0, "a.png", "q")], failed, "").result().marks == [(0, "bad")]
         for proc in list(part_writer._child()._processes.values()):
             proc.kill()
             proc.join(10)
         steps = []
         for i in (1, 2):
-            args = (tmp_path, [(i, f"{i}.png", "q")], failed, "")
-            steps.append(w.result(w.submit(*args), *args))
+            steps.append(w.submit(tmp_path, [(i, f"{i}.png", "q")], failed, "").result())
         assert [s.marks for s in steps] == [[(1, "bad")], [(2, "bad")]]
         reader = PartReader()
         assert [reader.summaries(s.part)[0]["index"] for s in steps] == [1, 2]

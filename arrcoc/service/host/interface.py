@@ -51,11 +51,11 @@ class EngineHost(ABC):
         """The largest batch one engine call takes."""
 
     @property
+    @abstractmethod
     def in_this_process(self) -> bool:
         """Whether the engine's decoding and running share this process (and its GIL) with the
         caller (a batch job then keeps one engine call in flight, and on a GPU writes its parts in
         a child process: arrcoc.service.jobs.batch)."""
-        return True
 
     @property
     @abstractmethod

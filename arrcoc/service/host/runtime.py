@@ -116,6 +116,10 @@ class Runtime(EngineHost):
         return max(1, min(size, max(self.buckets)))
 
     @property
+    def in_this_process(self) -> bool:
+        return True
+
+    @property
     def on_cpu(self) -> bool:
         return self.pipeline.device.type == "cpu"
 

@@ -25,17 +25,16 @@ from ...request import Controls
 from ...settings import OVERLAY_EXTENSIONS, Settings
 from .archive import Item, load_items, unpack
 from .files import job_dir, new_job_id
-from .parts import ItemKey, Mark, item_row, write_part
+from .parts import ItemKey, item_row, write_part
 from .results_zip import ResultsZip, build_results_zip
 from .store import JobStore
 from .types import JobKind, JobState
-from .writer import PartWriter
+from .writer import PartWriter, PendingStep
 
 if TYPE_CHECKING:
     from ..host.interface import EngineHost, ProcessedBatch
 
 log = logging.getLogger(__name__)
-
 
 
 def create_batch_job(
@@ -64,15 +63,15 @@ def create_batch_job(
 # -- running a chunk --------------------------------------------------------------------------
 # A chunk runs as a pipeline of steps, bounded (one step read ahead, IN_FLIGHT in the engine host,
 # WRITE_QUEUE being written): while the engine host decodes, runs and renders step k, a thread reads
-# step k+1's files and the part writer (a child process: arrcoc.service.jobs.writer) writes step
-# k-1's results, recorded here once on disk. A step is one engine-host call: decoded
+# step k+1's files and the part writer (arrcoc.service.jobs.writer) writes step k-1's results,
+# recorded here once on disk. A step is one engine-host call: decoded
 # together (on the GPU when it can), run in the largest buckets, overlays encoded together: two
 # engine batches (64 items on a GPU), at least 8 (a CPU runs one at a time) so that progress moves
 # on a small job. One call in flight when the engine shares this process: two ran slower on the H100
 # (764 vs 918 images/s, scripts/batch_probe.py), the stages contending for the GIL, not the device.
 # Two when the engine is in another process (a worker group's): one step's images cross the socket
-# while the engine process decodes the last (a chunk of 12 MP JPEGs ran at 186 images/s with two,
-# 85 with one: BENCHMARKS.md, end to end).
+# while the engine process decodes the last (a one-chunk job of 12 MP JPEGs through Celery on the
+# H100: 199.5 images/s with two, 85.4 with one; arrcoc bench e2e at 4e8fda2 and e8ccee6).
 STEP_ITEMS = 64
 MIN_STEP_ITEMS = 8
 IN_FLIGHT = 1
@@ -187,12 +186,11 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
             ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
         reading = reader.submit(_read, jd, steps[0])
         running: deque[tuple[list[Item], Future[ProcessedBatch]]] = deque()
-        writing: deque[tuple[Future[tuple[list[Mark], float]], tuple[Any, ...]]] = deque()
+        writing: deque[PendingStep] = deque()
         ran = 0
 
         def written() -> None:  # the oldest step being written, once on disk, recorded
-            future, args = writing.popleft()
-            step = writer.result(future, *args)
+            step = writing.popleft().result()
             store.mark_items(job_id, step.marks)
             stages["write"] = stages.get("write", 0.0) + step.ms
             if streamed is not None:
@@ -210,8 +208,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
             if len(writing) == WRITE_QUEUE:  # back-pressure: WRITE_QUEUE steps being written at most
                 written()
             _add(stages, "write_wait", t1)
-            args = (jd, [_key(it) for it in step], batch.items, ext)
-            writing.append((writer.submit(*args), args))
+            writing.append(writer.submit(jd, [_key(it) for it in step], batch.items, ext))
             ran += len(step)
 
         try:

@@ -136,6 +136,7 @@ class PartReader:
     def __init__(self) -> None:
         self._open: dict[Path, tuple[zipfile.ZipFile, bytes | None, list[bytes] | None]] = {}
         self._by_offset: dict[Path, list[zipfile.ZipInfo]] = {}
+        self._lines: dict[Path, int] = {}  # rows in a part whose index was read (a line per row)
 
     def _get(self, path: Path) -> tuple[zipfile.ZipFile, bytes | None, list[bytes] | None]:
         if path not in self._open:
@@ -175,7 +176,9 @@ class PartReader:
 
     def summaries(self, path: Path) -> list[dict[str, Any]]:
         """The part's index.jsonl: its items' summaries, in line order."""
-        return [orjson.loads(line) for line in self._get(path)[0].read("index.jsonl").splitlines()]
+        out = [orjson.loads(line) for line in self._get(path)[0].read("index.jsonl").splitlines()]
+        self._lines[path] = len(out)
+        return out
 
     def picture(self, path: Path, member: str) -> bytes:
         """The member's bytes read straight from the part, without zipfile's CRC pass (a CRC per
@@ -190,14 +193,15 @@ class PartReader:
         zf.fp.seek(head[zipfile._FH_FILENAME_LENGTH] + head[zipfile._FH_EXTRA_FIELD_LENGTH], os.SEEK_CUR)
         return zf.fp.read(info.compress_size)
 
-    def rows(self, path: Path, start: int, stop: int, whole: bool = False) -> bytes:
+    def rows(self, path: Path, start: int, stop: int) -> bytes:
         """Lines [start, stop) of the part's rows.jsonl, joined by newlines: the whole file as it
         is when they are all its lines (the common case: splitting it cost more than deflating;
-        `whole`: the caller knows they are, and the lines need not be counted)."""
+        counted from its index when that was read, else in the blob)."""
         zf, blob, lines = self._get(path)
         if blob is None:
             blob = zf.read("rows.jsonl")
-        if start == 0 and (whole or stop == blob.count(b"\n") + 1):
+        total = self._lines.get(path)
+        if start == 0 and stop == (total if total is not None else blob.count(b"\n") + 1):
             self._open[path] = (zf, blob, lines)
             return blob
         if lines is None:
@@ -210,6 +214,7 @@ class PartReader:
             zf.close()
         self._open.clear()
         self._by_offset.clear()
+        self._lines.clear()
 
 
 def runs(found: dict[int, tuple[Path, int, dict[str, Any]]], order: list[int]) -> Iterator[tuple[Path, int, int]]:

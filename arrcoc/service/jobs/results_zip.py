@@ -79,10 +79,10 @@ class ResultsZip:
         self._queued: deque[Future[None]] = deque()
         self.ms = 0.0  # the time add_part's parts took
 
-    def add(self, path: Path, start: int, stop: int, summaries: list[dict[str, Any]], whole: bool = False) -> None:
-        """Lines [start, stop) of a part, whose summaries are `summaries` (`whole`: all its lines)."""
+    def add(self, path: Path, start: int, stop: int, summaries: list[dict[str, Any]]) -> None:
+        """Lines [start, stop) of a part, whose summaries are `summaries`."""
         self._summary.writerows(_copy_pictures(path, summaries, self._parts, self._zf))
-        self._pending.append(self._parts.rows(path, start, stop, whole))
+        self._pending.append(self._parts.rows(path, start, stop))
         self._pending_size += len(self._pending[-1]) + 1
         if self._pending_size >= JSONL_BLOCK:
             self._deflate_pending()
@@ -103,7 +103,7 @@ class ResultsZip:
         if [s["index"] for s in summaries] != list(range(first, first + len(summaries))) or first != self.next_index:
             self.abandoned = True  # the files go in abandon(), on the job's thread
             return
-        self.add(path, 0, len(summaries), summaries, whole=True)  # a part's index has a line per row
+        self.add(path, 0, len(summaries), summaries)
         self.next_index += len(summaries)
         self.ms += (time.perf_counter() - t0) * 1e3
 

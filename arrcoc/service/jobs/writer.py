@@ -36,30 +36,36 @@ class PartWriter:
         self.process = process and not multiprocessing.current_process().daemon
         self._threads = ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write")
 
-    def submit(self, jd: Path, keys: Sequence[ItemKey], items: Sequence[Processed], ext: str) -> Future[WrittenStep]:
+    def submit(self, jd: Path, keys: Sequence[ItemKey], items: Sequence[Processed], ext: str) -> PendingStep:
         """The step's part written, in the background."""
         args = (jd, list(keys), list(items), ext)
         if self.process:
             try:
-                return _child().submit(write_step, *args)
+                return PendingStep(_child().submit(write_step, *args), args)
             except (BrokenProcessPool, RuntimeError, OSError) as e:  # no child to be had: this process
                 log.warning("part writer process unavailable (%s); writing in a thread", e)
                 _reset_child()  # the next step asks for a new one
-        return self._threads.submit(write_step, *args)
-
-    def result(self, future: Future[WrittenStep], jd: Path, keys: Sequence[ItemKey],
-               items: Sequence[Processed], ext: str) -> WrittenStep:  # fmt: skip
-        """The future's result; a step whose child died is written again here (a part written
-        twice is harmless: the later one wins, with the same rows)."""
-        try:
-            return future.result()
-        except BrokenProcessPool:
-            log.warning("part writer process died; writing the step in this thread")
-            _reset_child()
-            return write_step(jd, list(keys), list(items), ext)
+        return PendingStep(self._threads.submit(write_step, *args), args)
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
+
+
+class PendingStep:
+    """A step being written; `result()` waits for it."""
+
+    def __init__(self, future: Future[WrittenStep], args: tuple[Path, list[ItemKey], list[Processed], str]):
+        self.future, self.args = future, args
+
+    def result(self) -> WrittenStep:
+        """The written step; one whose child died is written again here (a part written twice is
+        harmless: the later one wins, with the same rows)."""
+        try:
+            return self.future.result()
+        except BrokenProcessPool:
+            log.warning("part writer process died; writing the step in this thread")
+            _reset_child()
+            return write_step(*self.args)
 
 
 CHILD_WORKERS = 2  # one per chunk written at a time in this process (a worker's threads run several)
