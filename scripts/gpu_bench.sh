@@ -88,8 +88,20 @@ EOF
     grep -E "^\| (inprocess|celery)" "$OUT/e2e-probe.md"
     ;;
   e2e)  # extra arguments go to arrcoc bench e2e, e.g. --no-celery
+    # a watchdog: if the run is still going after E2E_DUMP_AFTER s (a stall), py-spy (carried in
+    # .pyspy/) dumps every arrcoc process's threads, with native frames, into $OUT/stall-dump.txt
+    if ls .pyspy/py_spy-*.whl >/dev/null 2>&1; then
+      [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/py_spy-*.whl
+      ( sleep "${E2E_DUMP_AFTER:-420}"
+        for pid in $(pgrep -f "arrcoc|celery"); do
+          echo "=== $pid: $(tr '\0' ' ' < /proc/$pid/cmdline | cut -c1-200)"
+          timeout 20 /tmp/pyspy/bin/py-spy dump --native --pid "$pid" 2>&1
+        done > "$OUT/stall-dump.txt"; nvidia-smi >> "$OUT/stall-dump.txt" ) &
+      watchdog=$!
+    fi
     $PY -m arrcoc bench e2e --device cuda --backend compiled --out "$OUT" \
       --name "e2e-$(date -u +%F)-h100-compiled-${ARRCOC_COMMIT:-unknown}" "$@" 2>&1 | tee "$OUT/e2e.log" | grep -vE "Warning|warn\("
+    [ -n "${watchdog:-}" ] && kill "$watchdog" 2>/dev/null
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
