@@ -108,8 +108,13 @@ class Runtime(EngineHost):
 
     @property
     def max_batch(self) -> int:
-        """Largest batch the engine runs: ARRCOC_BATCH_MAX_SIZE if set, else 32 on a GPU and 1 on a
-        CPU (see CPU_MAX_BATCH)."""
+        """Largest batch one engine call runs (a batch job's step is two): the largest bucket."""
+        return max(self.buckets)
+
+    @property
+    def interactive_batch(self) -> int:
+        """Largest batch the dynamic batcher gathers: ARRCOC_BATCH_MAX_SIZE (16 by default) on a
+        GPU, 1 on a CPU unless it is set (see CPU_MAX_BATCH); never over the largest bucket."""
         size = self.settings.batch_max_size
         if self.pipeline.device.type == "cpu":
             size = min(size, self._cpu_batch_cap)
@@ -187,7 +192,7 @@ class Runtime(EngineHost):
         batcher = self._batchers.get(name)
         if batcher is None:
             self.pipeline_for(name)  # build and warm the engine first
-            size = self.max_batch
+            size = self.interactive_batch
             with self._build_lock:
                 batcher = self._batchers.get(name)
                 if batcher is None:
