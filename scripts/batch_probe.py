@@ -41,6 +41,7 @@ CONFIGS = {
     "none-process-writer": {"fmt": "none", "writer": "process"},
     "gpu-jpeg-wq1": {"write_queue": 1},
     "gpu-jpeg-if2": {"in_flight": 2},
+    "gpu-jpeg-process-writer-if2": {"writer": "process", "in_flight": 2},
     "gpu-jpeg-q85": {"quality": 85},
     "gpu-jpeg-q75": {"quality": 75},
     "gpu-jpeg-q80": {"quality": 80},
