@@ -154,6 +154,32 @@ def test_two_stage_batcher_prepares_the_next_batch_while_the_engine_runs_one():
     b.close()
 
 
+def test_two_stage_batcher_gathers_while_the_engine_is_busy_and_goes_when_it_is_idle():
+    """The delay buys a larger batch only while the engine is busy; with the engine idle, waiting
+    it out only adds latency: what has queued goes at once."""
+    release, sizes = threading.Event(), []
+
+    def run(items):
+        sizes.append(len(items))
+        if len(sizes) == 1:
+            assert release.wait(5)
+        return items
+
+    b = DynamicBatcher(run, max_batch=8, max_delay_s=2.0, prepare_batch=lambda items: items)
+    t0 = time.perf_counter()
+    futures = [b.submit(i) for i in range(3)]  # the engine is idle: they go without the 2 s delay
+    deadline = time.monotonic() + 5
+    while not sizes and time.monotonic() < deadline:
+        time.sleep(0.005)
+    futures += [b.submit(i) for i in range(3, 8)]  # the engine busy: these gather into one batch
+    time.sleep(0.1)
+    release.set()
+    assert [f.result(5) for f in futures] == list(range(8))
+    assert time.perf_counter() - t0 < 1.5, "a batch waited out the delay while the engine was idle"
+    assert sizes[0] <= 3 and sizes[1:] == [8 - sizes[0]], sizes
+    b.close()
+
+
 # -- the job store: one contract, two implementations -----------------------------------------
 @pytest.fixture(params=["memory", "redis"])
 def store(request):

@@ -9,7 +9,8 @@ the backlog that queued during the last batch runs at once; when idle a request 
 With `prepare_batch` the work runs as two stages on two threads: the batching thread prepares a
 batch (on a GPU: decodes its JPEGs, on a stream of its own) while the engine thread runs the one
 before, so decoding and the engine overlap instead of taking turns; one prepared batch waits at
-most (back-pressure).
+most (back-pressure). A batch then gathers only while the engine is busy: once the engine is idle
+with nothing prepared for it, what has queued goes at once instead of waiting out the delay.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from typing import Any
 from ...errors import ArrcocError, DeadlineExceeded
 
 log = logging.getLogger(__name__)
+
+
+# With two stages, a batch gathers at least this long, then goes as soon as the engine is idle
+# (rather than waiting out the whole delay while the engine has nothing to do); the
+# engine is looked at this often while a batch gathers.
+IDLE_GATHER_S = 0.0005
 
 
 @dataclass
@@ -88,17 +95,32 @@ class DynamicBatcher:
         # the delay counts from when the first request arrived (Triton's max queue delay): one that
         # already waited out a running batch goes with whatever else queued meanwhile, at once
         until = first.enqueued + self.max_delay_s
+        two_stage = self.prepare_batch is not None and not self.idle_wait
         while len(batch) < self.max_batch:
-            remaining = until - time.monotonic()
+            now = time.monotonic()
+            remaining = until - now
+            if two_stage and now - first.enqueued >= IDLE_GATHER_S and self._downstream_idle():
+                # the engine waits for work and nothing is on its way to it: gathering longer
+                # only adds to every caller's latency. Take what has queued, and go. (While the
+                # engine is busy, waiting costs nothing: the batch could not run sooner anyway.)
+                remaining = 0.0
+            elif two_stage:  # look again at the engine soon
+                remaining = min(remaining, IDLE_GATHER_S)
             try:
                 req = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
             except queue.Empty:
+                if time.monotonic() < until and not (two_stage and self._downstream_idle()):
+                    continue
                 break
             if req is None:  # closing: finish this batch first
                 self._queue.put(None)
                 break
             batch.append(req)
         return batch
+
+    def _downstream_idle(self) -> bool:
+        """The engine thread is waiting for a batch, and none is prepared for it."""
+        return not self._engine_busy and self._prepared.empty()
 
     def _loop(self) -> None:
         while True:
