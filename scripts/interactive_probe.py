@@ -31,6 +31,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=4096)
     p.add_argument("--max-batch", type=int, nargs="+", default=[32],
                    help="ARRCOC_BATCH_MAX_SIZE values to try (one warm engine shared)")
+    p.add_argument("--switch-interval-ms", type=float, nargs="+", default=[sys.getswitchinterval() * 1e3],
+                   help="the interpreter's GIL switch intervals to try (sys.setswitchinterval), per batcher size")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     s = default_settings(device=args.device, backend=args.backend, backends=(args.backend,), broker_url=None,
@@ -43,7 +45,10 @@ def main() -> int:
     for max_batch in args.max_batch:
         ex = InProcessExecutor(s.model_copy(update={"batch_max_size": max_batch}), pipeline=first.runtime.pipeline)
         try:
-            out += _measure(args, ex, image, max_batch)
+            for ms in args.switch_interval_ms:
+                sys.setswitchinterval(ms / 1e3)
+                print(f"== switch interval {ms} ms", flush=True)
+                out += [row | {"switch_interval_ms": ms} for row in _measure(args, ex, image, max_batch)]
         finally:
             ex.close()
     first.close()

@@ -50,7 +50,7 @@ class E2EConfig:
     items: int = 2048  # 800x600 JPEGs in the batch job
     large_items: int = 256  # 4032x3024 JPEGs (12 MP)
     png_items: int = 128  # 800x600 PNGs
-    requests: int = 512  # interactive requests per measurement
+    requests: int = 2048  # interactive requests with one caller (at most 256) and, twice as many, with many
     clients: int = 32
     celery: bool = True
     worker_processes: int = 8  # Celery processes feeding one engine process
