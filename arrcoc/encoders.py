@@ -45,7 +45,8 @@ class CachedTextEncoder(ABC):
     def encode(self, queries: list[str] | str) -> Tensor:
         if isinstance(queries, str):
             queries = [queries]
-        texts = [validate_query(q, self.max_chars) for q in queries]
+        # a cached string is a validated one (validating is idempotent): only new strings are checked
+        texts = [q if isinstance(q, str) and q in self._cache else validate_query(q, self.max_chars) for q in queries]
         with self._lock:
             missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
             if missing:

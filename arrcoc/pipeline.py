@@ -48,7 +48,7 @@ def _to_host(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     if not outputs or not outputs[0].is_cuda:
         return [t.cpu() for t in outputs]
     host = [t.to("cpu", non_blocking=True) for t in outputs]
-    torch.cuda.current_stream(outputs[0].device).synchronize()
+    torch.cuda.current_stream(outputs[0].get_device()).synchronize()
     return host
 
 
@@ -173,7 +173,13 @@ class RelevancePipeline:
         # this thread's CPU for the batch, shared out: with the server's own CPU per request it
         # shows where a worker's CPU goes (scripts/batching_bench.py)
         cpu_ms = (time.thread_time() - cpu0) * 1e3 / len(requests)
-        return [self._result(out, i, r, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms, "batch_cpu_ms": cpu_ms})
+        # what every item of the batch shares, looked up once (this loop runs on the engine's thread)
+        shared = {"variant": self.variant.name, "weights_version": self.weights_version, "backend": self.backend.name,
+                  "benchmark_only": self.variant.benchmark_only or self.weights_version == "random",
+                  "bucket": self.backend.bucket_for(out.relevance.shape[0])}  # fmt: skip
+        budgets = out.budgets.astype(np.int64)
+        return [self._result(out, budgets, i, r, shared, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms,
+                                                          "batch_cpu_ms": cpu_ms})
                 for i, r in enumerate(requests)]  # fmt: skip
 
     def decode_pending(self, requests: list[PreparedRequest]) -> list[PreparedRequest | ArrcocError]:
@@ -195,14 +201,13 @@ class RelevancePipeline:
                 raise got  # the caller runs the items one by one: this one fails alone
         return out  # type: ignore[return-value]
 
-    def _result(self, out, i: int, r: PreparedRequest, timings: dict[str, float]) -> RelevanceResult:
+    @staticmethod
+    def _result(out, budgets: np.ndarray, i: int, r: PreparedRequest, shared: dict, timings: dict[str, float]
+                ) -> RelevanceResult:  # fmt: skip
         """Item i of a batch's outputs (numpy arrays) as its result."""
         c = r.controls
         k = int(c.k)
         return RelevanceResult(
-            variant=self.variant.name,
-            weights_version=self.weights_version,
-            backend=self.backend.name,
             query=r.query,
             relevance=out.relevance[i],
             information=out.information[i],
@@ -211,13 +216,12 @@ class RelevancePipeline:
             balance=out.balance[i],
             tensions=out.tensions[i],
             selected=out.order[i, :k],
-            budgets=out.budgets[i, :k].astype(np.int64),
+            budgets=budgets[i, :k].copy(),  # its own K entries, not a view of the batch's
             budget_map=out.budget_map[i],
             texture=out.texture[i],
             image_size=r.size,
             token_budget=int(c.token_budget),
-            benchmark_only=self.variant.benchmark_only or self.weights_version == "random",
-            bucket=self.backend.bucket_for(out.relevance.shape[0]),
-            timings_ms=dict(timings),
+            timings_ms=timings,
             match_score=float(out.match[i]),
+            **shared,
         )

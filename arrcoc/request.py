@@ -7,6 +7,7 @@ imports torch, so a web process that only forwards requests never loads the engi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import numbers
@@ -34,6 +35,18 @@ class Controls:
     token_budget: int | None = None
 
     def validated(self, cells: int, default_k: int, default_budget: int) -> Controls:
+        """These controls checked for a model of `cells` cells, defaults filled in (InvalidInputError
+        for bad ones). Remembered per value and type (True == 1, but a bool is no number here):
+        every request checks its controls, mostly the same few."""
+        values = (self.scale_information, self.scale_perspectival, self.scale_participatory, self.k, self.token_budget)
+        try:
+            return _validated(tuple((type(v), v) for v in values), cells, default_k, default_budget)
+        except TypeError as e:  # an unhashable value (from the wire): checked here, with its error
+            if "unhashable" not in str(e):
+                raise
+            return self._validated(cells, default_k, default_budget)
+
+    def _validated(self, cells: int, default_k: int, default_budget: int) -> Controls:
         scales = (self.scale_information, self.scale_perspectival, self.scale_participatory)
         if any(not _is_number(s) or not math.isfinite(s) or s < 0 or s > 10 for s in scales):
             raise InvalidInputError("Scorer scales must be numbers between 0 and 10.")
@@ -60,6 +73,11 @@ class Controls:
     @classmethod
     def from_wire(cls, doc: dict[str, Any] | None) -> Controls:
         return cls(**(doc or {}))
+
+
+@functools.lru_cache(maxsize=256)
+def _validated(typed: tuple[tuple[type, Any], ...], cells: int, default_k: int, default_budget: int) -> Controls:
+    return Controls(*(v for _, v in typed))._validated(cells, default_k, default_budget)
 
 
 def _is_number(x: object) -> bool:

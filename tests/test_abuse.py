@@ -184,6 +184,8 @@ def test_whitespace_in_queries_is_normalised_not_refused():
 
 @pytest.mark.parametrize("value", ["1.0", None, [], True, float("nan"), float("inf")])
 def test_non_numbers_are_refused_by_controls(value):
+    # checked controls are remembered per value: True equals 1, and must still be refused after it
+    Controls(scale_information=1, k=1).validated(1024, 200, 25600)
     with pytest.raises(InvalidInputError):
         Controls(scale_information=value).validated(1024, 200, 25600)  # type: ignore[arg-type]
     if value is not None:  # K None: the variant's default
