@@ -71,7 +71,8 @@ class Settings(BaseSettings):
     # batch was a single request and nobody is waiting) runs at once instead of waiting for company
     batch_idle_wait: bool = False
     # 16, not 32: with 32 callers on the H100 the two-stage batcher then has two batches to overlap
-    # (one decoding while the other runs): 2,597 against 2,193 req/s (scripts/interactive_probe.py)
+    # (one decoding while the other runs): 2,771 against 2,546 req/s (scripts/interactive_probe.py
+    # at c924697; 2,472 at 8)
     batch_max_size: int = 16
     task_time_limit_s: int = 600
     max_redeliveries: int = 3

@@ -45,6 +45,11 @@ def main() -> int:
     for max_batch in args.max_batch:
         ex = InProcessExecutor(s.model_copy(update={"batch_max_size": max_batch}), pipeline=first.runtime.pipeline)
         try:
+            # the batcher's result (three stages on a GPU) against the pipeline's own, same bucket
+            via, direct = ex.infer(image, QUERIES[0]), ex.runtime.pipeline.infer([image], QUERIES[0])[0]
+            print(f"== parity, batcher vs pipeline: relevance max |diff| "
+                  f"{float(abs(via.relevance - direct.relevance).max()):.2e}, same cells "
+                  f"{bool((via.selected == direct.selected).all())}", flush=True)  # fmt: skip
             for ms in args.switch_interval_ms:
                 sys.setswitchinterval(ms / 1e3)
                 print(f"== switch interval {ms} ms", flush=True)
