@@ -40,29 +40,16 @@ class PreparedRequest:
     encoded: Encoded | None = None  # a checked JPEG the GPU decodes with its batch
 
 
-@dataclass(frozen=True)
-class LaunchedBatch:
-    """A batch whose engine call is queued on the device (RelevancePipeline.launch), its outputs
-    on their way to the host; `RelevancePipeline.collect` waits for them and builds the results."""
-
-    requests: list[PreparedRequest]
-    device_outputs: tuple[torch.Tensor, ...]  # kept until collected: the copies below read them
-    host_outputs: tuple[torch.Tensor, ...]  # whole once `ready` has passed
-    ready: torch.cuda.Event | None  # None: already whole (a CPU engine)
-    started: float  # time.perf_counter() when the launch began
-    cpu_ms: float  # the launching thread's CPU for it
-
-
-def _to_host(outputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
-    """The outputs' host copies and, from a GPU, the event after which they are whole: the copies
-    are queued together (into pinned memory) and waited for once, not once per output (eleven
-    round trips a batch were a measurable part of an interactive batch's host time)."""
+def _to_host(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The outputs on the host. From a GPU the copies are queued together (into pinned memory)
+    and waited for once, not once per output: eleven round trips per batch were a measurable
+    part of an interactive batch's host time."""
+    outputs = [t.detach() for t in outputs]
     if not outputs or not outputs[0].is_cuda:
-        return [t.detach().cpu() for t in outputs], None
-    host = [t.detach().to("cpu", non_blocking=True) for t in outputs]
-    ready = torch.cuda.Event()
-    ready.record(torch.cuda.current_stream(outputs[0].get_device()))
-    return host, ready
+        return [t.cpu() for t in outputs]
+    host = [t.to("cpu", non_blocking=True) for t in outputs]
+    torch.cuda.current_stream(outputs[0].get_device()).synchronize()
+    return host
 
 
 class RelevancePipeline:
@@ -173,12 +160,6 @@ class RelevancePipeline:
 
     def run(self, requests: list[PreparedRequest]) -> list[RelevanceResult]:
         """Prepared requests -> one engine call (queries encoded together) -> one result each."""
-        return self.collect(self.launch(requests))
-
-    def launch(self, requests: list[PreparedRequest]) -> LaunchedBatch:
-        """The engine call of `run`, queued on the device with the copies of its outputs to the
-        host; `collect` finishes it. Apart, the two let a server launch the next batch while
-        this one's results are built (arrcoc.service.host.batching)."""
         if not requests:
             raise InvalidInputError("No images given.")
         t0, cpu0 = time.perf_counter(), time.thread_time()
@@ -187,21 +168,12 @@ class RelevancePipeline:
         batch = torch.stack([r.pixels for r in requests])
         control_rows = torch.tensor([r.controls.as_row() for r in requests], dtype=torch.float32)
         out = self.backend.run(batch, query_vecs, control_rows)
-        host, ready = _to_host(out)
-        return LaunchedBatch(requests, tuple(out), type(out)(*host), ready, t0, (time.thread_time() - cpu0) * 1e3)
-
-    def collect(self, launched: LaunchedBatch) -> list[RelevanceResult]:
-        """A launched batch's results, once its outputs are on the host."""
-        cpu0 = time.thread_time()
-        if launched.ready is not None:
-            launched.ready.synchronize()
-        out = type(launched.host_outputs)(*(t.numpy() for t in launched.host_outputs))  # sliced per item below
-        requests = launched.requests
-        model_ms = (time.perf_counter() - launched.started) * 1e3
-        # the CPU of the threads that launched and collected it, shared out: with the server's own
-        # CPU per request it shows where a worker's CPU goes (scripts/batching_bench.py)
-        cpu_ms = (launched.cpu_ms + (time.thread_time() - cpu0) * 1e3) / len(requests)
-        # what every item of the batch shares, looked up once per batch, not per item
+        out = type(out)(*(t.numpy() for t in _to_host(out)))  # one copy per output, sliced per item below
+        model_ms = (time.perf_counter() - t0) * 1e3
+        # this thread's CPU for the batch, shared out: with the server's own CPU per request it
+        # shows where a worker's CPU goes (scripts/batching_bench.py)
+        cpu_ms = (time.thread_time() - cpu0) * 1e3 / len(requests)
+        # what every item of the batch shares, looked up once (this loop runs on the engine's thread)
         shared = {"variant": self.variant.name, "weights_version": self.weights_version, "backend": self.backend.name,
                   "benchmark_only": self.variant.benchmark_only or self.weights_version == "random",
                   "bucket": self.backend.bucket_for(out.relevance.shape[0])}  # fmt: skip

@@ -180,40 +180,6 @@ def test_two_stage_batcher_gathers_while_the_engine_is_busy_and_goes_when_it_is_
     b.close()
 
 
-def test_three_stages_build_a_batchs_results_while_the_next_one_launches():
-    """run_batch may hand back its results deferred (a GPU engine call launched, its outputs on the
-    way): a third thread builds them while the engine thread launches the next batch; a deferred
-    result that fails tells every caller of its batch."""
-    building, launched_meanwhile, calls = threading.Event(), threading.Event(), []
-
-    def run(items):
-        if building.is_set():
-            launched_meanwhile.set()
-        calls.append(list(items))
-        first = len(calls) == 1
-
-        def results():
-            if first:  # hold the first batch's results until the next batch has launched
-                building.set()
-                assert launched_meanwhile.wait(5), "the next batch did not launch while results were built"
-            if 99 in items:
-                raise ValueError("the device failed")
-            return [x * 10 for x in items]
-
-        return results
-
-    b = DynamicBatcher(run, max_batch=4, max_delay_s=0.05, prepare_batch=lambda items: items, idle_wait=True)
-    futures = [b.submit(i) for i in range(4)]
-    assert building.wait(5)
-    futures += [b.submit(i) for i in range(4, 8)]
-    assert [f.result(5) for f in futures] == [i * 10 for i in range(8)]
-    failing = [b.submit(99), b.submit(98)]
-    for f in failing:
-        with pytest.raises(ValueError, match="the device failed"):
-            f.result(5)
-    b.close()
-
-
 # -- the job store: one contract, two implementations -----------------------------------------
 @pytest.fixture(params=["memory", "redis"])
 def store(request):

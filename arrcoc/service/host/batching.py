@@ -9,8 +9,7 @@ the backlog that queued during the last batch runs at once; when idle a request 
 With `prepare_batch` the work runs as two stages on two threads: the batching thread prepares a
 batch (on a GPU: decodes its JPEGs, on a stream of its own) while the engine thread runs the one
 before, so decoding and the engine overlap instead of taking turns; one prepared batch waits at
-most (back-pressure). A third thread builds a batch's results and hands them out while the engine
-thread launches the next (when run_batch returns its results deferred: a function). A batch then gathers only while the engine is busy: once the engine is idle
+most (back-pressure). A batch then gathers only while the engine is busy: once the engine is idle
 with nothing prepared for it, what has queued goes at once instead of waiting out the delay.
 """
 
@@ -44,9 +43,8 @@ class _Request:
     enqueued: float = field(default_factory=time.monotonic)
 
 
-# run_batch(items) -> one result or one exception per item, in order; with prepare_batch it may
-# instead return a function that gives them (the engine call launched, its results built later)
-RunBatch = Callable[[list[Any]], Sequence[Any] | Callable[[], Sequence[Any]]]
+# run_batch(items) -> one result or one exception per item, in order
+RunBatch = Callable[[list[Any]], Sequence[Any]]
 # prepare_batch(items) -> per item the item ready to run, or the exception it failed with
 PrepareBatch = Callable[[list[Any]], Sequence[Any]]
 
@@ -59,14 +57,10 @@ class DynamicBatcher:
         self.prepare_batch = prepare_batch
         self._prepared: queue.Queue[tuple[list[_Request], list[Any]] | None] = queue.Queue(maxsize=1)
         self._engine_busy = False  # the engine thread is running a batch
-        self._engine = self._deliver = None
-        # launched batches whose results are being built: one waits at most (back-pressure)
-        self._launched: queue.Queue[tuple[list[_Request], Any] | None] = queue.Queue(maxsize=1)
+        self._engine = None
         if prepare_batch is not None:
             self._engine = threading.Thread(target=self._engine_loop, name=f"{name}-engine", daemon=True)
             self._engine.start()
-            self._deliver = threading.Thread(target=self._deliver_loop, name=f"{name}-results", daemon=True)
-            self._deliver.start()
         self.idle_wait = idle_wait
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
@@ -159,29 +153,12 @@ class DynamicBatcher:
         self._fail_queued()
 
     def _engine_loop(self) -> None:
-        """Runs (launches) prepared batches; their results go to the third stage."""
         while (prepared := self._prepared.get()) is not None:
             self._engine_busy = True
             try:
-                live, items = self._ready(*prepared)
-                if live:
-                    try:
-                        out: Any = self.run_batch(items)
-                    except BaseException as e:  # the whole batch failed: every caller hears why
-                        log.exception("batch of %d failed", len(live))
-                        out = [e] * len(live)
-                    self._launched.put((live, out))  # waits while the last batch's results are built
+                self._run(*self._ready(*prepared))
             finally:
                 self._engine_busy = False
-        self._launched.put(None)
-        assert self._deliver is not None
-        self._deliver.join()
-
-    def _deliver_loop(self) -> None:
-        """Builds launched batches' results and hands them to their callers."""
-        while (launched := self._launched.get()) is not None:
-            live, out = launched
-            self._settle(live, self._call(out, live, None) if callable(out) else list(out))
 
     @staticmethod
     def _ready(live: list[_Request], prepared: list[Any]) -> tuple[list[_Request], list[Any]]:
@@ -195,14 +172,10 @@ class DynamicBatcher:
         return [req for req, _ in ok], [item for _, item in ok]
 
     @staticmethod
-    def _call(fn: Callable[..., Any], live: list[_Request], items: list[Any] | None) -> list[Any]:
-        """fn(items) (fn() for None), one entry per item, a deferred result (a function) called too;
-        if fn fails as a whole, every item gets its exception."""
+    def _call(fn: Callable[[list[Any]], Sequence[Any]], live: list[_Request], items: list[Any]) -> list[Any]:
+        """fn(items), one entry per item; if fn fails as a whole, every item gets its exception."""
         try:
-            out = fn() if items is None else fn(items)
-            if callable(out):
-                out = out()
-            out = list(out)
+            out = list(fn(items))
             assert len(out) == len(live), "a batch function must return one entry per item"
         except BaseException as e:  # the whole batch failed: every caller hears why
             log.exception("batch of %d failed", len(live))
@@ -213,13 +186,9 @@ class DynamicBatcher:
         """run_batch(items) (after `prepare`, if given) and every caller told its result."""
         if prepare is not None:
             live, items = self._ready(live, self._call(prepare, live, items))
-        if live:
-            self._settle(live, self._call(self.run_batch, live, items))
-
-    @staticmethod
-    def _settle(live: list[_Request], results: list[Any]) -> None:
-        """Every caller told its result (or its exception)."""
-        for req, res in zip(live, results, strict=True):
+        if not live:
+            return
+        for req, res in zip(live, self._call(self.run_batch, live, items), strict=True):
             if isinstance(res, BaseException):
                 req.future.set_exception(res)
             else:

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -149,20 +149,6 @@ class Runtime(EngineHost):
                     out.append(e)
             return out
 
-    def launch_batch(self, items: Sequence[PreparedRequest], backend: str | None = None
-                     ) -> Callable[[], list[RelevanceResult | Exception]]:  # fmt: skip
-        """run_batch in two steps: the engine call queued on the device now (holding the device
-        lock), and a function that waits for its outputs and builds the results, which the
-        batcher calls on another thread while the next batch is launched."""
-        pipe = self.pipeline_for(backend)
-        with self.device_lock:
-            try:
-                launched = pipe.launch(list(items))
-            except ArrcocError:  # an item failed: run_batch runs them one by one, each its own result
-                out = self.run_batch(items, backend)
-                return lambda: out
-        return lambda: list(pipe.collect(launched))
-
     # -- batch jobs: bytes to results and overlays, on the engine's device ---------------------
     def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
                 backend: str | None = None) -> ProcessedBatch:  # fmt: skip
@@ -210,14 +196,10 @@ class Runtime(EngineHost):
             with self._build_lock:
                 batcher = self._batchers.get(name)
                 if batcher is None:
-                    decode = self._decode_ahead(name)
-                    if decode is None:
-                        run = lambda items: self.run_batch(items, name)  # noqa: E731
-                    else:  # three stages: a batch is launched while the last one's results are built
-                        run = lambda items: self.launch_batch(items, name)  # noqa: E731
+                    run = lambda items: self.run_batch(items, name)  # noqa: E731
                     batcher = self._batchers[name] = DynamicBatcher(
                         run, size, self.settings.batch_max_delay_ms / 1e3, f"arrcoc-batcher-{name}",
-                        self.settings.batch_idle_wait, decode,
+                        self.settings.batch_idle_wait, self._decode_ahead(name),
                     )
         return batcher
 
