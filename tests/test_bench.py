@@ -92,3 +92,27 @@ def test_startup_cold_then_warm_in_separate_processes():
     assert s["cold_s"] > 0 and s["warm_s"] > 0
     assert s["cold_stats"]["export_s"] > 1.0 and s["warm_stats"]["export_s"] < 1.0  # the export was cached
     assert s["warm_s"] < s["cold_s"]
+
+
+def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(tmp_path):
+    """`arrcoc bench e2e` on CPU, in-process, a tiny workload: every batch item and every request
+    succeeds, each stage is timed, and the report compares the job with the engine alone timed
+    just before and after it (the 2-core figure of issue 12)."""
+    from arrcoc.bench.e2e import E2EConfig, markdown, run_e2e, write
+
+    cfg = E2EConfig(device="cpu", backend="eager", items=16, large_items=0, png_items=0, requests=8, clients=2,
+                    celery=False)  # fmt: skip
+    report = run_e2e(cfg, progress=lambda m: None)
+    job = report["batch_inprocess"]["jpeg_800x600"]
+    assert job["items"] == 16 and job["failed"] == 0 and job["images_per_s"] > 0
+    assert job["stage_ms_per_item"]["engine"] > 0 and job["stage_ms_per_item"]["decode"] > 0
+    for key in ("interactive_inprocess_1", "interactive_inprocess_n"):
+        assert report[key]["ok"] == report[key]["requests"] and not report[key]["errors"]
+    ratio = report["job_over_engine_alone"]
+    mean = (report["engine_alone"]["images_per_s"] + report["engine_alone_after"]["images_per_s"]) / 2
+    assert ratio["against_mean"] == round(job["images_per_s"] / mean, 3)
+    assert ratio["against_faster"] <= ratio["against_mean"]
+    text = markdown(report)
+    assert f"**{ratio['against_mean']}** against the mean" in text and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
+    paths = write(report, tmp_path / "e2e")
+    assert json.loads(paths[0].read_text())["job_over_engine_alone"] == ratio
