@@ -223,7 +223,7 @@ def _header(data: bytes, limits: ImageLimits) -> tuple[bool, int, tuple[int, int
         return False, 1, (0, 0)
     if min(w, h) < limits.min_side:
         return False, 1, (0, 0)  # the CPU path refuses it with its message
-    return ok, orientation, ((h, w) if orientation in (5, 6, 7, 8) else (w, h))
+    return True, orientation, ((h, w) if orientation in (5, 6, 7, 8) else (w, h))
 
 
 def _orient(img: torch.Tensor, orientation: int) -> torch.Tensor:

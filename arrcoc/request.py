@@ -39,12 +39,12 @@ class Controls:
         for bad ones). Remembered per value and type (True == 1, but a bool is no number here):
         every request checks its controls, mostly the same few."""
         values = (self.scale_information, self.scale_perspectival, self.scale_participatory, self.k, self.token_budget)
+        key = tuple((type(v), v) for v in values)
         try:
-            return _validated(tuple((type(v), v) for v in values), cells, default_k, default_budget)
-        except TypeError as e:  # an unhashable value (from the wire): checked here, with its error
-            if "unhashable" not in str(e):
-                raise
+            hash(key)
+        except TypeError:  # an unhashable value (a list from the wire): checked as it is, with its error
             return self._validated(cells, default_k, default_budget)
+        return _validated(key, cells, default_k, default_budget)
 
     def _validated(self, cells: int, default_k: int, default_budget: int) -> Controls:
         scales = (self.scale_information, self.scale_perspectival, self.scale_participatory)

@@ -72,6 +72,7 @@ EOF
     ${ISPY[@]:+${ISPY[@]} "$OUT/spy-interactive.txt" --} $PY scripts/interactive_probe.py --device cuda --clients 1 32 \
       --max-batch 32 16 8 --requests 4096 --json "$OUT/interactive-probe.json" > "$OUT/interactive-probe.log" 2>&1; echo "interactive_probe exit $?"
     grep -E "^==" "$OUT/interactive-probe.log" | cut -c1-300
+    [ -s "$OUT/spy-interactive.txt" ] && $PY scripts/spy_summary.py "$OUT/spy-interactive.txt" > "$OUT/spy-interactive-summary.txt"
     # the Celery path: the engine process of the worker group, sampled while the 32 clients run
     timeout 300 $PY -m arrcoc bench e2e --device cuda --backend compiled --items 256 --large-items 0 --png-items 0 \
       --requests 8000 --out "$OUT" --name e2e-probe > "$OUT/e2e-probe.log" 2>&1 &

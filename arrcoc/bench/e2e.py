@@ -282,8 +282,9 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     # the engine alone at a batch job's batch size: a step's items per engine-host call (64 on a
     # GPU, 8 on a CPU, which runs one image at a time and records progress every step)
     step = batch_step_items(ex.runtime)
+    alone = functools.partial(engine_alone, ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step)
     try:
-        report["engine_alone"] = engine_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step)
+        report["engine_alone"] = alone()
         report["decode_parity"] = decode_parity(ex.runtime, work)
         report["batch_inprocess"] = {}
         for kind, (n, ext) in jobs.items():
@@ -294,8 +295,7 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
                 # again right after this job: a shared machine's speed drifts over a run (a 2-core
                 # VM moved from 22 to 39 images/s within minutes), and the job is compared with
                 # the engine beside it, before and after
-                report["engine_alone_after"] = engine_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024),
-                                                            step)  # fmt: skip
+                report["engine_alone_after"] = alone()
         report["job_over_engine_alone"] = job_over_engine_alone(report)
         image = work["jpeg_800x600"][1]
         shared = _Lent(ex)

@@ -1,0 +1,49 @@
+"""Where the GIL's time went in an interactive run: a `py-spy record --gil --format raw` file of
+scripts/interactive_probe.py, by thread role (callers, the batcher's decode thread, its engine
+thread) and by function (inclusive), as shares of the samples in those threads.
+
+    python scripts/spy_summary.py spy-interactive.txt [--top 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+from pathlib import Path
+
+# a role per thread, known by a frame on its stack (arrcoc.bench.load's callers, the batcher's threads)
+ROLES = (("client", "_drive"), ("engine", "_engine_loop"), ("batcher", "DynamicBatcher._loop"))
+LINE = re.compile(r" \((.*?):\d+\)")  # a frame's line number: functions are counted whole
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("raw", type=Path)
+    p.add_argument("--top", type=int, default=40)
+    args = p.parse_args()
+    roles: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    for line in args.raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not any("Thread._bootstrap" in f for f in frames):
+            continue  # the main thread: start-up and warm-up, not the load
+        role = next((r for r, mark in ROLES if any(mark in f for f in frames)), None)
+        if role is None:
+            continue
+        roles[role] += int(count)
+        for name in dict.fromkeys(role + " " + LINE.sub(r" (\1)", f) for f in frames):
+            inclusive[name] += int(count)
+    total = sum(roles.values())
+    print(f"samples holding the GIL in the load's threads: {total} (at the recording's rate)")
+    for role, n in roles.most_common():
+        print(f"{n / total:6.1%}  {role}")
+    for name, n in inclusive.most_common(args.top):
+        if "threading" not in name and "_bootstrap" not in name:
+            print(f"{n / total:6.1%}  {name[:120]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
