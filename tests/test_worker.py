@@ -101,6 +101,77 @@ def test_infer_round_trip_equals_inprocess(env, celery_ex):
         celery_ex.infer(png_bytes(0), "q", Controls(k=0))
 
 
+def test_answers_come_on_reply_lists_that_leave_nothing_behind_and_older_messages_still_get_theirs(env, celery_ex):
+    """A request's answer comes back on its own reply list (no Celery result stored, nothing left
+    in Redis); a message queued by an older client, which names no reply list, is still answered
+    through Celery's result backend, with the same result."""
+    from arrcoc.request import image_key
+    from arrcoc.service.client.queue import PRIORITY_INFER, TASK_INFER
+    from arrcoc.service.codec import result_from_wire
+
+    s = celery_ex.settings
+    image = png_bytes(5)
+    new = celery_ex.infer(image, "the sky")
+    r = celery_ex.raw
+    assert not [k for pat in (f"{s.redis_prefix}:reply:*", f"{s.redis_prefix}:attempts:*", "celery-task-meta-*")
+                for k in r.scan_iter(pat)]  # fmt: skip
+    key = image_key(s, image)
+    r.set(key, image, ex=60)
+    old = celery_ex.app.send_task(TASK_INFER, args=[key, "the sky", None, time.time() + 60], queue=s.queue_gpu,
+                                  priority=PRIORITY_INFER)  # fmt: skip
+    doc = old.get(timeout=60)
+    old.forget()
+    assert_same_result(result_from_wire(doc["result"]), new)
+
+
+def test_a_reply_frame_is_bit_identical_and_a_bad_one_is_a_clear_error(celery_ex):
+    from arrcoc.errors import EngineError
+    from arrcoc.service.codec import error_to_frame, result_from_frame, result_to_frame
+
+    result = celery_ex.infer(png_bytes(6), "the sky")
+    frame = result_to_frame(result)
+    back = result_from_frame(frame)
+    assert_same_result(back, result)
+    assert back.texture.tobytes() == result.texture.tobytes() and back.timings_ms == result.timings_ms
+    with pytest.raises(ImageError, match="unreadable"):  # an error frame raises the error it carries
+        result_from_frame(error_to_frame(ImageError("unreadable image")))
+    for bad in (frame[:-3], frame + b"x", b"", b"X" + frame[1:], frame.replace(b'"<f4"', b'"|O8"', 1), b"R\xff\xff"):
+        with pytest.raises(EngineError, match="could not be read"):
+            result_from_frame(bad)
+
+
+def test_a_worker_bug_reaches_the_caller_at_once_and_no_reply_list_outside_the_service_is_written(env):
+    """The task's own failure, not an ArrcocError, is answered on the reply list (the caller does not
+    wait out its timeout); a message naming another key as its reply list writes nothing. The engine
+    host here is a stand-in that fails: a real one cannot be made to fail on demand."""
+    from arrcoc.errors import ArrcocError, EngineError
+    from arrcoc.service.codec import result_from_frame
+    from worker.state import WorkerState
+
+    class FailingHost:
+        def infer(self, *args, **kwargs):
+            raise RuntimeError("boom")
+
+        def close(self):
+            pass
+
+    s = make_settings(env)
+    state = WorkerState()
+    state.configure(s)
+    state._host = FailingHost()
+    r = state.raw
+    r.set(f"{s.redis_prefix}:img:x", b"bytes", ex=60)
+    reply = f"{s.redis_prefix}:reply:t1"
+    assert state.infer("t1", f"{s.redis_prefix}:img:x", "q", None, time.time() + 30, None, reply) is None
+    assert 0 < r.ttl(reply) <= s.image_ttl_s
+    with pytest.raises(EngineError, match="The worker failed: RuntimeError: boom"):
+        result_from_frame(r.lpop(reply))
+    with pytest.raises(ArrcocError, match="not a key of this service"):
+        state.infer("t2", f"{s.redis_prefix}:img:x", "q", None, time.time() + 30, None, "elsewhere")
+    assert not r.exists("elsewhere") and not r.exists(f"{s.redis_prefix}:attempts:t2")
+    state.close()
+
+
 def test_dynamic_batching_forms_buckets_under_concurrency(celery_ex):
     image = png_bytes(3)
     with cf.ThreadPoolExecutor(12) as pool:

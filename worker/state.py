@@ -18,7 +18,8 @@ from typing import Any
 
 from arrcoc.errors import ArrcocError, ServiceUnavailableError
 from arrcoc.request import Controls
-from arrcoc.service.codec import error_to_wire, result_to_wire
+from arrcoc.result import RelevanceResult
+from arrcoc.service.codec import error_to_frame, error_to_wire, result_to_frame, result_to_wire
 from arrcoc.service.host.interface import EngineHost
 from arrcoc.service.jobs import batch, bench
 from arrcoc.service.jobs.store import RedisJobStore, redis_client
@@ -120,8 +121,15 @@ class WorkerState:
         return int(n), data
 
     def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None,
-              backend: str | None = None) -> dict[str, Any]:  # fmt: skip
+              backend: str | None = None, reply_to: str | None = None) -> dict[str, Any] | None:  # fmt: skip
+        """One interactive request. Its answer, result or error, goes to the client's reply list
+        `reply_to` as a frame (arrcoc.service.codec), with the delivery count forgotten in the same
+        round trip; a message that names no reply list (sent by an older client) is answered
+        through Celery's result backend, as the returned document."""
         s = self.settings
+        if reply_to is not None and not reply_to.startswith(f"{s.redis_prefix}:reply:"):
+            # never written to: a message names no key of the service but a reply list
+            raise ArrcocError(f"The request named {reply_to!r} as its reply list, not a key of this service.")
         cpu0, t0 = time.thread_time(), time.perf_counter()
         try:
             n, data = self.delivery(task_id, key)
@@ -139,12 +147,26 @@ class WorkerState:
             # task_wall_ms is what the queue, Celery and the result's way back cost
             task = {"task_cpu_ms": (time.thread_time() - cpu0) * 1e3, "task_wall_ms": (time.perf_counter() - t0) * 1e3}
             result = dataclasses.replace(result, timings_ms=result.timings_ms | task)
-            doc = {"result": result_to_wire(result)}
-        except ArrcocError as e:
-            doc = {"error": error_to_wire(e)}
-        with contextlib.suppress(Exception):  # finished (the worker did not die): forget the count
-            self.raw.delete(self._attempts_key(task_id))
-        return doc
+            answer: RelevanceResult | BaseException = result
+        except Exception as e:  # noqa: BLE001 -- the client hears of every failure (a bug too), never waits it out
+            if reply_to is None and not isinstance(e, ArrcocError):
+                raise  # Celery's result backend tells the older client
+            answer = e
+        if reply_to is None:
+            with contextlib.suppress(Exception):  # finished (the worker did not die): forget the count
+                self.raw.delete(self._attempts_key(task_id))
+            return (
+                {"error": error_to_wire(answer)}
+                if isinstance(answer, BaseException)
+                else {"result": result_to_wire(answer)}
+            )
+        frame = error_to_frame(answer) if isinstance(answer, BaseException) else result_to_frame(answer)
+        pipe = self.raw.pipeline(transaction=False)
+        pipe.rpush(reply_to, frame)
+        pipe.expire(reply_to, s.image_ttl_s)  # a reply nobody waits for any more goes, as the image does
+        pipe.delete(self._attempts_key(task_id))
+        pipe.execute()
+        return None
 
     def batch_chunk(self, job_id: str, start: int, stop: int) -> dict[str, Any]:
         s = self.settings

@@ -13,10 +13,11 @@ _TRANSIENT = dict(autoretry_for=(ServiceUnavailableError, ConnectionError), retr
                   retry_backoff_max=30, retry_jitter=True, max_retries=5)  # fmt: skip
 
 
+# the client sends with ignore_result and hears the answer on its reply list (worker/state.py)
 @app.task(name=TASK_INFER, bind=True)
 def infer(self, image_key: str, query: str, controls: dict | None = None, deadline: float | None = None,
-          backend: str | None = None) -> dict:  # fmt: skip
-    return state.infer(self.request.id, image_key, query, controls, deadline, backend)
+          backend: str | None = None, reply_to: str | None = None) -> dict | None:  # fmt: skip
+    return state.infer(self.request.id, image_key, query, controls, deadline, backend, reply_to)
 
 
 # job state lives in the job store: chunk and bench results are not kept in the result backend

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
-from ...errors import ArrcocError, ServiceUnavailableError
+from ...errors import ServiceUnavailableError
 from ...request import Controls, check_image_header, image_key, validate_query
 from ...result import RelevanceResult
 from ...settings import Settings, get_settings
-from ..codec import error_from_wire, result_from_wire
+from ..codec import result_from_frame
 from ..jobs import batch, bench
 from ..jobs.store import RedisJobStore, redis_client
 from ..jobs.types import BenchRequest, JobState
@@ -51,8 +52,6 @@ class CeleryExecutor(Executor):
     def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0,
               backend: str | None = None) -> RelevanceResult:  # fmt: skip
         import redis
-        from celery.exceptions import TaskRevokedError
-        from celery.exceptions import TimeoutError as CeleryTimeout
 
         s = self.settings
         self._check_types(image, controls)
@@ -67,28 +66,30 @@ class CeleryExecutor(Executor):
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise _unavailable(e, "Could not store the image") from e
         deadline = time.time() + timeout
-        res = self._send(TASK_INFER, [key, text, controls.to_wire(), deadline, backend], s.queue_gpu,
-                         PRIORITY_INFER, expires=timeout)  # fmt: skip
+        task_id = str(uuid.uuid4())
+        reply_to = f"{s.redis_prefix}:reply:{task_id}"
+        # the answer comes on our own reply list, not Celery's result backend: one blocking pop in
+        # place of subscribe, get, unsubscribe and forget, and the arrays raw, not in base64
+        self._send(TASK_INFER, [key, text, controls.to_wire(), deadline, backend, reply_to], s.queue_gpu,
+                   PRIORITY_INFER, expires=timeout, task_id=task_id, ignore_result=True)  # fmt: skip
+        frame = self._wait_reply(reply_to, deadline, timeout)
+        return result_from_frame(frame)
+
+    def _wait_reply(self, reply_to: str, deadline: float, timeout: float) -> bytes:
+        import redis
+
+        # each pop blocks for less than the socket timeout, so a dead Redis is still noticed
+        step = max(0.1, self.settings.redis_timeout_s - 1.0)
         try:
-            doc = res.get(timeout=max(0.1, deadline - time.time()), propagate=True, interval=0.05)
-        except (CeleryTimeout, TaskRevokedError):  # revoked: it expired in the queue
-            raise ServiceUnavailableError(
-                f"No worker answered within {timeout:.0f} s; the workers are busy or not running. Try again."
-            ) from None
+            while (left := deadline - time.time()) > 0:
+                popped = self.raw.blpop([reply_to], timeout=min(step, max(left, 0.01)))
+                if popped is not None:
+                    return popped[1]
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             raise _unavailable(e, "Lost the result") from e
-        except ArrcocError:
-            raise
-        except Exception as e:  # the task itself raised: a worker bug
-            raise ArrcocError(f"The worker failed: {type(e).__name__}: {e}") from e
-        finally:
-            try:
-                res.forget()
-            except Exception:  # noqa: BLE001 -- best effort: result_expires cleans up too
-                pass
-        if "error" in doc:
-            raise error_from_wire(doc["error"])
-        return result_from_wire(doc["result"])
+        raise ServiceUnavailableError(
+            f"No worker answered within {timeout:.0f} s; the workers are busy or not running. Try again."
+        )
 
     # -- jobs --------------------------------------------------------------------------------
     def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None,
