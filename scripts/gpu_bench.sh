@@ -68,25 +68,37 @@ EOF
         --json "$OUT/batch-probe-$c.json" > "$OUT/batch-probe-$c.log" 2>&1; echo "batch_probe $c exit $?"
       grep -E "images/s" "$OUT/batch-probe-$c.log"
     done
-    [ "${PROBE_SPY_INTERACTIVE:-1}" = 0 ] && ISPY=() || ISPY=("${SPY[@]}")  # py-spy pauses the process per sample
-    ${ISPY[@]:+${ISPY[@]} "$OUT/spy-interactive.txt" --} $PY scripts/interactive_probe.py --device cuda --clients 1 32 \
-      --max-batch 32 16 8 --requests 4096 --json "$OUT/interactive-probe.json" > "$OUT/interactive-probe.log" 2>&1; echo "interactive_probe exit $?"
-    grep -E "^==" "$OUT/interactive-probe.log" | cut -c1-300
-    [ -s "$OUT/spy-interactive.txt" ] && $PY scripts/spy_summary.py "$OUT/spy-interactive.txt" > "$OUT/spy-interactive-summary.txt"
-    # the Celery path: the engine process of the worker group, sampled while the 32 clients run
-    timeout 300 $PY -m arrcoc bench e2e --device cuda --backend compiled --items 256 --large-items 0 --png-items 0 \
-      --requests 8000 --out "$OUT" --name e2e-probe > "$OUT/e2e-probe.log" 2>&1 &
+    if [ "${PROBE_INTERACTIVE:-1}" = 1 ]; then  # PROBE_INTERACTIVE=0: the Celery part only
+      [ "${PROBE_SPY_INTERACTIVE:-1}" = 0 ] && ISPY=() || ISPY=("${SPY[@]}")  # py-spy pauses the process per sample
+      ${ISPY[@]:+${ISPY[@]} "$OUT/spy-interactive.txt" --} $PY scripts/interactive_probe.py --device cuda --clients 1 32 \
+        --max-batch 32 16 8 --requests 4096 --json "$OUT/interactive-probe.json" > "$OUT/interactive-probe.log" 2>&1; echo "interactive_probe exit $?"
+      grep -E "^==" "$OUT/interactive-probe.log" | cut -c1-300
+      [ -s "$OUT/spy-interactive.txt" ] && $PY scripts/spy_summary.py "$OUT/spy-interactive.txt" > "$OUT/spy-interactive-summary.txt"
+    fi
+    # the Celery path: the worker group's engine process and one Celery process, sampled while the
+    # 32 clients run (GIL holders, and every thread's state with --idle), with per-thread CPU
+    timeout 400 $PY -m arrcoc bench e2e --device cuda --backend compiled --items 256 --large-items 0 --png-items 0 \
+      --requests "${PROBE_REQUESTS:-8000}" --out "$OUT" --name e2e-probe > "$OUT/e2e-probe.log" 2>&1 &
     e2e=$!
-    for _ in $(seq 280); do grep -q "interactive through Celery: 32" "$OUT/e2e-probe.log" 2>/dev/null && break; sleep 1; done
+    for _ in $(seq 380); do grep -q "interactive through Celery: 32" "$OUT/e2e-probe.log" 2>/dev/null && break; sleep 1; done
     sleep 9; pid=$(pgrep -f "arrcoc.service.host.engine_process" | head -1)  # the client processes start first
+    front=$(pgrep -f "arrcoc worker .*-n .*-1@" | head -1)
     if [ -n "$pid" ] && [ ${#SPY[@]} -gt 0 ]; then
-      /tmp/pyspy/bin/py-spy record --nonblocking --idle -r 100 --format raw -o "$OUT/spy-engine-process.txt" \
-        --pid "$pid" -d 6 > "$OUT/spy-engine.log" 2>&1
-      top -b -H -n 1 -p "$pid" | head -25 > "$OUT/engine-top.txt"
+      P=(/tmp/pyspy/bin/py-spy record --nonblocking -r 100 --format raw -d 6)
+      "${P[@]}" --gil -o "$OUT/spy-engine-gil.txt" --pid "$pid" > "$OUT/spy-engine.log" 2>&1 &
+      "${P[@]}" --idle -o "$OUT/spy-engine-idle.txt" --pid "$pid" >> "$OUT/spy-engine.log" 2>&1 &
+      [ -n "$front" ] && "${P[@]}" --gil -o "$OUT/spy-celery-gil.txt" --pid "$front" >> "$OUT/spy-engine.log" 2>&1 &
+      sleep 2; top -b -H -n 2 -d 2 -p "$pid" | tail -25 > "$OUT/engine-top.txt"
+      top -b -n 1 -d 2 | head -40 > "$OUT/host-top.txt"
       ps -o nlwp= -p "$pid" | sed 's/^/engine process threads: /'
+      wait %2 %3 2>/dev/null; sleep 5
+      for f in spy-engine-gil spy-engine-idle spy-celery-gil; do
+        [ -s "$OUT/$f.txt" ] && $PY scripts/spy_summary.py "$OUT/$f.txt" > "$OUT/$f-summary.txt"
+      done
     fi
     wait $e2e; echo "e2e probe exit $?"
     grep -E "^\| (inprocess|celery)" "$OUT/e2e-probe.md"
+    head -30 "$OUT/spy-engine-gil-summary.txt" "$OUT/spy-engine-idle-summary.txt" 2>/dev/null
     ;;
   e2e)  # extra arguments go to arrcoc bench e2e, e.g. --no-celery
     # a watchdog: if the run is still going after E2E_DUMP_AFTER s (a stall), py-spy (carried in

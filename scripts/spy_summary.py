@@ -1,6 +1,7 @@
 """Where the GIL's time went in an interactive run: a `py-spy record --gil --format raw` file of
-scripts/interactive_probe.py, by thread role (callers, the batcher's decode thread, its engine
-thread) and by function (inclusive), as shares of the samples in those threads.
+scripts/interactive_probe.py or of a worker group's engine or Celery process, by thread role
+(callers, the batcher's decode and engine threads, the engine process's connection threads,
+Celery's consumer and task threads) and by function (inclusive), as shares of those samples.
 
     python scripts/spy_summary.py spy-interactive.txt [--top 40]
 """
@@ -13,7 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 # a role per thread, known by a frame on its stack (arrcoc.bench.load's callers, the batcher's threads)
-ROLES = (("client", "_drive"), ("engine", "_engine_loop"), ("batcher", "DynamicBatcher._loop"))
+ROLES = (("client", "_drive"), ("engine", "_engine_loop"), ("batcher", "DynamicBatcher._loop"),
+         ("connection", "EngineServer._serve"), ("celery task", "fast_trace_task"), ("celery consumer", "asynloop"))
 LINE = re.compile(r" \((.*?):\d+\)")  # a frame's line number: functions are counted whole
 
 
@@ -27,8 +29,6 @@ def main() -> int:
     for line in args.raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        if not any("Thread._bootstrap" in f for f in frames):
-            continue  # the main thread: start-up and warm-up, not the load
         role = next((r for r, mark in ROLES if any(mark in f for f in frames)), None)
         if role is None:
             continue
@@ -36,7 +36,7 @@ def main() -> int:
         for name in dict.fromkeys(role + " " + LINE.sub(r" (\1)", f) for f in frames):
             inclusive[name] += int(count)
     total = sum(roles.values())
-    print(f"samples holding the GIL in the load's threads: {total} (at the recording's rate)")
+    print(f"samples in the load's threads: {total} (at the recording's rate; with --gil, those holding the GIL)")
     for role, n in roles.most_common():
         print(f"{n / total:6.1%}  {role}")
     for name, n in inclusive.most_common(args.top):
