@@ -81,12 +81,13 @@ EOF
       --requests "${PROBE_REQUESTS:-8000}" --out "$OUT" --name e2e-probe > "$OUT/e2e-probe.log" 2>&1 &
     e2e=$!
     for _ in $(seq 380); do grep -q "interactive through Celery: 32" "$OUT/e2e-probe.log" 2>/dev/null && break; sleep 1; done
-    sleep 9; pid=$(pgrep -f "arrcoc.service.host.engine_process" | head -1)  # the client processes start first
+    # the 8 client processes start (spawned, importing torch) before the load begins
+    sleep "${PROBE_LOAD_AFTER:-25}"; pid=$(pgrep -f "arrcoc.service.host.engine_process" | head -1)
     front=$(pgrep -f "arrcoc worker .*-n .*-1@" | head -1)
     if [ -n "$pid" ] && [ ${#SPY[@]} -gt 0 ]; then
-      P=(/tmp/pyspy/bin/py-spy record --nonblocking -r 100 --format raw -d 6)
+      P=(/tmp/pyspy/bin/py-spy record -r 100 --format raw -d 6)  # --gil needs the blocking mode
       "${P[@]}" --gil -o "$OUT/spy-engine-gil.txt" --pid "$pid" > "$OUT/spy-engine.log" 2>&1 &
-      "${P[@]}" --idle -o "$OUT/spy-engine-idle.txt" --pid "$pid" >> "$OUT/spy-engine.log" 2>&1 &
+      "${P[@]}" --nonblocking --idle -o "$OUT/spy-engine-idle.txt" --pid "$pid" >> "$OUT/spy-engine.log" 2>&1 &
       [ -n "$front" ] && "${P[@]}" --gil -o "$OUT/spy-celery-gil.txt" --pid "$front" >> "$OUT/spy-engine.log" 2>&1 &
       sleep 2; top -b -H -n 2 -d 2 -p "$pid" | tail -25 > "$OUT/engine-top.txt"
       top -b -n 1 -d 2 | head -40 > "$OUT/host-top.txt"
