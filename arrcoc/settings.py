@@ -111,6 +111,10 @@ class Settings(BaseSettings):
     # set by `arrcoc worker --processes N` for its Celery processes: where their engine listens
     engine_socket: str | None = None
     engine_authkey: str | None = None
+    # the engine process's GIL switch interval (sys.setswitchinterval): how long a thread may keep
+    # the GIL while others wait for it; there, the batch threads share it with a connection thread
+    # per request in flight
+    engine_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
     @field_validator("backends", "buckets", "token_scope", mode="before")
     @classmethod

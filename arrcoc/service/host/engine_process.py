@@ -249,10 +249,9 @@ def main() -> int:
         print("ARRCOC_ENGINE_SOCKET and ARRCOC_ENGINE_AUTHKEY must be set (arrcoc worker --processes N sets them)",
               file=sys.stderr)  # fmt: skip
         return 2
-    # the batch thread launches the model's kernels holding the GIL between them; a connection
-    # thread that takes the GIL meanwhile may keep it for the switch interval (5 ms by default, as
-    # long as an eager batch's whole launch). Cheap; its effect on the H100 was within the noise.
-    sys.setswitchinterval(0.0005)
+    # the batch threads launch kernels and build results holding the GIL between waits; a
+    # connection thread that takes the GIL meanwhile may keep it for the switch interval
+    sys.setswitchinterval(settings.engine_switch_interval_ms / 1e3)
     runtime = Runtime(settings)
     runtime.warm()
     # listening only once warm: a client that connects is served at once
