@@ -71,10 +71,7 @@ def create_batch_job(
 # (764 vs 918 images/s, scripts/batch_probe.py), the stages contending for the GIL, not the device.
 # Two when the engine is in another process (a worker group's): one step's images cross the socket
 # while the engine process decodes the last (a one-chunk job of 12 MP JPEGs through Celery on the
-# H100: 199.5 images/s with two, 85.4 with one; arrcoc bench e2e at 4e8fda2 and e8ccee6). Two on a
-# CPU as well: one step decodes and renders while the other's model runs, where the model's two
-# threads leave cores idle (2-core machine, interleaved: 25.6 / 23.9 images/s with one, 27.3 / 28.3
-# with two; benchmarks/2026-11-25-cpu-batch-probe-in-flight.log).
+# H100: 199.5 images/s with two, 85.4 with one; arrcoc bench e2e at 4e8fda2 and e8ccee6).
 STEP_ITEMS = 64
 MIN_STEP_ITEMS = 8
 IN_FLIGHT = 1
@@ -184,7 +181,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
     # 2-core machine: 33 vs 24 ms an item, scripts/batch_probe.py)
     writer = PartWriter(settings.batch_writer == "process"
                         or (settings.batch_writer == "auto" and host.in_this_process and not host.on_cpu))  # fmt: skip
-    in_flight = IN_FLIGHT if host.in_this_process and not host.on_cpu else REMOTE_IN_FLIGHT
+    in_flight = IN_FLIGHT if host.in_this_process else REMOTE_IN_FLIGHT
     with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-read") as reader, \
             ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
         reading = reader.submit(_read, jd, steps[0])
