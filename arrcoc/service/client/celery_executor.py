@@ -2,6 +2,7 @@
 
 The submitting side validates inputs, stores image bytes under a content key with a TTL (batch
 zips in the data store, which the workers share: a compose volume), and sends only keys and ids.
+An interactive request's answer comes back on a reply list of its own (worker/state.py).
 Every call has a timeout: a dead Redis or no worker gives ServiceUnavailableError, never a hang.
 """
 
