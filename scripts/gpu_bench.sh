@@ -81,25 +81,31 @@ EOF
       --requests "${PROBE_REQUESTS:-8000}" --out "$OUT" --name e2e-probe > "$OUT/e2e-probe.log" 2>&1 &
     e2e=$!
     for _ in $(seq 380); do grep -q "interactive through Celery: 32" "$OUT/e2e-probe.log" 2>/dev/null && break; sleep 1; done
-    # the 8 client processes start (spawned, importing torch) before the load begins
-    sleep "${PROBE_LOAD_AFTER:-25}"; pid=$(pgrep -f "arrcoc.service.host.engine_process" | head -1)
+    # the load has begun when the engine process uses over half a core (the clients start first)
+    pid=$(pgrep -f "arrcoc.service.host.engine_process" | head -1)
+    ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+    for _ in $(seq 240); do
+      [ -n "$pid" ] || break; a=$(ticks "$pid"); sleep 1; b=$(ticks "$pid")
+      [ $((b - a)) -gt $(($(getconf CLK_TCK) / 2)) ] && break
+    done
+    sleep 2; echo "sampling the engine process $pid at ${SECONDS}s: $(grep -c . "$OUT/e2e-probe.log") log lines"
     front=$(pgrep -f "arrcoc worker .*-n .*-1@" | head -1)
     if [ -n "$pid" ] && [ ${#SPY[@]} -gt 0 ]; then
       P=(/tmp/pyspy/bin/py-spy record -r 100 --format raw -d 6)  # --gil needs the blocking mode
-      "${P[@]}" --gil -o "$OUT/spy-engine-gil.txt" --pid "$pid" > "$OUT/spy-engine.log" 2>&1 &
-      "${P[@]}" --nonblocking --idle -o "$OUT/spy-engine-idle.txt" --pid "$pid" >> "$OUT/spy-engine.log" 2>&1 &
-      [ -n "$front" ] && "${P[@]}" --gil -o "$OUT/spy-celery-gil.txt" --pid "$front" >> "$OUT/spy-engine.log" 2>&1 &
-      sleep 2; top -b -H -n 2 -d 2 -p "$pid" | tail -25 > "$OUT/engine-top.txt"
-      top -b -n 1 -d 2 | head -40 > "$OUT/host-top.txt"
+      "${P[@]}" --gil -o "$OUT/spy-engine-gil.txt" --pid "$pid" > "$OUT/spy-engine.log" 2>&1 & spies=($!)
+      "${P[@]}" --nonblocking --idle -o "$OUT/spy-engine-idle.txt" --pid "$pid" >> "$OUT/spy-engine.log" 2>&1 & spies+=($!)
+      [ -n "$front" ] && { "${P[@]}" --gil -o "$OUT/spy-celery-gil.txt" --pid "$front" >> "$OUT/spy-engine.log" 2>&1 & spies+=($!); }
+      sleep 1; top -b -H -n 2 -d 2 -p "$pid" | awk '/^top -/{n++} n==2' | head -30 > "$OUT/engine-top.txt"
+      top -b -n 2 -d 1 | awk '/^top -/{n++} n==2' | head -40 > "$OUT/host-top.txt"
       ps -o nlwp= -p "$pid" | sed 's/^/engine process threads: /'
-      wait %2 %3 2>/dev/null; sleep 5
+      wait "${spies[@]}" 2>/dev/null
       for f in spy-engine-gil spy-engine-idle spy-celery-gil; do
         [ -s "$OUT/$f.txt" ] && $PY scripts/spy_summary.py "$OUT/$f.txt" > "$OUT/$f-summary.txt"
       done
     fi
     wait $e2e; echo "e2e probe exit $?"
     grep -E "^\| (inprocess|celery)" "$OUT/e2e-probe.md"
-    head -30 "$OUT/spy-engine-gil-summary.txt" "$OUT/spy-engine-idle-summary.txt" 2>/dev/null
+    head -40 "$OUT/spy-engine-gil-summary.txt" "$OUT/engine-top.txt" "$OUT/host-top.txt" 2>/dev/null
     ;;
   e2e)  # extra arguments go to arrcoc bench e2e, e.g. --no-celery
     # a watchdog: if the run is still going after E2E_DUMP_AFTER s (a stall), py-spy (carried in
