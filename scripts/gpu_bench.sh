@@ -58,7 +58,7 @@ EOF
   probe)  # arguments: batch_probe.py configs (default: the thread and process writers); -> $OUT/probe.tgz
     R="$OUT"; OUT=/tmp/probe; rm -rf "$OUT"; mkdir -p "$OUT"; trap 'tar czf "$R/probe.tgz" -C /tmp probe' EXIT
     # py-spy (carried in .pyspy/) samples the thread holding the GIL: where one process's time goes
-    SPY=(); if ls .pyspy/py_spy-*.whl >/dev/null 2>&1; then
+    SPY=(); if [ -x /tmp/pyspy/bin/py-spy ] || ls .pyspy/py_spy-*.whl >/dev/null 2>&1; then  # installed by an earlier call, or carried
       [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/py_spy-*.whl
       SPY=(/tmp/pyspy/bin/py-spy record --gil -r 200 --format raw -o); fi
     configs=("${@:-gpu-jpeg gpu-jpeg-process-writer}")
