@@ -38,6 +38,7 @@ class PreparedRequest:
     controls: Controls  # validated, defaults filled in
     prepare_ms: float
     encoded: Encoded | None = None  # a checked JPEG the GPU decodes with its batch
+    batch_decode_ms: float | None = None  # the wall time of its batch's decode stage (GPU), once decoded
 
 
 def _to_host(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -179,7 +180,8 @@ class RelevancePipeline:
                   "bucket": self.backend.bucket_for(out.relevance.shape[0])}  # fmt: skip
         budgets = out.budgets.astype(np.int64)
         return [self._result(out, budgets, i, r, shared, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms,
-                                                          "batch_cpu_ms": cpu_ms})
+                                                          "batch_cpu_ms": cpu_ms}
+                             | ({} if r.batch_decode_ms is None else {"batch_decode_ms": r.batch_decode_ms}))
                 for i, r in enumerate(requests)]  # fmt: skip
 
     def decode_pending(self, requests: list[PreparedRequest]) -> list[PreparedRequest | ArrcocError]:

@@ -212,12 +212,14 @@ class Runtime(EngineHost):
         stream = torch.cuda.Stream(pipe.device)
 
         def decode(items: list[PreparedRequest]) -> list[PreparedRequest | ArrcocError]:
+            t0 = time.perf_counter()
             with torch.cuda.stream(stream):
                 out = pipe.decode_pending(items)
             # the engine's stream reads these pixels: they must be whole first; and they are freed
             # only after the engine's outputs came back to the host, so the allocator may reuse them
             stream.synchronize()
-            return out
+            ms = (time.perf_counter() - t0) * 1e3  # the stage's wall time, in each result's timings
+            return [r if isinstance(r, ArrcocError) else dataclasses.replace(r, batch_decode_ms=ms) for r in out]
 
         return decode
 
