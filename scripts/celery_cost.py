@@ -32,6 +32,7 @@ from arrcoc.bench.load import run_load  # noqa: E402
 from arrcoc.bench.processes import Proc, RedisServer, Worker, child_pids, proc_stat, worker_env  # noqa: E402
 from arrcoc.service.client.celery_executor import CeleryExecutor  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
+from worker.group import member_envs  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -70,22 +71,20 @@ def _serve_canned(address: str, authkey: str) -> None:
     EngineServer(_CannedRuntime(result), address, bytes.fromhex(authkey)).serve_forever()
 
 
-def _canned_group(redis_url: str, root: Path, processes: int, loglevel: str) -> tuple[list[Proc], list[int], int]:
-    """The stand-in engine process and `processes` Celery processes pointed at it, as run_group
-    starts them (worker/group.py)."""
-    address, authkey = str(root / "engine.sock"), secrets.token_hex(16)
-    env = worker_env(
-        redis_url, root / "data", engine_socket=address, engine_authkey=authkey, worker_processes="1"
-    )
-    env |= {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
-    engine = Proc([sys.executable, __file__, "--serve-canned", address, authkey], env, root / "engine.log")
+def _canned_group(redis_url: str, root: Path, processes: int) -> tuple[list[Proc], list[int], int]:
+    """The stand-in engine process and `processes` Celery processes pointed at it, in the
+    environments run_group gives its members (worker/group.py)."""
+    address, authkey = str(root / "engine.sock"), secrets.token_bytes(16)
+    settings = default_settings(broker_url=redis_url, device="cpu", backend="eager", data_dir=root / "data")
+    env, front_env = member_envs(settings, address, authkey, worker_env(redis_url, root / "data"))
+    engine = Proc([sys.executable, __file__, "--serve-canned", address, authkey.hex()], env, root / "engine.log")
     while not os.path.exists(address):
         if not engine.alive():
             raise RuntimeError(engine.text()[-2000:])
         time.sleep(0.2)
-    fronts = [Proc([sys.executable, "-m", "arrcoc", "worker", "-P", "threads", "-l", loglevel, "-n", f"canned-{i}@%h"],
-                   env, root / f"celery-{i}.log") for i in range(processes)]  # fmt: skip
-    while loglevel in ("info", "debug") and sum("serves this worker" in f.text() and "ready" in f.text() for f in fronts) < processes:
+    fronts = [Proc([sys.executable, "-m", "arrcoc", "worker", "-P", "threads", "-l", "info", "-n", f"canned-{i}@%h"],
+                   front_env, root / f"celery-{i}.log") for i in range(processes)]  # fmt: skip
+    while sum("serves this worker" in f.text() and "ready" in f.text() for f in fronts) < processes:
         if not all(f.alive() for f in fronts):
             raise RuntimeError([f.text()[-2000:] for f in fronts])
         time.sleep(0.2)
@@ -101,7 +100,6 @@ def main() -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default="eager")
     p.add_argument("--canned", action="store_true", help="a stand-in engine process (see above)")
-    p.add_argument("--loglevel", default="info", help="the canned group's Celery processes' log level")
     p.add_argument("--serve-canned", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_canned:
@@ -112,7 +110,7 @@ def main() -> int:
     procs: list[Proc] = []
     try:
         if args.canned:
-            procs, fronts, engine = _canned_group(redis.url, root, args.processes, args.loglevel)
+            procs, fronts, engine = _canned_group(redis.url, root, args.processes)
         else:
             env = worker_env(redis.url, root / "data", device=args.device, backend=args.backend,
                              backends=args.backend, worker_processes=str(args.processes))  # fmt: skip

@@ -25,23 +25,29 @@ def main() -> int:
     p.add_argument("--top", type=int, default=40)
     args = p.parse_args()
     roles: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
+    inclusive: Counter[tuple[str, str]] = Counter()
+    own: Counter[tuple[str, str]] = Counter()  # the innermost Python frame: where the thread is
     for line in args.raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
+        frames = [LINE.sub(r" (\1)", f) for f in stack.split(";")]
         role = next((r for r, mark in ROLES if any(mark in f for f in frames)), None)
         if role is None:
             continue
         roles[role] += int(count)
-        for name in dict.fromkeys(role + " " + LINE.sub(r" (\1)", f) for f in frames):
-            inclusive[name] += int(count)
+        own[role, frames[-1]] += int(count)
+        for name in dict.fromkeys(frames):
+            inclusive[role, name] += int(count)
     total = sum(roles.values())
     print(f"samples in the load's threads: {total} (at the recording's rate; with --gil, those holding the GIL)")
     for role, n in roles.most_common():
         print(f"{n / total:6.1%}  {role}")
-    for name, n in inclusive.most_common(args.top):
+    print("\nby function, inclusive: share of all samples, share of its thread role's")
+    for (role, name), n in inclusive.most_common(args.top):
         if "threading" not in name and "_bootstrap" not in name:
-            print(f"{n / total:6.1%}  {name[:120]}")
+            print(f"{n / total:6.1%} {n / roles[role]:6.1%}  {role} {name[:120]}")
+    print("\nby innermost frame (where the thread was): share of all samples, share of its thread role's")
+    for (role, name), n in own.most_common(args.top // 2):
+        print(f"{n / total:6.1%} {n / roles[role]:6.1%}  {role} {name[:120]}")
     return 0
 
 

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import Client
 from pathlib import Path
 
@@ -54,14 +55,10 @@ def node_name(hostname: str, i: int) -> str:
     return f"{name}-{i}{at}{host}"
 
 
-def run_group(processes: int, front_args: list[str], hostname: str, settings: Settings,
-              ready_timeout: float = 1800.0) -> int:  # fmt: skip
-    """Run the group until a signal or a member's exit; returns the exit code. The members are new
-    processes: they read `settings` from the environment they are started with."""
-    sock_dir = Path(tempfile.mkdtemp(prefix="arrcoc-engine-"))
-    address = str(sock_dir / "engine.sock")
-    authkey = secrets.token_bytes(16)
-    env = dict(os.environ, ARRCOC_ENGINE_SOCKET=address, ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
+def member_envs(settings: Settings, address: str, authkey: bytes, base: Mapping[str, str]
+                ) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
+    """The environments of a group's engine process and of its Celery processes, from `base`."""
+    env = dict(base, ARRCOC_ENGINE_SOCKET=address, ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
                ARRCOC_WORKER_PROCESSES="1", ARRCOC_DEVICE=settings.device, ARRCOC_BACKEND=settings.backend,
                ARRCOC_BROKER_URL=settings.queue_url)  # fmt: skip
     # OpenMP (torch's CPU threads) reads these at start-up. Idle OpenMP threads spin by default,
@@ -70,6 +67,17 @@ def run_group(processes: int, front_args: list[str], hostname: str, settings: Se
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     front_env = dict(env)
     front_env.setdefault("OMP_NUM_THREADS", "1")
+    return env, front_env
+
+
+def run_group(processes: int, front_args: list[str], hostname: str, settings: Settings,
+              ready_timeout: float = 1800.0) -> int:  # fmt: skip
+    """Run the group until a signal or a member's exit; returns the exit code. The members are new
+    processes: they read `settings` from the environment they are started with."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="arrcoc-engine-"))
+    address = str(sock_dir / "engine.sock")
+    authkey = secrets.token_bytes(16)
+    env, front_env = member_envs(settings, address, authkey, os.environ)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -47,21 +47,26 @@ def _unpack(d: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(base64.b64decode(d["b64"]), dtype=np.dtype(d["dtype"])).reshape(d["shape"]).copy()
 
 
+def _split(result: RelevanceResult) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A result's plain fields (JSON-safe, with the wire version) and its arrays, in _ARRAYS order."""
+    head: dict[str, Any] = {"wire": WIRE_VERSION}
+    head |= {f.name: getattr(result, f.name) for f in fields(result) if f.name not in _ARRAYS}
+    head["image_size"] = list(result.image_size)
+    return head, {name: np.ascontiguousarray(getattr(result, name)) for name in _ARRAYS}
+
+
+def _joined(head: dict[str, Any], arrays: dict[str, np.ndarray]) -> RelevanceResult:
+    kwargs = {f.name: head[f.name] for f in fields(RelevanceResult) if f.name in head and f.name not in _ARRAYS}
+    return RelevanceResult(**kwargs | arrays | {"image_size": tuple(head["image_size"])})
+
+
 def result_to_wire(result: RelevanceResult) -> dict[str, Any]:
-    doc: dict[str, Any] = {"wire": WIRE_VERSION}
-    for f in fields(result):
-        value = getattr(result, f.name)
-        doc[f.name] = _pack(np.asarray(value)) if f.name in _ARRAYS else value
-    doc["image_size"] = list(result.image_size)
-    return doc
+    head, arrays = _split(result)
+    return head | {name: _pack(a) for name, a in arrays.items()}
 
 
 def result_from_wire(doc: dict[str, Any]) -> RelevanceResult:
-    kwargs = {f.name: doc[f.name] for f in fields(RelevanceResult) if f.name in doc}
-    for name in _ARRAYS:
-        kwargs[name] = _unpack(doc[name])
-    kwargs["image_size"] = tuple(doc["image_size"])
-    return RelevanceResult(**kwargs)
+    return _joined(doc, {name: _unpack(doc[name]) for name in _ARRAYS})
 
 
 # -- reply frames: b"R" + head length (4 bytes, little-endian) + JSON head + the arrays' bytes,
@@ -70,16 +75,10 @@ _FRAME_DTYPES = frozenset({"<f2", "<f4", "<f8", "<i4", "<i8", "|u1", "|b1"})  # 
 
 
 def result_to_frame(result: RelevanceResult) -> bytes:
-    head: dict[str, Any] = {"wire": WIRE_VERSION}
-    arrays = []
-    for f in fields(result):
-        if f.name in _ARRAYS:
-            arrays.append(np.ascontiguousarray(getattr(result, f.name)))
-        else:
-            head[f.name] = getattr(result, f.name)
-    head["arrays"] = [[a.dtype.str, list(a.shape)] for a in arrays]
+    head, arrays = _split(result)
+    head["arrays"] = [[a.dtype.str, list(a.shape)] for a in arrays.values()]
     h = json.dumps(head).encode()
-    return b"".join([b"R", len(h).to_bytes(4, "little"), h, *(a.data for a in arrays)])
+    return b"".join([b"R", len(h).to_bytes(4, "little"), h, *(a.data for a in arrays.values())])
 
 
 def error_to_frame(exc: BaseException) -> bytes:
@@ -97,17 +96,16 @@ def result_from_frame(frame: bytes) -> RelevanceResult:
         n = int.from_bytes(frame[1:5], "little")
         head = json.loads(frame[5 : 5 + n])
         offset = 5 + n
-        kwargs = {f.name: head[f.name] for f in fields(RelevanceResult) if f.name in head}
+        arrays = {}
         for name, (dtype, shape) in zip(_ARRAYS, head["arrays"], strict=True):
             if dtype not in _FRAME_DTYPES:
                 raise ValueError(f"dtype {dtype!r}")
-            count = math.prod(shape)
-            kwargs[name] = np.frombuffer(frame, np.dtype(dtype), count, offset).reshape(shape).copy()
-            offset += count * np.dtype(dtype).itemsize
+            count, dt = math.prod(shape), np.dtype(dtype)
+            arrays[name] = np.frombuffer(frame, dt, count, offset).reshape(shape).copy()  # writable, its own
+            offset += count * dt.itemsize
         if offset != len(frame):
             raise ValueError(f"{len(frame) - offset} bytes left over")
-        kwargs["image_size"] = tuple(head["image_size"])
-        return RelevanceResult(**kwargs)
+        return _joined(head, arrays)
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
         raise EngineError(f"The worker's reply could not be read ({type(e).__name__}: {e}).") from None
 
