@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     # Celery processes per device sharing one engine process (docs/service.md: one process takes
     # ~135 messages/s; several feed one batcher). 1: the engine runs inside the worker process.
     worker_processes: int = 1
+    # engine processes in such a group, on its one device, each fed by every n-th Celery process:
+    # one engine process's Python (decode and engine stages, a connection thread per request) is
+    # bound by its GIL while the GPU idles (docs/service.md); several share the device as model
+    # instances do in Triton's instance groups. At most worker_processes of them are started.
+    engine_processes: int = Field(1, ge=1, le=16)
     # set by `arrcoc worker --processes N` for its Celery processes: where their engine listens
     engine_socket: str | None = None
     engine_authkey: str | None = None

@@ -1,7 +1,9 @@
-"""`arrcoc worker --processes N`: one engine process and N Celery worker processes on one device.
+"""`arrcoc worker --processes N`: engine processes and N Celery worker processes on one device.
 
-This supervisor never touches the device. It starts the engine process, waits until it listens,
-then starts the Celery processes pointed at it (see engine_process.py for why). The group lives
+This supervisor never touches the device. It starts the engine process (ARRCOC_ENGINE_PROCESSES:
+several, one after another, so each later one warms from the compile cache the first filled),
+waits until each listens, then starts the Celery processes, the i-th pointed at engine process
+i mod E (see engine_process.py for why). The group lives
 and dies together: if any member exits, the others are stopped and the supervisor exits non-zero
 (compose or systemd restarts it; unacknowledged tasks are redelivered). Members get SIGKILL from
 the kernel if the supervisor itself is killed, so a killed worker leaves no orphans behind.
@@ -75,27 +77,29 @@ def run_group(processes: int, front_args: list[str], hostname: str, settings: Se
     """Run the group until a signal or a member's exit; returns the exit code. The members are new
     processes: they read `settings` from the environment they are started with."""
     sock_dir = Path(tempfile.mkdtemp(prefix="arrcoc-engine-"))
-    address = str(sock_dir / "engine.sock")
+    addresses = [str(sock_dir / f"engine-{i}.sock") for i in range(min(settings.engine_processes, processes))]
     authkey = secrets.token_bytes(16)
-    env, front_env = member_envs(settings, address, authkey, os.environ)
+    envs = [member_envs(settings, address, authkey, os.environ) for address in addresses]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    engines: list[subprocess.Popen] = []
     members: list[subprocess.Popen] = []
     code = 0
     try:
-        engine = subprocess.Popen([sys.executable, "-m", "arrcoc.service.host.engine_process"], env=env,
-                                  preexec_fn=_die_with_parent)  # fmt: skip
-        members.append(engine)
-        _wait_listening(engine, address, authkey, ready_timeout)
+        for address, (env, _) in zip(addresses, envs, strict=True):
+            engine = subprocess.Popen([sys.executable, "-m", "arrcoc.service.host.engine_process"], env=env,
+                                      preexec_fn=_die_with_parent)  # fmt: skip
+            engines.append(engine)
+            _wait_listening(engine, address, authkey, ready_timeout)
         for i in range(1, processes + 1):
             argv = [sys.executable, "-m", "arrcoc", "worker", *front_args, "-n", node_name(hostname, i)]
+            front_env = envs[(i - 1) % len(envs)][1]
             members.append(subprocess.Popen(argv, env=front_env, preexec_fn=_die_with_parent))
-        log.info(
-            "worker group: engine process %d, Celery processes %s", engine.pid, [p.pid for p in members[1:]]
-        )
+        log.info("worker group: engine processes %s, Celery processes %s", [p.pid for p in engines],
+                 [p.pid for p in members])  # fmt: skip
         while not stop.wait(0.5):
-            ended = next((p for p in members if p.poll() is not None), None)
+            ended = next((p for p in engines + members if p.poll() is not None), None)
             if ended is not None:
                 log.error(
                     "worker group: process %d exited with code %s; stopping the group",
@@ -108,17 +112,18 @@ def run_group(processes: int, front_args: list[str], hostname: str, settings: Se
         log.error("worker group: %s", e)
         code = 1
     finally:
-        _stop_all(members)
+        _stop_all(engines, members)
+        for address in addresses:
+            with contextlib.suppress(OSError):
+                os.unlink(address)
         with contextlib.suppress(OSError):
-            os.unlink(address)
             sock_dir.rmdir()
     return code
 
 
-def _stop_all(members: list[subprocess.Popen], timeout: float = 20.0) -> None:
-    """Celery processes first (a warm shutdown lets running tasks finish), the engine last."""
-    engine, fronts = members[:1], members[1:]
-    for group in (fronts, engine):
+def _stop_all(engines: list[subprocess.Popen], fronts: list[subprocess.Popen], timeout: float = 20.0) -> None:
+    """Celery processes first (a warm shutdown lets running tasks finish), the engines last."""
+    for group in (fronts, engines):
         for p in group:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

@@ -53,7 +53,8 @@ class E2EConfig:
     requests: int = 2048  # interactive requests with one caller (at most 256) and, twice as many, with many
     clients: int = 32
     celery: bool = True
-    worker_processes: int = 8  # Celery processes feeding one engine process
+    worker_processes: int = 8  # Celery processes feeding the engine processes
+    engine_processes: int = 1  # engine processes in the worker group, sharing the device
     client_processes: int = 8  # client processes driving the Celery measurements
     overlay: str = "jpeg"
 
@@ -324,11 +325,13 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
     redis = RedisServer(root / "redis")
     data = root / "celery"
     env = worker_env(redis.url, data, device=cfg.device, backend=cfg.backend, backends=cfg.backend,
-                     worker_processes=str(cfg.worker_processes), overlay_format=cfg.overlay,
+                     worker_processes=str(cfg.worker_processes), engine_processes=str(cfg.engine_processes),
+                     overlay_format=cfg.overlay,
                      worker_threads=str(cfg.clients + 4), max_batch_items=str(_max_items(cfg)))  # fmt: skip
     worker = Worker(env, root / "worker.log")
     try:
-        progress(f"Celery: worker group of {cfg.worker_processes} processes, warming up")
+        progress(f"Celery: worker group of {cfg.worker_processes} Celery and {cfg.engine_processes} engine processes,"
+                 " warming up")
         worker.ready(900)
         make = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=data,
                                                                   max_batch_items=_max_items(cfg)))  # fmt: skip
