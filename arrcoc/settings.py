@@ -116,12 +116,15 @@ class Settings(BaseSettings):
     # set by `arrcoc worker --processes N` for its Celery processes: where their engine listens
     engine_socket: str | None = None
     engine_authkey: str | None = None
+    # set by the supervisor for its engine processes: every engine socket of the group, in order
+    # (a benchmark in one holds the device in all of them, taking their locks in this order)
+    engine_group: Annotated[tuple[str, ...], NoDecode] = ()
     # the engine process's GIL switch interval (sys.setswitchinterval): how long a thread may keep
     # the GIL while others wait for it; there, the batch threads share it with a connection thread
     # per request in flight
     engine_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
-    @field_validator("backends", "buckets", "token_scope", mode="before")
+    @field_validator("backends", "buckets", "token_scope", "engine_group", mode="before")
     @classmethod
     def _list_from_env(cls, v: object) -> object:
         if isinstance(v, str):

@@ -1,6 +1,8 @@
-"""`arrcoc worker --processes N` for real: two Celery processes feeding one engine process, on
-their own redis-server. Results equal the in-process ones, batches mix both processes' requests,
-benchmarks run in the engine process, and the group lives and dies as one."""
+"""`arrcoc worker --processes N` for real: two Celery processes feeding two engine processes
+(ARRCOC_ENGINE_PROCESSES) on one device, on their own redis-server. Results equal the in-process
+ones whichever engine process served them, batches form there, a benchmark holds the device in
+both engine processes, and the group lives and dies as one. (One engine process fed by several
+Celery processes: tests/test_worker_faults.py and tests/test_abuse_worker.py.)"""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from arrcoc.request import Controls
 from arrcoc.service.jobs.types import BenchRequest, JobState
 from arrcoc.settings import default_settings
 
-SETTINGS = {"buckets": "[1,2,4,8]", "batch_max_size": "8", "batch_max_delay_ms": "50", "worker_processes": "2"}
+SETTINGS = {"buckets": "[1,2,4,8]", "batch_max_size": "8", "batch_max_delay_ms": "50", "worker_processes": "2",
+            "engine_processes": "2"}
 
 
 def alive(pid: int) -> bool:
@@ -55,7 +58,7 @@ def rig(tmp_path_factory):
 
     def settings_for(**overrides):
         fields = {k: json.loads(v) if k == "buckets" else v for k, v in settings.items()}
-        fields.update(batch_max_size=8, batch_max_delay_ms=50.0, worker_processes=2)
+        fields.update(batch_max_size=8, batch_max_delay_ms=50.0, worker_processes=2, engine_processes=2)
         return default_settings(**(fields | {"broker_url": redis.url, "data_dir": root / "data"} | overrides))
 
     try:
@@ -92,10 +95,13 @@ def test_results_equal_inprocess_and_batches_span_both_processes(rig, celery_ex)
     with cf.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: celery_ex.infer(image, "the sky", timeout=120), range(32)))
     assert max(r.bucket for r in results) > 1, [r.bucket for r in results]
-    # both Celery processes took requests: they share the one engine (and its batches)
+    # both Celery processes took requests, each feeding its own engine process: the results are
+    # the same whichever engine process served them
     stats = celery_ex.app.control.inspect(timeout=3.0).stats() or {}
     served = {node: s.get("total", {}).get("arrcoc.infer", 0) for node, s in stats.items()}
     assert len(served) == 2 and all(n > 0 for n in served.values()), served
+    for r in results[1:]:
+        assert_same_result(r, results[0])
 
 
 def test_batch_job_and_benchmark_through_the_group(celery_ex):
@@ -115,17 +121,21 @@ def test_batch_job_and_benchmark_through_the_group(celery_ex):
         time.sleep(0.2)
     assert st.state == JobState.DONE, st.message
     report = celery_ex.bench_report(bench)
-    assert report["results"] and report["device_exclusive"]["held_ms"] > 0
+    held = report["device_exclusive"]
+    assert report["results"] and held["held_ms"] > 0
+    # the other engine process held the device throughout too (its batches waited)
+    (other,) = held["engine_processes_held"]
+    assert other["held_ms"] >= held["held_ms"], held
 
 
 def test_engine_killed_stops_the_whole_group(rig):
     w = rig["worker"]
-    engine, *fronts = child_pids(w.p.pid)
+    first, second, *fronts = child_pids(w.p.pid)  # the engine processes start first
     assert len(fronts) == 2
-    os.kill(engine, signal.SIGKILL)
-    w.p.wait(60)  # the supervisor stops the Celery processes and exits: compose restarts the group
+    os.kill(second, signal.SIGKILL)
+    w.p.wait(60)  # the supervisor stops the others and exits: compose restarts the group
     assert w.p.returncode != 0
-    wait_until(lambda: not any(alive(p) for p in fronts), 10, "Celery processes gone")
+    wait_until(lambda: not any(alive(p) for p in [first, *fronts]), 10, "the other members gone")
 
 
 def test_killed_supervisor_leaves_no_orphans(rig):

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Client
 from pathlib import Path
 
@@ -57,10 +57,12 @@ def node_name(hostname: str, i: int) -> str:
     return f"{name}-{i}{at}{host}"
 
 
-def member_envs(settings: Settings, address: str, authkey: bytes, base: Mapping[str, str]
-                ) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
-    """The environments of a group's engine process and of its Celery processes, from `base`."""
+def member_envs(settings: Settings, address: str, authkey: bytes, base: Mapping[str, str],
+                group: Sequence[str] = ()) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
+    """The environments of one of a group's engine processes (listening on `address`, one of
+    `group`'s) and of the Celery processes it serves, from `base`."""
     env = dict(base, ARRCOC_ENGINE_SOCKET=address, ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
+               ARRCOC_ENGINE_GROUP=",".join(group or [address]),
                ARRCOC_WORKER_PROCESSES="1", ARRCOC_DEVICE=settings.device, ARRCOC_BACKEND=settings.backend,
                ARRCOC_BROKER_URL=settings.queue_url)  # fmt: skip
     # OpenMP (torch's CPU threads) reads these at start-up. Idle OpenMP threads spin by default,
@@ -79,7 +81,7 @@ def run_group(processes: int, front_args: list[str], hostname: str, settings: Se
     sock_dir = Path(tempfile.mkdtemp(prefix="arrcoc-engine-"))
     addresses = [str(sock_dir / f"engine-{i}.sock") for i in range(min(settings.engine_processes, processes))]
     authkey = secrets.token_bytes(16)
-    envs = [member_envs(settings, address, authkey, os.environ) for address in addresses]
+    envs = [member_envs(settings, address, authkey, os.environ, addresses) for address in addresses]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -54,7 +54,7 @@ class E2EConfig:
     clients: int = 32
     celery: bool = True
     worker_processes: int = 8  # Celery processes feeding the engine processes
-    engine_processes: int = 1  # engine processes in the worker group, sharing the device
+    engine_processes: int | None = None  # in the worker group, sharing the device (None: 2 on a GPU, as compose.yaml)
     client_processes: int = 8  # client processes driving the Celery measurements
     overlay: str = "jpeg"
 
@@ -321,16 +321,17 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
     from ..service.client.celery_executor import CeleryExecutor
     from .processes import RedisServer, Worker, worker_env
 
-    out: dict[str, Any] = {}
+    engines = cfg.engine_processes or (2 if device.type == "cuda" else 1)
+    out: dict[str, Any] = {"celery_engine_processes": engines}
     redis = RedisServer(root / "redis")
     data = root / "celery"
     env = worker_env(redis.url, data, device=cfg.device, backend=cfg.backend, backends=cfg.backend,
-                     worker_processes=str(cfg.worker_processes), engine_processes=str(cfg.engine_processes),
+                     worker_processes=str(cfg.worker_processes), engine_processes=str(engines),
                      overlay_format=cfg.overlay,
                      worker_threads=str(cfg.clients + 4), max_batch_items=str(_max_items(cfg)))  # fmt: skip
     worker = Worker(env, root / "worker.log")
     try:
-        progress(f"Celery: worker group of {cfg.worker_processes} Celery and {cfg.engine_processes} engine processes,"
+        progress(f"Celery: worker group of {cfg.worker_processes} Celery and {engines} engine processes,"
                  " warming up")
         worker.ready(900)
         make = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=data,
@@ -398,6 +399,10 @@ def markdown(report: dict[str, Any]) -> str:
                              f"{row.get('process_cores', '-')} | "
                              f"{sm['decode_resize']}, {sm.get('batch_decode') or '-'}, {sm['engine_batch']}, "
                              f"{sm['queue_and_rest']} |")  # fmt: skip
+    if "celery_engine_processes" in report:
+        lines += ["", f"Through Celery: a worker group of {cfg['worker_processes']} Celery processes and"
+                      f" {report['celery_engine_processes']} engine processes; clients in {cfg['client_processes']}"
+                      " processes."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,13 @@ one Runtime (engine + dynamic batcher) decodes them on the engine's own path (nv
 result is the same whichever way it came) and serves them all: vLLM splits its API server from its
 engine core for the same reason.
 
+A group may run several engine processes on its one device (ARRCOC_ENGINE_PROCESSES), each fed by
+its share of the Celery processes, as Triton runs several instances of a model on one GPU: under
+load one engine process is bound by its own Python (decode and engine stages, a connection thread
+per request, one GIL) while the GPU idles (docs/service.md). Each builds the same engine from the
+same compile cache and decodes on the same path, so results do not depend on which one served.
+A benchmark in one holds the device in all of them (the `hold` operation).
+
 Wire: pickled tuples over a local socket (`multiprocessing.connection`, AF_UNIX, an auth key the
 supervisor makes per group). One connection per client thread; a request is `(op, *args)`, the
 reply `("ok", value)` or `("err", error)` (the wire form of arrcoc.service.codec), with
@@ -27,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
@@ -67,8 +74,11 @@ class _Peer:
 class EngineServer:
     """Serves one Runtime to local clients: a thread per connection, all sharing its batcher."""
 
-    def __init__(self, runtime: Runtime, address: str, authkey: bytes):
+    def __init__(self, runtime: Runtime, address: str, authkey: bytes, group: Sequence[str] = ()):
         self.runtime = runtime
+        self.address = address
+        self._authkey = authkey
+        self.group = tuple(group) or (address,)  # every engine process of the worker group, in order
         self.listener = Listener(address, family="AF_UNIX", authkey=authkey)
 
     def serve_forever(self) -> None:
@@ -134,7 +144,45 @@ class EngineServer:
             if answer == "stop":
                 raise JobCancelled(why[0] if why else "The benchmark was cancelled.")
 
-        return self.runtime.benchmark(request, progress)
+        peers: list[dict[str, Any]] = []
+        with self._group_held(peers):
+            report, note = self.runtime.benchmark(request, progress)
+        return report, note | ({"engine_processes_held": peers} if peers else {})
+
+    def _op_hold(self, peer: _Peer) -> dict[str, Any]:
+        """Hold this process's device for a benchmark in another engine process of the group:
+        until it says release, or its connection closes."""
+        with self.runtime.exclusive() as note:
+            _send(peer.conn, ("ok", "held"))
+            with contextlib.suppress(EOFError, OSError):
+                _recv(peer.conn)
+        return note
+
+    @contextlib.contextmanager
+    def _group_held(self, notes: list[dict[str, Any]]) -> Iterator[None]:
+        """The device held in every engine process of the group (this one's lock included), taken
+        in the group's order: two benchmarks in two of them never wait on each other crosswise.
+        Each other process's note of its hold (as Runtime.exclusive's) lands in `notes` on release."""
+        with contextlib.ExitStack() as held:
+            for address in self.group:
+                held.enter_context(self.runtime.device_lock if address == self.address
+                                   else self._peer_held(address, notes))  # fmt: skip
+            yield
+
+    @contextlib.contextmanager
+    def _peer_held(self, address: str, notes: list[dict[str, Any]]) -> Iterator[None]:
+        with Client(address, family="AF_UNIX", authkey=self._authkey) as conn:
+            _send(conn, ("hold",))
+            kind, *payload = _recv(conn)
+            if kind != "ok":
+                raise error_from_wire(payload[0])
+            try:
+                yield
+            finally:
+                with contextlib.suppress(EOFError, OSError):
+                    _send(conn, ("release",))
+                    kind, *payload = _recv(conn)  # the peer has let go
+                    notes.append(payload[0] if kind == "ok" else {"error": payload[0]})
 
 
 BENCH_PROGRESS_EVERY_S = 0.25  # a benchmark's progress (and with it a cancel) crosses the socket this often
@@ -255,7 +303,8 @@ def main() -> int:
     runtime = Runtime(settings)
     runtime.warm()
     # listening only once warm: a client that connects is served at once
-    server = EngineServer(runtime, settings.engine_socket, bytes.fromhex(settings.engine_authkey))
+    server = EngineServer(runtime, settings.engine_socket, bytes.fromhex(settings.engine_authkey),
+                          settings.engine_group)  # fmt: skip
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # out of accept(), through the finally below
     log.info("engine process %d listening on %s", os.getpid(), settings.engine_socket)
     try:
