@@ -108,7 +108,7 @@ class Settings(BaseSettings):
     # Celery processes per device sharing one engine process (docs/service.md: one process takes
     # ~135 messages/s; several feed one batcher). 1: the engine runs inside the worker process.
     worker_processes: int = 1
-    # engine processes in such a group, on its one device, each fed by every n-th Celery process:
+    # engine processes in such a group, on its one device (the i-th Celery process feeds number i mod E):
     # one engine process's Python (decode and engine stages, a connection thread per request) is
     # bound by its GIL while the GPU idles (docs/service.md); several share the device as model
     # instances do in Triton's instance groups. At most worker_processes of them are started.

@@ -86,7 +86,7 @@ def run_group(processes: int, front_args: list[str], hostname: str, settings: Se
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     engines: list[subprocess.Popen] = []
-    members: list[subprocess.Popen] = []
+    fronts: list[subprocess.Popen] = []  # the Celery processes
     code = 0
     try:
         for address, (env, _) in zip(addresses, envs, strict=True):
@@ -97,11 +97,11 @@ def run_group(processes: int, front_args: list[str], hostname: str, settings: Se
         for i in range(1, processes + 1):
             argv = [sys.executable, "-m", "arrcoc", "worker", *front_args, "-n", node_name(hostname, i)]
             front_env = envs[(i - 1) % len(envs)][1]
-            members.append(subprocess.Popen(argv, env=front_env, preexec_fn=_die_with_parent))
+            fronts.append(subprocess.Popen(argv, env=front_env, preexec_fn=_die_with_parent))
         log.info("worker group: engine processes %s, Celery processes %s", [p.pid for p in engines],
-                 [p.pid for p in members])  # fmt: skip
+                 [p.pid for p in fronts])  # fmt: skip
         while not stop.wait(0.5):
-            ended = next((p for p in engines + members if p.poll() is not None), None)
+            ended = next((p for p in engines + fronts if p.poll() is not None), None)
             if ended is not None:
                 log.error(
                     "worker group: process %d exited with code %s; stopping the group",
@@ -114,7 +114,7 @@ def run_group(processes: int, front_args: list[str], hostname: str, settings: Se
         log.error("worker group: %s", e)
         code = 1
     finally:
-        _stop_all(engines, members)
+        _stop_all(engines, fronts)
         for address in addresses:
             with contextlib.suppress(OSError):
                 os.unlink(address)

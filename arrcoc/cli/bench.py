@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
     e.add_argument("--clients", type=int)
     e.add_argument("--no-celery", action="store_true", help="in-process only (no redis-server and worker)")
     e.add_argument("--worker-processes", type=int)
-    e.add_argument("--engine-processes", type=int, help="engine processes in the Celery worker group (1)")
+    e.add_argument("--engine-processes", type=int, help="engine processes in the Celery worker group (2 on a GPU, 1 on a CPU)")
     e.add_argument("--client-processes", type=int)
     e.add_argument("--overlay", choices=("jpeg", "png", "none"))
     e.add_argument("--out", type=Path, default=Path("benchmarks"))
