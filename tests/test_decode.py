@@ -199,3 +199,35 @@ def test_large_photos_are_resized_a_few_at_a_time_with_the_same_pixels(monkeypat
     assert max(calls) <= 2 and sum(c for c in calls) >= 6  # two 300x400 photos a call at most
     for a, b in zip(whole, split, strict=True):
         assert torch.equal(a.pixels, b.pixels) and torch.equal(a.view, b.view) and a.size == b.size
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
+                    reason="needs a GPU and torchvision's nvJPEG")  # fmt: skip
+def test_gpu_batcher_hands_decoded_batches_to_the_engine_without_a_host_sync() -> None:
+    """The batcher's decode stage queues each batch's nvJPEG decode and resize on its own stream and
+    hands the engine an event instead of waiting: many concurrent requests (several photos, so the
+    decode of one batch overlaps the engine's run of the last) give exactly the pipeline's own result
+    for each photo (to float rounding: other batch sizes), never a neighbour's or a half-resized one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from arrcoc.request import Controls
+    from arrcoc.service.host.runtime import Runtime
+    from arrcoc.settings import default_settings
+
+    photos = [(EXAMPLES / n).read_bytes() for n in ("coffee.jpg", "chelsea.jpg", "astronaut.jpg")]
+    photos += [jpeg(Image.open(EXAMPLES / "coffee.jpg").resize((4032, 3024)))]  # a 12 MP one: a longer resize
+    runtime = Runtime(default_settings(device="cuda", backend="eager", backends=("eager",), broker_url=None))
+    try:
+        pipe = runtime.pipeline
+        expected = [pipe.infer([p], "the red one")[0].relevance for p in photos]
+        with ThreadPoolExecutor(24) as pool:
+            got = list(pool.map(lambda i: (i % len(photos), runtime.infer(photos[i % len(photos)], "the red one",
+                                                                          Controls(), 60.0)), range(480)))  # fmt: skip
+        assert runtime.submitted == 480
+        sizes = [r.timings_ms.get("batch_decode_ms") for _, r in got]
+        assert all(s is not None and s > 0 for s in sizes)
+        for i, r in got:  # batches of other sizes may round differently; a race would be far off
+            assert float(np.abs(r.relevance - expected[i]).max()) < 1e-4
+    finally:
+        runtime.close()

@@ -213,13 +213,18 @@ class Runtime(EngineHost):
 
         def decode(items: list[PreparedRequest]) -> list[PreparedRequest | ArrcocError]:
             t0 = time.perf_counter()
+
+            def stamp() -> dict[str, Any]:
+                # no host sync: the engine's stream waits for this event on the device, so this
+                # thread goes on gathering the next batch while the GPU resizes this one. The
+                # pixels are freed only after the engine's outputs came back to the host (its
+                # stream synchronised), so the allocator never hands them to the next decode early.
+                ready = torch.cuda.Event()
+                ready.record(stream)
+                return {"ready": ready, "batch_decode_ms": (time.perf_counter() - t0) * 1e3}
+
             with torch.cuda.stream(stream):
-                out = pipe.decode_pending(items)
-            # the engine's stream reads these pixels: they must be whole first; and they are freed
-            # only after the engine's outputs came back to the host, so the allocator may reuse them
-            stream.synchronize()
-            ms = (time.perf_counter() - t0) * 1e3  # the stage's wall time, in each result's timings
-            return [r if isinstance(r, ArrcocError) else dataclasses.replace(r, batch_decode_ms=ms) for r in out]
+                return pipe.decode_pending(items, stamp)
 
         return decode
 
