@@ -39,10 +39,7 @@ class PreparedRequest:
     controls: Controls  # validated, defaults filled in
     prepare_ms: float
     encoded: Encoded | None = None  # a checked JPEG the GPU decodes with its batch
-    batch_decode_ms: float | None = None  # the host's time in its batch's decode stage (GPU), once decoded
-    # recorded on the decode stage's stream once its pixels are queued: the engine's stream waits for
-    # it on the device (RelevancePipeline.run), so neither stage waits for the other on the host
-    ready: torch.cuda.Event | None = None
+    batch_decode_ms: float | None = None  # the wall time of its batch's decode stage (GPU), once decoded
 
 
 def _to_host(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -169,10 +166,6 @@ class RelevancePipeline:
             raise InvalidInputError("No images given.")
         t0, cpu0 = time.perf_counter(), time.thread_time()
         requests = self._decoded(requests)
-        if requests[0].ready is not None:  # pixels decoded on another stream, maybe still being resized
-            stream = torch.cuda.current_stream(self.device)
-            for ready in {id(r.ready): r.ready for r in requests if r.ready is not None}.values():
-                stream.wait_event(ready)
         query_vecs = self.encoder.encode([r.query for r in requests])
         batch = torch.stack([r.pixels for r in requests])
         control_rows = torch.tensor([r.controls.as_row() for r in requests], dtype=torch.float32)
@@ -195,8 +188,8 @@ class RelevancePipeline:
     def decode_pending(self, requests: list[PreparedRequest], stamp: Callable[[], dict[str, Any]] | None = None
                        ) -> list[PreparedRequest | ArrcocError]:  # fmt: skip
         """What `prepare` left for the GPU, decoded in one call: per request the request with its
-        pixels, or its ImageError. `stamp()`, called once the batch's decoding is queued, gives
-        fields set on every request too (the decode stage's event and time): one copy per request."""
+        pixels, or its ImageError. `stamp()`, called once the batch is decoded, gives fields set on
+        every request too (the decode stage's time): one copy of each request."""
         pending = [i for i, r in enumerate(requests) if r.pixels is None]
         got = self.decoder.finish([requests[i].encoded for i in pending]) if pending else []
         extra = stamp() if stamp is not None else {}

@@ -2,9 +2,10 @@
 benchmark's client processes, Celery processes, engine processes, redis-server, the driver), and
 each role's busiest threads, read from /proc at the window's two ends (no sampling, no pausing).
 
-    python scripts/host_cpu.py --after LOGFILE "interactive through Celery: 32" --wait 3 --window 3
+    python scripts/host_cpu.py --after LOGFILE "interactive through Celery: 32" --busy "engine processes" --wait 1 --window 3
 
-waits until LOGFILE holds the line, then `--wait` s (the clients start), then measures `--window` s.
+waits until LOGFILE holds the line and (--busy) the engine processes work, then `--wait` s, then
+measures `--window` s.
 A thread near 100% of one core is the candidate bound of its process; a process whose threads
 sum to ~100% is bound by its GIL.
 """
@@ -56,9 +57,17 @@ def snapshot() -> dict[tuple[int, int], tuple[str, str, int]]:
     return out
 
 
+def _role_cores(role: str, window: float) -> float:
+    a = snapshot()
+    time.sleep(window)
+    b = snapshot()
+    return sum((t - a[k][2]) / TICK / window for k, (r, _, t) in b.items() if r == role and k in a)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--after", nargs=2, metavar=("LOG", "LINE"), help="start once LOG holds LINE")
+    ap.add_argument("--busy", metavar="ROLE", help="then wait until ROLE uses over half a core (the load has begun)")
     ap.add_argument("--wait", type=float, default=3.0)
     ap.add_argument("--window", type=float, default=3.0)
     ap.add_argument("--json", type=Path)
@@ -68,6 +77,10 @@ def main() -> int:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline and not (log.exists() and line in log.read_text(errors="replace")):
             time.sleep(0.2)
+    if args.busy:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and _role_cores(args.busy, 0.5) < 0.5:
+            pass
     time.sleep(args.wait)
     a, t0 = snapshot(), time.monotonic()
     time.sleep(args.window)

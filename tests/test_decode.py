@@ -204,10 +204,10 @@ def test_large_photos_are_resized_a_few_at_a_time_with_the_same_pixels(monkeypat
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
                     reason="needs a GPU and torchvision's nvJPEG")  # fmt: skip
-def test_gpu_batcher_hands_decoded_batches_to_the_engine_without_a_host_sync() -> None:
-    """The batcher's decode stage queues each batch's nvJPEG decode and resize on its own stream and
-    hands the engine an event instead of waiting: many concurrent requests (several photos, so the
-    decode of one batch overlaps the engine's run of the last) give exactly the pipeline's own result
+def test_gpu_batcher_decode_stage_overlapping_the_engine_gives_the_pipelines_results() -> None:
+    """The batcher's decode stage decodes and resizes each batch on a stream of its own while the
+    engine runs the batch before: many concurrent requests (several photos, a 12 MP one among them,
+    so one batch's decode overlaps the last one's run) give the pipeline's own result
     for each photo (to float rounding: other batch sizes), never a neighbour's or a half-resized one."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -25,7 +25,7 @@ case "$stage" in
       i=$((i+1))
       $PY -m arrcoc bench e2e --device cuda --backend compiled --items 64 --large-items 0 --png-items 0 --requests 8192 \
         $extra --out $OUT --name e2e-$i > $OUT/e2e-$i.log 2>&1 &
-      $PY scripts/host_cpu.py --after $OUT/e2e-$i.log "interactive through Celery: 32" --wait 3 --window 4 \
+      $PY scripts/host_cpu.py --after $OUT/e2e-$i.log "interactive through Celery: 32" --busy "engine processes" --wait 1 --window 3 \
         --json $OUT/celery-hostcpu-$i.json > $OUT/celery-hostcpu-$i.txt
       wait; echo "== run $i: $extra"; cat $OUT/celery-hostcpu-$i.txt | head -30
       grep -E "^\| (inprocess|celery) \| (1|32) " $OUT/e2e-$i.md; rm -f $OUT/e2e-$i.png
