@@ -56,6 +56,7 @@ class E2EConfig:
     worker_processes: int = 8  # Celery processes feeding the engine processes
     engine_processes: int | None = None  # in the worker group, sharing the device (None: 2 on a GPU, as compose.yaml)
     client_processes: int = 8  # client processes driving the Celery measurements
+    redis_io_threads: int = 1  # redis-server's I/O threads (its --io-threads)
     overlay: str = "jpeg"
 
 
@@ -323,7 +324,7 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
 
     engines = cfg.engine_processes or (2 if device.type == "cuda" else 1)
     out: dict[str, Any] = {"celery_engine_processes": engines}
-    redis = RedisServer(root / "redis")
+    redis = RedisServer(root / "redis", io_threads=cfg.redis_io_threads)
     data = root / "celery"
     env = worker_env(redis.url, data, device=cfg.device, backend=cfg.backend, backends=cfg.backend,
                      worker_processes=str(cfg.worker_processes), engine_processes=str(engines),

@@ -59,13 +59,15 @@ class Proc:
 class RedisServer(Proc):
     """redis-server on a free port with the persistence settings compose uses (AOF, noeviction)."""
 
-    def __init__(self, workdir: Path, port: int | None = None):
+    def __init__(self, workdir: Path, port: int | None = None, io_threads: int = 1):
         self.port = port or free_port()
         self.dir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(workdir),
                 "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
                 "--save", "", "--protected-mode", "no"]  # fmt: skip
+        if io_threads > 1:  # sockets read and written by helper threads: large values off the main thread
+            argv += ["--io-threads", str(io_threads), "--io-threads-do-reads", "yes"]
         super().__init__(argv, dict(os.environ), workdir / "redis.log")
         self.wait_ready()
 

@@ -50,6 +50,7 @@ def add_parser(sub) -> None:
     e.add_argument("--worker-processes", type=int)
     e.add_argument("--engine-processes", type=int, help="engine processes in the Celery worker group (2 on a GPU, 1 on a CPU)")
     e.add_argument("--client-processes", type=int)
+    e.add_argument("--redis-io-threads", type=int, help="redis-server's I/O threads (1: none)")
     e.add_argument("--overlay", choices=("jpeg", "png", "none"))
     e.add_argument("--out", type=Path, default=Path("benchmarks"))
     e.add_argument("--name", default=None, help="file stem (default: e2e-<date>-<device>-<backend>)")
