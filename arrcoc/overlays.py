@@ -38,12 +38,20 @@ def encode(views: Sequence[torch.Tensor], maps: Sequence[np.ndarray], fmt: str,
         if fmt == "jpeg" and JPEG_ON_GPU:
             from torchvision.io import encode_jpeg
 
-            return [bytes(t.cpu().numpy()) for t in encode_jpeg(blended, quality=quality)]
+            return _to_host_bytes(encode_jpeg(blended, quality=quality))
         hosts = [t.cpu().numpy().transpose(1, 2, 0) for t in blended]
         work = lambda a: _save(Image.fromarray(a), fmt, quality)  # noqa: E731
         return list(pool.map(work, hosts)) if pool else [work(a) for a in hosts]
     work = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)  # noqa: E731
     return list(pool.map(work, zip(views, maps, strict=True))) if pool else [work(vm) for vm in zip(views, maps, strict=True)]
+
+
+def _to_host_bytes(encoded: Sequence[torch.Tensor]) -> list[bytes]:
+    """Encoded pictures on the device -> bytes: one copy to the host for the batch, not one copy
+    and wait per picture (the lengths are known on the host)."""
+    flat = torch.cat(list(encoded)).cpu().numpy()
+    ends = np.cumsum([t.numel() for t in encoded])
+    return [flat[end - t.numel() : end].tobytes() for t, end in zip(encoded, ends, strict=True)]
 
 
 # nvJPEG encodes one picture after another on a CUDA worker (torchvision's encode_jpeg): measured

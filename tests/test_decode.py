@@ -231,3 +231,23 @@ def test_gpu_batcher_decode_stage_overlapping_the_engine_gives_the_pipelines_res
             assert float(np.abs(r.relevance - expected[i]).max()) < 1e-4
     finally:
         runtime.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
+                    reason="needs a GPU and torchvision's nvJPEG")  # fmt: skip
+def test_gpu_overlays_come_back_as_whole_jpegs_each_its_own() -> None:
+    """nvJPEG encodes a batch's overlays on the device; they come to the host in one copy and are
+    cut apart there: each is a whole JPEG of its own picture (size and look), none a neighbour's."""
+    from arrcoc import overlays
+
+    photos = [Image.open(EXAMPLES / n).convert("RGB") for n in ("coffee.jpg", "chelsea.jpg", "astronaut.jpg")]
+    views = [torch.from_numpy(np.asarray(p).transpose(2, 0, 1).copy()).cuda() for p in photos]
+    maps = [np.random.default_rng(i).random((32, 32)).astype(np.float32) for i in range(len(views))]
+    got = overlays.encode(views, maps, "jpeg")
+    cpu = overlays.encode([v.cpu() for v in views], maps, "jpeg")
+    assert len(got) == 3
+    for data, ref, photo in zip(got, cpu, photos, strict=True):
+        a, b = np.asarray(Image.open(io.BytesIO(data)), dtype=np.int16), np.asarray(Image.open(io.BytesIO(ref)), dtype=np.int16)
+        assert data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9" and a.shape[:2] == (photo.height, photo.width)
+        assert np.abs(a - b).mean() < 4.0  # the same picture, two JPEG encoders
