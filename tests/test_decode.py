@@ -250,4 +250,6 @@ def test_gpu_overlays_come_back_as_whole_jpegs_each_its_own() -> None:
     for data, ref, photo in zip(got, cpu, photos, strict=True):
         a, b = np.asarray(Image.open(io.BytesIO(data)), dtype=np.int16), np.asarray(Image.open(io.BytesIO(ref)), dtype=np.int16)
         assert data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9" and a.shape[:2] == (photo.height, photo.width)
-        assert np.abs(a - b).mean() < 4.0  # the same picture, two JPEG encoders
+        # the same picture from two JPEG encoders (nvJPEG keeps full-resolution colour, Pillow halves
+        # it: 5.4 levels apart on coffee.jpg on the H100); another picture would be tens of levels off
+        assert np.abs(a - b).mean() < 12.0
