@@ -1,0 +1,120 @@
+"""A model of the in-process interactive path with no engine, to see what bounds it: the project's
+DynamicBatcher (two stages, batches of 16) fed by 32 caller threads, where each stage does a
+fixed amount of Python under the GIL, split into CHUNKS pieces with the GIL released between them
+(as each torch call releases and retakes it), then waits without the GIL (as for the device).
+The total GIL work per batch stays the same whatever CHUNKS is; only the number of hand-overs
+changes.
+
+    python scripts/gil_handover_model.py [--chunks 1 10 30 60] [--stage-gil-us 1200] [--device-ms 1.3]
+        [--caller-us 50] [--switch-interval-ms 5] [--repeats 2]
+    python scripts/gil_handover_model.py --ops   # which torch calls of the stages hand the GIL over
+
+`--ops` calls each in a loop beside a thread that wants the GIL all the time: a call that releases
+the GIL (and must take it back) runs a few thousand times a second, one that does not, millions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from arrcoc.service.host.batching import DynamicBatcher  # noqa: E402
+
+
+def _spin(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def measure(chunks: int, stage_gil_s: float, device_s: float, caller_s: float, clients: int = 32,
+            per_client: int = 300) -> tuple[float, float]:  # fmt: skip
+    """req/s and p50 ms of `clients` callers through a two-stage batcher of modelled stages."""
+    piece = stage_gil_s / chunks
+
+    def stage(items: list) -> list:
+        for _ in range(chunks):
+            _spin(piece)
+            time.sleep(0)  # the GIL released and taken back, as around a torch call
+        time.sleep(device_s)  # waiting on the device, GIL released
+        return list(items)
+
+    batcher = DynamicBatcher(stage, 16, 0.005, "model", False, stage)
+    lat: list[float] = []
+
+    def caller() -> None:
+        for _ in range(per_client):
+            t0 = time.perf_counter()
+            _spin(caller_s)  # the caller's own Python (checks, the request)
+            batcher.submit(None, time.monotonic() + 60).result()
+            lat.append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=caller) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    batcher.close()
+    lat.sort()
+    return clients * per_client / wall, lat[len(lat) // 2] * 1e3
+
+
+def ops() -> None:
+    import torch
+
+    x = torch.randn(16, 32, 32)
+    calls = {"contiguous() (already)": x.contiguous, "detach()": x.detach, "x[:8]": lambda: x[:8],
+             "to('cpu') (already)": lambda: x.to("cpu"), "numpy()": x.numpy, "clone()": x.clone,
+             "stack": lambda: torch.stack([x, x]), "time.sleep(0)": lambda: time.sleep(0)}  # fmt: skip
+    for label, call in calls.items():
+        stop = threading.Event()
+
+        def other(stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                pass
+
+        t = threading.Thread(target=other)
+        t.start()
+        n, end = 0, time.perf_counter() + 0.5
+        while time.perf_counter() < end:
+            call()
+            n += 1
+        stop.set()
+        t.join()
+        print(f"  {label:24s} {n / 0.5:10.0f} calls/s beside a thread that wants the GIL")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--chunks", type=int, nargs="+", default=[1, 10, 30, 60])
+    p.add_argument("--stage-gil-us", type=float, default=1200.0)
+    p.add_argument("--device-ms", type=float, default=1.3)
+    p.add_argument("--caller-us", type=float, default=50.0)
+    p.add_argument("--switch-interval-ms", type=float, default=sys.getswitchinterval() * 1e3)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--ops", action="store_true", help="which torch calls release the GIL (see above)")
+    args = p.parse_args()
+    if args.ops:
+        ops()
+        return 0
+    sys.setswitchinterval(args.switch_interval_ms / 1e3)
+    gil_ms = 2 * args.stage_gil_us / 1e3 + 16 * args.caller_us / 1e3
+    print(f"each stage {args.stage_gil_us:.0f} us of Python + {args.device_ms} ms on the device; callers "
+          f"{args.caller_us:.0f} us each; switch interval {args.switch_interval_ms} ms; GIL work "
+          f"{gil_ms:.2f} ms a batch of 16 (at most {16 / gil_ms * 1e3:.0f} req/s)")  # fmt: skip
+    for _ in range(args.repeats):
+        for chunks in args.chunks:
+            rps, p50 = measure(chunks, args.stage_gil_us / 1e6, args.device_ms / 1e3, args.caller_us / 1e6)
+            print(f"  {chunks:3d} GIL hand-overs a stage: {rps:6.0f} req/s, p50 {p50:5.1f} ms", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
