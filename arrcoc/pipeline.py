@@ -191,12 +191,18 @@ class RelevancePipeline:
         pixels, or its ImageError. `stamp()`, called once the batch is decoded, gives fields set on
         every request too (the decode stage's time): one copy of each request."""
         pending = [i for i, r in enumerate(requests) if r.pixels is None]
-        got = self.decoder.finish([requests[i].encoded for i in pending]) if pending else []
+        got = dict(zip(pending, self.decoder.finish([requests[i].encoded for i in pending]) if pending else [],
+                       strict=True))  # fmt: skip
         extra = stamp() if stamp is not None else {}
-        out: list[PreparedRequest | ArrcocError] = [dataclasses.replace(r, **extra) if extra else r for r in requests]
-        for i, g in zip(pending, got, strict=True):
-            out[i] = g if isinstance(g, ArrcocError) else dataclasses.replace(requests[i], pixels=g.pixels, encoded=None,
-                                                                               **extra)  # fmt: skip
+        out: list[PreparedRequest | ArrcocError] = []
+        for i, r in enumerate(requests):
+            g = got.get(i)
+            if isinstance(g, ArrcocError):
+                out.append(g)
+            elif g is not None:
+                out.append(dataclasses.replace(r, pixels=g.pixels, encoded=None, **extra))
+            else:
+                out.append(dataclasses.replace(r, **extra) if extra else r)
         return out
 
     def _decoded(self, requests: list[PreparedRequest]) -> list[PreparedRequest]:

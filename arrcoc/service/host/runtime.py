@@ -218,7 +218,7 @@ class Runtime(EngineHost):
                 # the engine's stream reads these pixels: they must be whole first; and they are
                 # freed only after the engine's outputs came back to the host, so the allocator
                 # may reuse them. (Handing the engine a CUDA event instead of this wait measured no
-                # faster on the H100: the stage's time is nvJPEG's and Python's, BENCHMARKS.md.)
+                # faster on the H100: BENCHMARKS.md, issue 12's fourth session.)
                 stream.synchronize()
                 return {"batch_decode_ms": (time.perf_counter() - t0) * 1e3}  # in each result's timings
 
