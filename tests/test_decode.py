@@ -225,8 +225,8 @@ def test_gpu_batcher_decode_stage_overlapping_the_engine_gives_the_pipelines_res
             got = list(pool.map(lambda i: (i % len(photos), runtime.infer(photos[i % len(photos)], "the red one",
                                                                           Controls(), 60.0)), range(480)))  # fmt: skip
         assert runtime.submitted == 480
-        sizes = [r.timings_ms.get("batch_decode_ms") for _, r in got]
-        assert all(s is not None and s > 0 for s in sizes)
+        decode_ms = [r.timings_ms.get("batch_decode_ms") for _, r in got]
+        assert all(ms is not None and ms > 0 for ms in decode_ms)
         for i, r in got:  # batches of other sizes may round differently; a race would be far off
             assert float(np.abs(r.relevance - expected[i]).max()) < 1e-4
     finally:
