@@ -42,18 +42,6 @@ class PreparedRequest:
     batch_decode_ms: float | None = None  # the wall time of its batch's decode stage (GPU), once decoded
 
 
-def _to_host(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The outputs on the host. From a GPU the copies are queued together (into pinned memory)
-    and waited for once, not once per output: eleven round trips per batch were a measurable
-    part of an interactive batch's host time."""
-    outputs = [t.detach() for t in outputs]
-    if not outputs or not outputs[0].is_cuda:
-        return [t.cpu() for t in outputs]
-    host = [t.to("cpu", non_blocking=True) for t in outputs]
-    torch.cuda.current_stream(outputs[0].get_device()).synchronize()
-    return host
-
-
 class RelevancePipeline:
     def __init__(
         self,
@@ -169,8 +157,7 @@ class RelevancePipeline:
         query_vecs = self.encoder.encode([r.query for r in requests])
         batch = torch.stack([r.pixels for r in requests])
         control_rows = torch.tensor([r.controls.as_row() for r in requests], dtype=torch.float32)
-        out = self.backend.run(batch, query_vecs, control_rows)
-        out = type(out)(*(t.numpy() for t in _to_host(out)))  # one copy per output, sliced per item below
+        out = self.backend.run_host(batch, query_vecs, control_rows)  # numpy arrays, sliced per item below
         model_ms = (time.perf_counter() - t0) * 1e3
         # this thread's CPU for the batch, shared out: with the server's own CPU per request it
         # shows where a worker's CPU goes (scripts/batching_bench.py)

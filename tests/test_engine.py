@@ -9,6 +9,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from arrcoc.bench.parity import MIN_OVERLAP_BF16, TOL, compare, photo_batch, ran
 from arrcoc.engine import create_backend
 from arrcoc.engine.base import example_inputs
 from arrcoc.engine.buckets import BucketTable
+from arrcoc.engine.cuda_graph import ROW_ALIGN, RowLayout
 from arrcoc.errors import EngineError
 from arrcoc.registry import create_model
 
@@ -69,6 +71,24 @@ def test_bucket_table_maps_every_size_and_splits():
         t.bucket_for(0)
     with pytest.raises(EngineError):
         BucketTable(())
+
+
+def test_packed_rows_give_back_every_output_as_it_was():
+    """A CUDA graph packs its outputs' rows into one byte buffer, so a batch comes to the host in
+    one copy; unpacked, each output is what it was: dtype, shape, every value (odd sizes padded)."""
+    gen = torch.Generator().manual_seed(0)
+    outputs = (torch.rand(5, 4, 4, generator=gen), torch.rand(5, 3, generator=gen),
+               torch.randint(-(2**40), 2**40, (5, 7), generator=gen), torch.rand(5, generator=gen),
+               torch.randint(0, 400, (5, 2, 3), generator=gen, dtype=torch.int64).float()[:, :, :2])  # fmt: skip
+    layout = RowLayout.of(outputs)
+    packed = layout.pack(outputs)
+    assert packed.dtype == torch.uint8 and packed.shape == (5, layout.row_bytes)
+    assert all(f.offset % ROW_ALIGN == 0 for f in layout.fields)
+    for n in (5, 2):  # a batch padded to its bucket: the real rows only
+        got = layout.unpack(packed[:n].numpy())
+        for g, t in zip(got, outputs, strict=True):
+            assert g.dtype == t.numpy().dtype and g.shape == (n, *t.shape[1:])
+            assert np.array_equal(g, t[:n].numpy())
 
 
 def test_float32_means_ieee_float32():
@@ -209,6 +229,10 @@ def test_cuda_graph_backends_match_eager_on_gpu(backend):
         controls = model.default_controls(batch, cuda)
         c = compare(ref.run(images, query, controls), be.run(images, query, controls), controls)
         assert c["max_abs_diff"] <= TOL[torch.float32] and c["topk_agreement_ties"] == 1.0, c
+        # what servers call: the outputs on the host (one packed copy from a graph), inputs from the host
+        on_host = be.run_host(images.cpu(), query.cpu(), controls.cpu())
+        for name, got, want in zip(on_host._fields, on_host, be.run(images, query, controls), strict=True):
+            assert isinstance(got, np.ndarray) and np.array_equal(got, want.cpu().numpy()), name
     if backend == "compiled":
         assert be.recompiles == 0
     be.close()

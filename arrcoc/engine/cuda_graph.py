@@ -5,6 +5,11 @@ pool. Each graph owns static input buffers (real rows are copied in; rows past t
 last valid data, never zeros) and static outputs (sliced and cloned out before the next
 replay). Once capture is done the runner is frozen: asking for a bucket that was not
 captured is an EngineError, never a late capture.
+
+Each graph also packs its outputs, row by row, into one byte buffer (`RowLayout`), so that
+`replay_host` brings a batch's every output to the host in one copy. On a server every torch
+call lets another thread take the GIL; eleven clones, eleven copies and their bookkeeping per
+batch were the bulk of an interactive engine stage's calls (issue 12).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -24,12 +30,59 @@ log = logging.getLogger(__name__)
 Fn = Callable[..., tuple[Tensor, ...]]
 
 
+# each output's row starts on this many bytes, so that every field read back is aligned
+ROW_ALIGN = 8
+
+
+@dataclass(frozen=True)
+class Field:
+    dtype: np.dtype
+    shape: tuple[int, ...]  # one row's
+    offset: int  # bytes into the packed row
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where each output of one batch row lies in a packed row of bytes."""
+
+    fields: tuple[Field, ...]
+    row_bytes: int
+
+    @classmethod
+    def of(cls, outputs: tuple[Tensor, ...]) -> RowLayout:
+        fields, offset = [], 0
+        for t in outputs:
+            row = tuple(t.shape[1:])
+            nbytes = int(np.prod(row, dtype=np.int64)) * t.element_size()
+            fields.append(Field(np.dtype(str(t.dtype).removeprefix("torch.")), row, offset, nbytes))
+            offset += -(-nbytes // ROW_ALIGN) * ROW_ALIGN
+        return cls(tuple(fields), offset)
+
+    def pack(self, outputs: tuple[Tensor, ...]) -> Tensor:
+        """(B, row_bytes) uint8: the outputs' rows side by side (runs inside the captured graph)."""
+        b = outputs[0].shape[0]
+        parts = []
+        for f, t in zip(self.fields, outputs, strict=True):
+            parts.append(t.reshape(b, -1).contiguous().view(torch.uint8))
+            pad = -f.nbytes % ROW_ALIGN
+            if pad:
+                parts.append(torch.zeros(b, pad, dtype=torch.uint8, device=t.device))
+        return torch.cat(parts, dim=1)
+
+    def unpack(self, packed: np.ndarray) -> list[np.ndarray]:
+        """(n, row_bytes) uint8 on the host -> each output as an (n, ...) view of it, no copy."""
+        n = packed.shape[0]
+        return [packed[:, f.offset : f.offset + f.nbytes].view(f.dtype).reshape(n, *f.shape) for f in self.fields]
+
+
 @dataclass
 class CapturedGraph:
     bucket: int
     graph: torch.cuda.CUDAGraph
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
+    packed: Tensor  # (bucket, layout.row_bytes) uint8, written by the same replay
 
 
 @dataclass
@@ -49,6 +102,7 @@ class CudaGraphRunner:
         self.pool = None
         self.frozen = False
         self.stats = CaptureStats()
+        self.layout: RowLayout | None = None
 
     @torch.inference_mode()
     def capture(self, buckets: tuple[int, ...], warm_iters: int = 2) -> CaptureStats:
@@ -70,9 +124,11 @@ class CudaGraphRunner:
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                static_out = self.fn(*static_in)
+                static_out = tuple(self.fn(*static_in))
+                self.layout = self.layout or RowLayout.of(static_out)
+                packed = self.layout.pack(static_out)
             graph.replay()  # the outputs hold a real result from the start
-            self.graphs[bucket] = CapturedGraph(bucket, graph, tuple(static_in), tuple(static_out))
+            self.graphs[bucket] = CapturedGraph(bucket, graph, tuple(static_in), static_out, packed)
         torch.cuda.synchronize(self.device)
         self.stats = CaptureStats(
             time.perf_counter() - t0, (torch.cuda.memory_reserved(self.device) - reserved0) / 2**20
@@ -86,6 +142,22 @@ class CudaGraphRunner:
 
     def replay(self, bucket: int, *inputs: Tensor) -> tuple[Tensor, ...]:
         """Copy n <= bucket real rows in, replay, return the n rows of every output, cloned."""
+        captured = self._replayed(bucket, inputs)
+        n = inputs[0].shape[0]
+        return tuple(o[:n].clone() for o in captured.outputs)
+
+    def replay_host(self, bucket: int, *inputs: Tensor) -> list[np.ndarray]:
+        """As `replay`, the n rows of every output on the host (numpy views of one pinned buffer,
+        which the arrays own), brought over in one copy and waited for. Inputs may be on the host:
+        each is copied straight into its static buffer."""
+        captured = self._replayed(bucket, inputs)
+        n = inputs[0].shape[0]
+        host = torch.empty((n, captured.packed.shape[1]), dtype=torch.uint8, pin_memory=True)
+        host.copy_(captured.packed[:n], non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return self.layout.unpack(host.numpy())
+
+    def _replayed(self, bucket: int, inputs: tuple[Tensor, ...]) -> CapturedGraph:
         captured = self.graphs.get(bucket)
         if captured is None:
             raise EngineError(f"No CUDA graph was captured for bucket {bucket} (have {sorted(self.graphs)}).")
@@ -95,7 +167,7 @@ class CudaGraphRunner:
                 raise EngineError(f"Input shape {tuple(src.shape)} does not fit the captured {tuple(dst.shape)}.")
             dst[:n].copy_(src, non_blocking=True)
         captured.graph.replay()
-        return tuple(o[:n].clone() for o in captured.outputs)
+        return captured
 
     def close(self) -> None:
         self.graphs.clear()
