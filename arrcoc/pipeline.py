@@ -150,6 +150,12 @@ class RelevancePipeline:
 
     def run(self, requests: list[PreparedRequest]) -> list[RelevanceResult]:
         """Prepared requests -> one engine call (queries encoded together) -> one result each."""
+        return self.launch(requests)()
+
+    def launch(self, requests: list[PreparedRequest]) -> Callable[[], list[RelevanceResult]]:
+        """`run` in two steps: the engine call started now (on a GPU, queued on the device), the
+        returned function waits for its outputs and gives one result per request. The thread is
+        free in between: the interactive batcher decodes the next batch there."""
         if not requests:
             raise InvalidInputError("No images given.")
         t0, cpu0 = time.perf_counter(), time.thread_time()
@@ -157,20 +163,29 @@ class RelevancePipeline:
         query_vecs = self.encoder.encode([r.query for r in requests])
         batch = torch.stack([r.pixels for r in requests])
         control_rows = torch.tensor([r.controls.as_row() for r in requests], dtype=torch.float32)
-        out = self.backend.run_host(batch, query_vecs, control_rows)  # numpy arrays, sliced per item below
-        model_ms = (time.perf_counter() - t0) * 1e3
-        # this thread's CPU for the batch, shared out: with the server's own CPU per request it
-        # shows where a worker's CPU goes (scripts/batching_bench.py)
-        cpu_ms = (time.thread_time() - cpu0) * 1e3 / len(requests)
-        # what every item of the batch shares, looked up once (this loop runs on the engine's thread)
-        shared = {"variant": self.variant.name, "weights_version": self.weights_version, "backend": self.backend.name,
-                  "benchmark_only": self.variant.benchmark_only or self.weights_version == "random",
-                  "bucket": self.backend.bucket_for(out.relevance.shape[0])}  # fmt: skip
-        budgets = out.budgets.astype(np.int64)
-        return [self._result(out, budgets, i, r, shared, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms,
-                                                          "batch_cpu_ms": cpu_ms}
-                             | ({} if r.batch_decode_ms is None else {"batch_decode_ms": r.batch_decode_ms}))
-                for i, r in enumerate(requests)]  # fmt: skip
+        wait = self.backend.launch_host(batch, query_vecs, control_rows)
+        launched_ms, launch_cpu = (time.perf_counter() - t0) * 1e3, time.thread_time() - cpu0
+
+        def collect() -> list[RelevanceResult]:
+            t1, cpu1 = time.perf_counter(), time.thread_time()
+            out = wait()  # numpy arrays, sliced per item below
+            # the engine call's own time on this thread: launching it, then waiting for it (not
+            # what the thread did in between)
+            model_ms = launched_ms + (time.perf_counter() - t1) * 1e3
+            # this thread's CPU for the batch, shared out: with the server's own CPU per request it
+            # shows where a worker's CPU goes (scripts/batching_bench.py)
+            cpu_ms = (launch_cpu + time.thread_time() - cpu1) * 1e3 / len(requests)
+            # what every item of the batch shares, looked up once (this loop runs on the engine's thread)
+            shared = {"variant": self.variant.name, "weights_version": self.weights_version,
+                      "backend": self.backend.name, "benchmark_only": self.variant.benchmark_only
+                      or self.weights_version == "random", "bucket": self.backend.bucket_for(out.relevance.shape[0])}  # fmt: skip
+            budgets = out.budgets.astype(np.int64)
+            return [self._result(out, budgets, i, r, shared, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms,
+                                                              "batch_cpu_ms": cpu_ms}
+                                 | ({} if r.batch_decode_ms is None else {"batch_decode_ms": r.batch_decode_ms}))
+                    for i, r in enumerate(requests)]  # fmt: skip
+
+        return collect
 
     def decode_pending(self, requests: list[PreparedRequest], stamp: Callable[[], dict[str, Any]] | None = None
                        ) -> list[PreparedRequest | ArrcocError]:  # fmt: skip

@@ -117,45 +117,58 @@ def test_batcher_off_runs_one_at_a_time():
     b.close()
 
 
-def test_two_stage_batcher_prepares_the_next_batch_while_the_engine_runs_one():
-    """With prepare_batch (a GPU decodes a batch's JPEGs), batch k+1 is prepared while batch k runs;
-    an item that fails to prepare fails alone; every other caller gets its own result."""
-    running, prepared_meanwhile = threading.Event(), threading.Event()
-    first = []
+def test_pipelined_batcher_gathers_the_next_batch_while_the_device_runs_one():
+    """With prepare_batch (a GPU decodes a batch's JPEGs) one thread starts batch k on the device,
+    gathers batch k+1 from what arrived meanwhile, hands batch k out, then prepares batch k+1; an item
+    that fails to prepare fails alone; every other caller gets its own result."""
+    log, threads, futures = [], set(), []
 
     def prepare(items):
-        if running.is_set():
-            prepared_meanwhile.set()
+        log.append(("prepare", list(items)))
+        threads.add(threading.current_thread().name)
         return [ValueError(f"undecodable {x}") if x == 7 else x for x in items]
 
-    def run(items):
-        if not first:
-            first.append(items)
-            running.set()
-            assert prepared_meanwhile.wait(5), "the next batch was not prepared while this one ran"
-            running.clear()
-        return [x * 10 for x in items]
+    def launch(items):
+        log.append(("launch", list(items)))
+        threads.add(threading.current_thread().name)
+        if items == [0, 1, 2, 3]:  # while batch k is on the device, the next requests arrive
+            futures.extend(b.submit(i) for i in range(4, 12))
 
-    # idle_wait: the first four gather into one batch (a lone request would run both stages inline)
-    b = DynamicBatcher(run, max_batch=4, max_delay_s=0.05, prepare_batch=prepare, idle_wait=True)
-    # a lone request with the engine idle runs both stages on the batching thread (no hand-over)
-    lone = DynamicBatcher(lambda items: [threading.current_thread().name for _ in items], prepare_batch=prepare,
-                          name="lone")  # fmt: skip
-    assert lone.submit(1).result(5) == "lone"
-    with pytest.raises(ValueError, match="undecodable 7"):
-        lone.submit(7).result(5)
-    lone.close()
-    futures = [b.submit(i) for i in range(4)]
-    assert running.wait(5)
-    futures += [b.submit(i) for i in range(4, 12)]
+        def wait():
+            log.append(("wait", list(items)))
+            return [x * 10 for x in items]
+
+        return wait
+
+    # idle_wait: the first four gather into one batch (with the device idle they would go at once)
+    b = DynamicBatcher(lambda items: pytest.fail("runs through launch_batch"), max_batch=8, max_delay_s=0.05,
+                       prepare_batch=prepare, idle_wait=True, launch_batch=launch, name="pipelined")  # fmt: skip
+    futures.extend(b.submit(i) for i in range(4))
+    assert [f.result(5) for i, f in enumerate(futures[:4])] == [0, 10, 20, 30]
+    deadline = time.monotonic() + 5
+    while len(futures) < 12 and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert [f.result(5) for i, f in enumerate(futures) if i != 7] == [i * 10 for i in range(12) if i != 7]
     with pytest.raises(ValueError, match="undecodable 7"):
         futures[7].result(5)
+    assert log == [("prepare", [0, 1, 2, 3]), ("launch", [0, 1, 2, 3]), ("wait", [0, 1, 2, 3]),
+                   ("prepare", list(range(4, 12))), ("launch", [4, 5, 6, 8, 9, 10, 11]),
+                   ("wait", [4, 5, 6, 8, 9, 10, 11])], log  # fmt: skip
+    assert threads == {"pipelined"}
+    # a lone request with the device idle: prepared, started and handed out at once
+    lone = DynamicBatcher(lambda items: [threading.current_thread().name for _ in items], prepare_batch=prepare,
+                          name="lone")  # fmt: skip
+    t0 = time.perf_counter()
+    assert lone.submit(1).result(5) == "lone"
+    assert time.perf_counter() - t0 < 0.5
+    with pytest.raises(ValueError, match="undecodable 7"):
+        lone.submit(7).result(5)
+    lone.close()
     b.close()
 
 
-def test_two_stage_batcher_gathers_while_the_engine_is_busy_and_goes_when_it_is_idle():
-    """The delay buys a larger batch only while the engine is busy; with the engine idle, waiting
+def test_pipelined_batcher_gathers_while_the_device_is_busy_and_goes_when_it_is_idle():
+    """The delay buys a larger batch only while the device is busy; with the device idle, waiting
     it out only adds latency: what has queued goes at once."""
     release, sizes = threading.Event(), []
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,14 +106,22 @@ class Backend(ABC):
         return ModelOutput(*(torch.cat(ts) for ts in zip(*parts, strict=True)))
 
     def run_host(self, images: Tensor, query: Tensor, controls: Tensor | None = None) -> ModelOutput:
-        """As run(), the outputs on the host as numpy arrays. A batch that one captured CUDA graph
-        runs comes back in one copy, its inputs copied straight from where they are into the
-        graph's (see arrcoc.engine.cuda_graph)."""
+        """As run(), the outputs on the host as numpy arrays."""
+        return self.launch_host(images, query, controls)()
+
+    def launch_host(self, images: Tensor, query: Tensor, controls: Tensor | None = None
+                    ) -> Callable[[], ModelOutput]:  # fmt: skip
+        """`run_host` in two steps: the batch started now, the returned function waits for its
+        outputs on the host. A batch that one captured CUDA graph runs is queued on the device (its
+        inputs copied straight from where they are into the graph's) and comes back in one copy
+        (see arrcoc.engine.cuda_graph); other backends run it now."""
         if self.graphs is not None and self.warmed and 0 < images.shape[0] <= self.table.largest:
             images, query, controls = self._checked(images, query, controls, move=False)
             with torch.inference_mode():
-                return ModelOutput(*self.graphs.replay_host(self.bucket_for(images.shape[0]), images, query, controls))
-        return ModelOutput(*(t.numpy() for t in to_host(self.run(images, query, controls))))
+                wait = self.graphs.launch_host(self.bucket_for(images.shape[0]), images, query, controls)
+            return lambda: ModelOutput(*wait())
+        out = ModelOutput(*(t.numpy() for t in to_host(self.run(images, query, controls))))
+        return lambda: out
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release what the backend holds (graphs, sessions). Safe to call twice."""

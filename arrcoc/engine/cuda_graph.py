@@ -148,14 +148,27 @@ class CudaGraphRunner:
 
     def replay_host(self, bucket: int, *inputs: Tensor) -> list[np.ndarray]:
         """As `replay`, the n rows of every output on the host (numpy views of one pinned buffer,
-        which the arrays own), brought over in one copy and waited for. Inputs may be on the host:
-        each is copied straight into its static buffer."""
+        which the arrays own), brought over in one copy. Inputs may be on the host: each is copied
+        straight into its static buffer."""
+        return self.launch_host(bucket, *inputs)()
+
+    def launch_host(self, bucket: int, *inputs: Tensor) -> Callable[[], list[np.ndarray]]:
+        """`replay_host` in two steps: the replay and the copy to the host queued now; the returned
+        function waits for them (the calling thread is free meanwhile). The next replay may be queued
+        before it is called: the copy runs first, in stream order."""
         captured = self._replayed(bucket, inputs)
         n = inputs[0].shape[0]
         host = torch.empty((n, captured.packed.shape[1]), dtype=torch.uint8, pin_memory=True)
         host.copy_(captured.packed[:n], non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
-        return self.layout.unpack(host.numpy())
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(self.device))
+        layout = self.layout
+
+        def wait() -> list[np.ndarray]:
+            copied.synchronize()
+            return layout.unpack(host.numpy())
+
+        return wait
 
     def _replayed(self, bucket: int, inputs: tuple[Tensor, ...]) -> CapturedGraph:
         captured = self.graphs.get(bucket)

@@ -6,11 +6,14 @@ takes the first waiting item, then keeps collecting until `max_batch` items are 
 the backlog that queued during the last batch runs at once; when idle a request waits at most
 `max_delay_s`.
 
-With `prepare_batch` the work runs as two stages on two threads: the batching thread prepares a
-batch (on a GPU: decodes its JPEGs, on a stream of its own) while the engine thread runs the one
-before, so decoding and the engine overlap instead of taking turns; one prepared batch waits at
-most (back-pressure). A batch then gathers only while the engine is busy: once the engine is idle
-with nothing prepared for it, what has queued goes at once instead of waiting out the delay.
+With `prepare_batch` (on a GPU: decode a batch's JPEGs) the batching thread runs a pipeline on its
+own: it starts batch k on the device (`launch_batch`), gathers batch k+1 from what queued meanwhile
+while the device runs, waits for batch k and hands its results out, then prepares batch k+1 — and
+while that decodes (nvJPEG holds no GIL) batch k's callers send their next requests, which batch
+k+2 gathers at once. Two threads handing batches to each other under one GIL (this batcher's form
+until issue 12's fifth session) took turns more than they overlapped: BENCHMARKS.md. A batch
+gathers while the device is busy and as long as callers keep arriving; with the device idle, what
+has queued goes at once.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from ...errors import ArrcocError, DeadlineExceeded
 log = logging.getLogger(__name__)
 
 
-# With two stages, a batch gathers at least this long, then goes as soon as the engine is idle
-# (rather than waiting out the whole delay while the engine has nothing to do); the
-# engine is looked at this often while a batch gathers.
+# With prepare_batch: with the device idle a batch gathers at most this long (rather than waiting
+# out the whole delay while the device has nothing to do); with a batch on the device, the next
+# one gathers until no caller has arrived for this long.
 IDLE_GATHER_S = 0.0005
 
 
@@ -47,20 +50,28 @@ class _Request:
 RunBatch = Callable[[list[Any]], Sequence[Any]]
 # prepare_batch(items) -> per item the item ready to run, or the exception it failed with
 PrepareBatch = Callable[[list[Any]], Sequence[Any]]
+# launch_batch(items) -> a function that waits for the batch started: one result or exception per item
+LaunchBatch = Callable[[list[Any]], Callable[[], Sequence[Any]]]
+
+
+def _at_once(run_batch: RunBatch) -> LaunchBatch:
+    """run_batch as a launch: run now, the results ready when asked for."""
+
+    def launch(items: list[Any]) -> Callable[[], Sequence[Any]]:
+        results = run_batch(items)
+        return lambda: results
+
+    return launch
 
 
 class DynamicBatcher:
     def __init__(self, run_batch: RunBatch, max_batch: int = 32, max_delay_s: float = 0.005, name: str = "batcher",
-                 idle_wait: bool = False, prepare_batch: PrepareBatch | None = None):  # fmt: skip
+                 idle_wait: bool = False, prepare_batch: PrepareBatch | None = None,
+                 launch_batch: LaunchBatch | None = None):  # fmt: skip
         assert max_batch >= 1 and max_delay_s >= 0
         self.run_batch = run_batch
         self.prepare_batch = prepare_batch
-        self._prepared: queue.Queue[tuple[list[_Request], list[Any]] | None] = queue.Queue(maxsize=1)
-        self._engine_busy = False  # the engine thread is running a batch
-        self._engine = None
-        if prepare_batch is not None:
-            self._engine = threading.Thread(target=self._engine_loop, name=f"{name}-engine", daemon=True)
-            self._engine.start()
+        self.launch_batch = launch_batch or _at_once(run_batch)
         self.idle_wait = idle_wait
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
@@ -68,7 +79,8 @@ class DynamicBatcher:
         self._last_size = 0  # the size of the last batch run
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        loop = self._loop if prepare_batch is None else self._pipelined_loop
+        self._thread = threading.Thread(target=loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, item: Any, deadline: float | None = None) -> Future:
@@ -85,7 +97,9 @@ class DynamicBatcher:
             self._queue.put(None)
             self._thread.join(timeout)
 
+    # -- gathering a batch -------------------------------------------------------------------
     def _collect(self, first: _Request) -> list[_Request]:
+        """A batch that starts with `first`, the device idle."""
         batch = [first]
         if not self.idle_wait and self._last_size <= 1 and self._queue.empty():
             # low load (the last batch was one request, and nobody else is waiting): run it at
@@ -95,22 +109,33 @@ class DynamicBatcher:
         # the delay counts from when the first request arrived (Triton's max queue delay): one that
         # already waited out a running batch goes with whatever else queued meanwhile, at once
         until = first.enqueued + self.max_delay_s
-        two_stage = self.prepare_batch is not None and not self.idle_wait
+        if self.prepare_batch is not None and not self.idle_wait:
+            # nothing runs on the device: gathering longer only adds to every caller's latency
+            until = min(until, first.enqueued + IDLE_GATHER_S)
+        return self._more(batch, until, None)
+
+    def _gather(self) -> list[_Request]:
+        """The next batch while one runs on the device: what has queued, and whoever keeps
+        arriving (under load, the callers of the batch handed out last are sending their next)."""
+        wait = IDLE_GATHER_S if self._last_size > 1 else 0.0  # at low load nobody is coming
+        try:
+            first = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
+        except queue.Empty:
+            return []
+        if first is None:
+            self._queue.put(None)
+            return []
+        return self._more([first], first.enqueued + self.max_delay_s, IDLE_GATHER_S)
+
+    def _more(self, batch: list[_Request], until: float, gap: float | None) -> list[_Request]:
+        """Add to `batch` until it is full, `until` passes or, with `gap`, nobody arrived for that long."""
         while len(batch) < self.max_batch:
-            now = time.monotonic()
-            remaining = until - now
-            if two_stage and now - first.enqueued >= IDLE_GATHER_S and self._downstream_idle():
-                # the engine waits for work and nothing is on its way to it: gathering longer
-                # only adds to every caller's latency. Take what has queued, and go. (While the
-                # engine is busy, waiting costs nothing: the batch could not run sooner anyway.)
-                remaining = 0.0
-            elif two_stage:  # look again at the engine soon
-                remaining = min(remaining, IDLE_GATHER_S)
+            remaining = until - time.monotonic()
+            if gap is not None:
+                remaining = min(remaining, gap)
             try:
                 req = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
             except queue.Empty:
-                if time.monotonic() < until and not (two_stage and self._downstream_idle()):
-                    continue
                 break
             if req is None:  # closing: finish this batch first
                 self._queue.put(None)
@@ -118,50 +143,68 @@ class DynamicBatcher:
             batch.append(req)
         return batch
 
-    def _downstream_idle(self) -> bool:
-        """The engine thread is waiting for a batch, and none is prepared for it."""
-        return not self._engine_busy and self._prepared.empty()
+    def _live(self, batch: list[_Request]) -> list[_Request]:
+        """The batch without requests cancelled or past their deadline (those are told why)."""
+        now = time.monotonic()
+        live = []
+        for req in batch:
+            if req.future.set_running_or_notify_cancel() is False:
+                continue
+            if req.deadline is not None and now > req.deadline:
+                req.future.set_exception(DeadlineExceeded("The request waited too long in the queue; try again."))
+            else:
+                live.append(req)
+        if live:
+            self._last_size = len(live)
+        return live
 
+    # -- running -------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             first = self._queue.get()
             if first is None:
                 break
-            batch = self._collect(first)
-            now = time.monotonic()
-            live = []
-            for req in batch:
-                if req.future.set_running_or_notify_cancel() is False:
-                    continue
-                if req.deadline is not None and now > req.deadline:
-                    req.future.set_exception(DeadlineExceeded("The request waited too long in the queue; try again."))
-                else:
-                    live.append(req)
-            if not live:
-                continue
-            self._last_size = len(live)
-            if self.prepare_batch is None or (len(live) == 1 and not self._engine_busy and self._prepared.empty()):
-                # nothing to overlap with (a lone request and an idle engine): both stages here,
-                # sparing the hand-over to the engine thread (the single-stage path's latency)
-                self._run(live, [r.item for r in live], self.prepare_batch)
-                continue
-            ready = self._call(self.prepare_batch, live, [r.item for r in live])
-            self._prepared.put((live, ready))  # waits while the engine is a batch behind
-        if self._engine is not None:
-            self._prepared.put(None)
-            self._engine.join()
+            live = self._live(self._collect(first))
+            if live:
+                self._hand_out(live, self._call(self.run_batch, live, [r.item for r in live]))
         self._fail_queued()
 
-    def _engine_loop(self) -> None:
-        while (prepared := self._prepared.get()) is not None:
-            self._engine_busy = True
-            try:
-                self._run(*self._ready(*prepared))
-            finally:
-                self._engine_busy = False
+    def _pipelined_loop(self) -> None:
+        """Start batch k on the device, gather batch k+1, hand batch k out, prepare batch k+1; repeat."""
+        ahead: tuple[list[_Request], list[Any]] | None = None  # prepared, to run next
+        closing = False
+        while ahead is not None or not closing:
+            running = self._launch(*ahead) if ahead is not None else None
+            ahead = None
+            batch: list[_Request] = []
+            if running is not None:
+                batch = self._gather()
+            elif not closing:
+                first = self._queue.get()
+                if first is None:
+                    closing = True
+                else:
+                    batch = self._collect(first)
+            live = self._live(batch)
+            if running is not None:  # handed out before the next batch is prepared: while it
+                # decodes (nvJPEG holds no GIL) these callers send their next requests
+                live_k, wait = running
+                self._hand_out(live_k, self._call(lambda _, wait=wait: wait(), live_k, []))
+            if live:
+                ready = self._ready(live, self._call(self.prepare_batch, live, [r.item for r in live]))
+                ahead = ready if ready[0] else None
+        self._fail_queued()
+
+    def _launch(self, live: list[_Request], items: list[Any]) -> tuple[list[_Request], Callable[[], Sequence[Any]]]:
+        try:
+            return live, self.launch_batch(items)
+        except BaseException as e:  # noqa: BLE001 -- every caller of the batch hears why
+            log.exception("batch of %d failed to start", len(live))
+            failed = [e] * len(live)
+            return live, lambda: failed
 
     @staticmethod
-    def _ready(live: list[_Request], prepared: list[Any]) -> tuple[list[_Request], list[Any]]:
+    def _ready(live: list[_Request], prepared: Sequence[Any]) -> tuple[list[_Request], list[Any]]:
         """Callers whose item failed to prepare hear why; the rest go on, with their prepared items."""
         ok = []
         for req, item in zip(live, prepared, strict=True):
@@ -182,13 +225,9 @@ class DynamicBatcher:
             out = [e] * len(live)
         return out
 
-    def _run(self, live: list[_Request], items: list[Any], prepare: PrepareBatch | None = None) -> None:
-        """run_batch(items) (after `prepare`, if given) and every caller told its result."""
-        if prepare is not None:
-            live, items = self._ready(live, self._call(prepare, live, items))
-        if not live:
-            return
-        for req, res in zip(live, self._call(self.run_batch, live, items), strict=True):
+    @staticmethod
+    def _hand_out(live: list[_Request], results: list[Any]) -> None:
+        for req, res in zip(live, results, strict=True):
             if isinstance(res, BaseException):
                 req.future.set_exception(res)
             else:

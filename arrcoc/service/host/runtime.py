@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -134,20 +134,46 @@ class Runtime(EngineHost):
 
     def run_batch(self, items: Sequence[PreparedRequest], backend: str | None = None) -> list[RelevanceResult | Exception]:
         """Prepared requests -> one result or one error per item."""
+        return self.launch_batch(items, backend)()
+
+    def launch_batch(self, items: Sequence[PreparedRequest], backend: str | None = None
+                     ) -> Callable[[], list[RelevanceResult | Exception]]:  # fmt: skip
+        """`run_batch` in two steps: the engine call started now, the returned function waits for
+        it. The device is held from one to the other (call the function, on this thread)."""
         pipe = self.pipeline_for(backend)
-        with self.device_lock:
+        self.device_lock.acquire()
+        try:
+            collect = pipe.launch(list(items))
+        except ArrcocError:
+            if len(items) == 1:
+                self.device_lock.release()
+                raise
+            try:  # one bad item must not fail its neighbours
+                results = self._one_by_one(pipe, items)
+            finally:
+                self.device_lock.release()
+            return lambda: results
+        except BaseException:
+            self.device_lock.release()
+            raise
+
+        def wait() -> list[RelevanceResult | Exception]:
             try:
-                return list(pipe.run(list(items)))
-            except ArrcocError:
-                if len(items) == 1:
-                    raise
-            out: list[RelevanceResult | Exception] = []
-            for item in items:  # one bad item must not fail its neighbours
-                try:
-                    out.extend(pipe.run([item]))
-                except ArrcocError as e:
-                    out.append(e)
-            return out
+                return list(collect())
+            finally:
+                self.device_lock.release()
+
+        return wait
+
+    @staticmethod
+    def _one_by_one(pipe: RelevancePipeline, items: Sequence[PreparedRequest]) -> list[RelevanceResult | Exception]:
+        out: list[RelevanceResult | Exception] = []
+        for item in items:
+            try:
+                out.extend(pipe.run([item]))
+            except ArrcocError as e:
+                out.append(e)
+        return out
 
     # -- batch jobs: bytes to results and overlays, on the engine's device ---------------------
     def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
@@ -197,15 +223,16 @@ class Runtime(EngineHost):
                 batcher = self._batchers.get(name)
                 if batcher is None:
                     run = lambda items: self.run_batch(items, name)  # noqa: E731
+                    launch = lambda items: self.launch_batch(items, name)  # noqa: E731
                     batcher = self._batchers[name] = DynamicBatcher(
                         run, size, self.settings.batch_max_delay_ms / 1e3, f"arrcoc-batcher-{name}",
-                        self.settings.batch_idle_wait, self._decode_ahead(name),
+                        self.settings.batch_idle_wait, self._decode_ahead(name), launch,
                     )
         return batcher
 
     def _decode_ahead(self, backend: str):
         """On a GPU that decodes JPEGs: the batcher's first stage, decoding a batch on a stream of
-        its own while the engine runs the batch before (None elsewhere: nothing to overlap)."""
+        its own while the device runs the batch before (None elsewhere: nothing to overlap)."""
         pipe = self.pipeline_for(backend)
         if not pipe.decoder.gpu:
             return None
