@@ -70,9 +70,10 @@ class Settings(BaseSettings):
     # wait the batching delay even when idle: off, a request arriving in a quiet period (the last
     # batch was a single request and nobody is waiting) runs at once instead of waiting for company
     batch_idle_wait: bool = False
-    # 16, not 32: with 32 callers on the H100 the two-stage batcher then has two batches to overlap
-    # (one decoding while the other runs): 2,771 against 2,546 req/s (scripts/interactive_probe.py
-    # at c924697; 2,472 at 8)
+    # 16, not 32: with 32 callers on the H100 two batches then take turns, one decoding while the
+    # other runs: 2,497 / 2,324 against 2,168 / 2,255 req/s at 32, interleaved in one
+    # scripts/interactive_probe.py run at 1288376 (the one-thread pipelined batcher); 2,771 against
+    # 2,546 at 32 and 2,472 at 8 with the former two-thread batcher at c924697
     batch_max_size: int = 16
     task_time_limit_s: int = 600
     max_redeliveries: int = 3
