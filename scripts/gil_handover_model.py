@@ -3,7 +3,9 @@ DynamicBatcher (two stages, batches of 16) fed by 32 caller threads, where each 
 fixed amount of Python under the GIL, split into CHUNKS pieces with the GIL released between them
 (as each torch call releases and retakes it), then waits without the GIL (as for the device).
 The total GIL work per batch stays the same whatever CHUNKS is; only the number of hand-overs
-changes.
+changes. Its figures in BENCHMARKS.md (fourth session) drove the batcher's two threads of then; since
+`1288376` the batcher runs both stages on one thread, and this model drives that (the modelled
+engine stage runs whole when launched: nothing of it overlaps the next decode).
 
     python scripts/gil_handover_model.py [--chunks 1 10 30 60] [--stage-gil-us 1200] [--device-ms 1.3]
         [--caller-us 50] [--switch-interval-ms 5] [--repeats 2]

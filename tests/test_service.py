@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import threading
@@ -267,6 +268,53 @@ def test_a_runtime_leaves_a_lent_pipeline_open(settings):
         assert owner.process([png_bytes(3)], ["the sky"], Controls(), "jpeg").items[0].result is not None
     finally:
         owner.close()
+
+
+def test_the_device_is_held_from_launch_to_collect_and_never_left_held(settings, monkeypatch):
+    """The batcher starts a batch (`launch_batch`) and collects it later on the same thread: the
+    device is held in between (a benchmark waits) and given back on every path — results, one bad
+    item failing alone, a lone bad item raising. A device left held would stall the worker."""
+    from arrcoc.service.host.runtime import Runtime
+
+    def free() -> bool:  # whether another thread can take the device now
+        got = []
+
+        def take() -> None:
+            got.append(rt.device_lock.acquire(timeout=0.2))
+            if got[0]:
+                rt.device_lock.release()
+
+        t = threading.Thread(target=take)
+        t.start()
+        t.join()
+        return got[0]
+
+    rt = Runtime(settings)
+    try:
+        good = [rt.prepare(png_bytes(i), "the sky", Controls()) for i in range(2)]
+        wait = rt.launch_batch(good)
+        assert not free(), "the device must be held until the batch is collected"
+        results = wait()
+        assert free() and [r.grid for r in results] == [results[0].grid] * 2
+        assert [r.relevance.tolist() for r in results] == [r.relevance.tolist() for r in rt.pipeline.run(good)]
+
+        launch = rt.pipeline.launch
+
+        def refusing(requests):  # a batch holding a bad item fails as a whole; alone, it fails itself
+            if any(r.query == "bad" for r in requests):
+                raise InvalidInputError("a bad item")
+            return launch(requests)
+
+        monkeypatch.setattr(rt.pipeline, "launch", refusing)
+        bad = dataclasses.replace(good[0], query="bad")
+        out = rt.launch_batch([good[0], bad, good[1]])()
+        assert free()
+        assert isinstance(out[1], InvalidInputError) and out[0].grid == out[2].grid == results[0].grid
+        with pytest.raises(InvalidInputError, match="a bad item"):
+            rt.launch_batch([bad])
+        assert free()
+    finally:
+        rt.close()
 
 
 @pytest.fixture
