@@ -153,7 +153,7 @@ class RelevancePipeline:
         return self.launch(requests)()
 
     def launch(self, requests: list[PreparedRequest]) -> Callable[[], list[RelevanceResult]]:
-        """`run` in two steps: the engine call started now (on a GPU, queued on the device), the
+        """`run` in two steps: the engine call started now (with CUDA graphs, queued on the device), the
         returned function waits for its outputs and gives one result per request. The thread is
         free in between: the interactive batcher decodes the next batch there."""
         if not requests:

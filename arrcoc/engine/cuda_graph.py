@@ -7,7 +7,7 @@ replay). Once capture is done the runner is frozen: asking for a bucket that was
 captured is an EngineError, never a late capture.
 
 Each graph also packs its outputs, row by row, into one byte buffer (`RowLayout`), so that
-`replay_host` brings a batch's every output to the host in one copy. On a server every torch
+`launch_host` brings a batch's every output to the host in one copy. On a server every torch
 call lets another thread take the GIL; eleven clones, eleven copies and their bookkeeping per
 batch were the bulk of an interactive engine stage's calls (issue 12).
 """
@@ -146,16 +146,12 @@ class CudaGraphRunner:
         n = inputs[0].shape[0]
         return tuple(o[:n].clone() for o in captured.outputs)
 
-    def replay_host(self, bucket: int, *inputs: Tensor) -> list[np.ndarray]:
-        """As `replay`, the n rows of every output on the host (numpy views of one pinned buffer,
-        which the arrays own), brought over in one copy. Inputs may be on the host: each is copied
-        straight into its static buffer."""
-        return self.launch_host(bucket, *inputs)()
-
     def launch_host(self, bucket: int, *inputs: Tensor) -> Callable[[], list[np.ndarray]]:
-        """`replay_host` in two steps: the replay and the copy to the host queued now; the returned
-        function waits for them (the calling thread is free meanwhile). The next replay may be queued
-        before it is called: the copy runs first, in stream order."""
+        """As `replay`, but the n rows of every output come to the host, in one copy: the replay and
+        the copy are queued now, and the returned function waits for them and gives the outputs as
+        numpy views of one pinned buffer (which the arrays own). The calling thread is free in
+        between; the next replay may be queued first (the copy runs before it, in stream order).
+        Inputs may be on the host: each is copied straight into its static buffer."""
         captured = self._replayed(bucket, inputs)
         n = inputs[0].shape[0]
         host = torch.empty((n, captured.packed.shape[1]), dtype=torch.uint8, pin_memory=True)
