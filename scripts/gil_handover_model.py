@@ -10,6 +10,14 @@ engine stage runs whole when launched: nothing of it overlaps the next decode).
     python scripts/gil_handover_model.py [--chunks 1 10 30 60] [--stage-gil-us 1200] [--device-ms 1.3]
         [--caller-us 50] [--switch-interval-ms 5] [--repeats 2]
     python scripts/gil_handover_model.py --ops   # which torch calls of the stages hand the GIL over
+    python scripts/gil_handover_model.py --orders [--decode-py-us 800] [--nvjpeg-ms 1.5] [--launch-py-us 400]
+        [--device-ms 0.6] [--results-py-us 300]
+
+`--orders` models today's one-thread batcher (`1288376`) in the order it runs a cycle (start batch k,
+gather k+1, hand k out, decode k+1: the callers' next requests come in during nvJPEG) against the
+other order (start k, gather k+1, decode k+1, hand k out: the device runs during the decode), with
+a modelled decode (Python, then nvJPEG without the GIL) and a modelled engine (Python to launch,
+the device's time counted from the launch, Python to build results).
 
 `--ops` calls each in a loop beside a thread that wants the GIL all the time: a call that releases
 the GIL (and must take it back) runs a few thousand times a second, one that does not, millions.
@@ -68,6 +76,79 @@ def measure(chunks: int, stage_gil_s: float, device_s: float, caller_s: float, c
     return clients * per_client / wall, lat[len(lat) // 2] * 1e3
 
 
+class _DecodeFirst(DynamicBatcher):
+    """The other order: start batch k, gather batch k+1, decode it, then hand batch k out."""
+
+    def _pipelined_loop(self) -> None:
+        ahead = None
+        closing = False
+        while ahead is not None or not closing:
+            running = self._launch(*ahead) if ahead is not None else None
+            ahead, batch = None, []
+            if running is not None:
+                batch = self._gather()
+            elif not closing:
+                first = self._queue.get()
+                if first is None:
+                    closing = True
+                else:
+                    batch = self._collect(first)
+            live = self._live(batch)
+            if live:
+                ready = self._ready(live, self._call(self.prepare_batch, live, [r.item for r in live]))
+                ahead = ready if ready[0] else None
+            if running is not None:
+                live_k, wait = running
+                self._hand_out(live_k, self._call(lambda _, wait=wait: wait(), live_k, []))
+        self._fail_queued()
+
+
+def measure_order(batcher_cls: type, args: argparse.Namespace, clients: int = 32, per_client: int = 300
+                  ) -> tuple[float, float]:  # fmt: skip
+    """req/s and p50 ms of `clients` callers through the one-thread batcher with modelled stages."""
+
+    def decode(items: list) -> list:
+        for _ in range(4):  # its Python, in a few pieces between torch calls
+            _spin(args.decode_py_us / 4e6)
+            time.sleep(0)
+        time.sleep(args.nvjpeg_ms / 1e3)  # nvJPEG: no GIL
+        return list(items)
+
+    def launch(items: list):
+        started = time.perf_counter()
+        _spin(args.launch_py_us / 1e6)
+
+        def wait() -> list:
+            left = args.device_ms / 1e3 - (time.perf_counter() - started)
+            if left > 0:
+                time.sleep(left)  # the device still busy: wait without the GIL
+            _spin(args.results_py_us / 1e6)
+            return list(items)
+
+        return wait
+
+    batcher = batcher_cls(lambda items: launch(items)(), 16, 0.005, "model", False, decode, launch)
+    lat: list[float] = []
+
+    def caller() -> None:
+        for _ in range(per_client):
+            t0 = time.perf_counter()
+            _spin(args.caller_us / 1e6)
+            batcher.submit(None, time.monotonic() + 60).result()
+            lat.append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=caller) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    batcher.close()
+    lat.sort()
+    return clients * per_client / wall, lat[len(lat) // 2] * 1e3
+
+
 def ops() -> None:
     import torch
 
@@ -102,9 +183,27 @@ def main() -> int:
     p.add_argument("--switch-interval-ms", type=float, default=sys.getswitchinterval() * 1e3)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--ops", action="store_true", help="which torch calls release the GIL (see above)")
+    p.add_argument("--orders", action="store_true", help="the one-thread batcher's two orders (see above)")
+    p.add_argument("--decode-py-us", type=float, default=800.0)
+    p.add_argument("--nvjpeg-ms", type=float, default=1.5)
+    p.add_argument("--launch-py-us", type=float, default=400.0)
+    p.add_argument("--results-py-us", type=float, default=300.0)
     args = p.parse_args()
     if args.ops:
         ops()
+        return 0
+    if args.orders:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
+        device_ms = args.device_ms if "--device-ms" in sys.argv else 0.6
+        args.device_ms = device_ms
+        print(f"decode {args.decode_py_us:.0f} us of Python + nvJPEG {args.nvjpeg_ms} ms; engine "
+              f"{args.launch_py_us:.0f} us to launch, {device_ms} ms on the device, {args.results_py_us:.0f} us "
+              f"of results; callers {args.caller_us:.0f} us each; batches of 16, 32 callers")  # fmt: skip
+        for _ in range(args.repeats):
+            for label, cls in (("hand out, then decode (as it runs)", DynamicBatcher),
+                               ("decode, then hand out", _DecodeFirst)):  # fmt: skip
+                rps, p50 = measure_order(cls, args)
+                print(f"  {label:36s} {rps:6.0f} req/s, p50 {p50:5.1f} ms", flush=True)
         return 0
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
     gil_ms = 2 * args.stage_gil_us / 1e3 + 16 * args.caller_us / 1e3
