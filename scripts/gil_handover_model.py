@@ -55,6 +55,11 @@ def measure(chunks: int, stage_gil_s: float, device_s: float, caller_s: float, c
         return list(items)
 
     batcher = DynamicBatcher(stage, 16, 0.005, "model", False, stage)
+    return _drive(batcher, caller_s, clients, per_client)
+
+
+def _drive(batcher: DynamicBatcher, caller_s: float, clients: int, per_client: int) -> tuple[float, float]:
+    """req/s and p50 ms of `clients` caller threads, each `caller_s` of Python then a request."""
     lat: list[float] = []
 
     def caller() -> None:
@@ -84,22 +89,10 @@ class _DecodeFirst(DynamicBatcher):
         closing = False
         while ahead is not None or not closing:
             running = self._launch(*ahead) if ahead is not None else None
-            ahead, batch = None, []
+            live, closing = self._next_batch(running is not None, closing)
+            ahead = self._prepared(live)
             if running is not None:
-                batch = self._gather()
-            elif not closing:
-                first = self._queue.get()
-                if first is None:
-                    closing = True
-                else:
-                    batch = self._collect(first)
-            live = self._live(batch)
-            if live:
-                ready = self._ready(live, self._call(self.prepare_batch, live, [r.item for r in live]))
-                ahead = ready if ready[0] else None
-            if running is not None:
-                live_k, wait = running
-                self._hand_out(live_k, self._call(lambda _, wait=wait: wait(), live_k, []))
+                self._finish(*running)
         self._fail_queued()
 
 
@@ -128,25 +121,7 @@ def measure_order(batcher_cls: type, args: argparse.Namespace, clients: int = 32
         return wait
 
     batcher = batcher_cls(lambda items: launch(items)(), 16, 0.005, "model", False, decode, launch)
-    lat: list[float] = []
-
-    def caller() -> None:
-        for _ in range(per_client):
-            t0 = time.perf_counter()
-            _spin(args.caller_us / 1e6)
-            batcher.submit(None, time.monotonic() + 60).result()
-            lat.append(time.perf_counter() - t0)
-
-    threads = [threading.Thread(target=caller) for _ in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    batcher.close()
-    lat.sort()
-    return clients * per_client / wall, lat[len(lat) // 2] * 1e3
+    return _drive(batcher, args.caller_us / 1e6, clients, per_client)
 
 
 def ops() -> None:

@@ -76,7 +76,7 @@ class DynamicBatcher:
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
         self.submitted = 0  # requests ever submitted
-        self._last_size = 0  # the size of the last batch run
+        self._last_size = 0  # the size of the last batch gathered
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._closed = False
         loop = self._loop if prepare_batch is None else self._pipelined_loop
@@ -175,25 +175,34 @@ class DynamicBatcher:
         closing = False
         while ahead is not None or not closing:
             running = self._launch(*ahead) if ahead is not None else None
-            ahead = None
-            batch: list[_Request] = []
-            if running is not None:
-                batch = self._gather()
-            elif not closing:
-                first = self._queue.get()
-                if first is None:
-                    closing = True
-                else:
-                    batch = self._collect(first)
-            live = self._live(batch)
+            live, closing = self._next_batch(running is not None, closing)
             if running is not None:  # handed out before the next batch is prepared: while it
-                # decodes (nvJPEG holds no GIL) these callers send their next requests
-                live_k, wait = running
-                self._hand_out(live_k, self._call(lambda _, wait=wait: wait(), live_k, []))
-            if live:
-                ready = self._ready(live, self._call(self.prepare_batch, live, [r.item for r in live]))
-                ahead = ready if ready[0] else None
+                self._finish(*running)  # decodes (nvJPEG holds no GIL) these callers send their next
+            ahead = self._prepared(live)
         self._fail_queued()
+
+    def _next_batch(self, busy: bool, closing: bool) -> tuple[list[_Request], bool]:
+        """The next batch's live requests, and whether the batcher is closing: gathered while the
+        device is busy, else waited for (until close() says stop)."""
+        if busy:
+            return self._live(self._gather()), closing
+        if closing:
+            return [], True
+        first = self._queue.get()
+        if first is None:
+            return [], True
+        return self._live(self._collect(first)), False
+
+    def _prepared(self, live: list[_Request]) -> tuple[list[_Request], list[Any]] | None:
+        """prepare_batch over the live requests: those that failed hear why; None if none is left."""
+        if not live:
+            return None
+        ready = self._ready(live, self._call(self.prepare_batch, live, [r.item for r in live]))
+        return ready if ready[0] else None
+
+    def _finish(self, live: list[_Request], wait: Callable[[], Sequence[Any]]) -> None:
+        """Wait for a launched batch and hand its results out."""
+        self._hand_out(live, self._call(lambda _: wait(), live, []))
 
     def _launch(self, live: list[_Request], items: list[Any]) -> tuple[list[_Request], Callable[[], Sequence[Any]]]:
         try:
