@@ -490,6 +490,59 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
     assert "the worker stopped each time" in inprocess.store.failed_items(job)[1]
 
 
+def test_a_chunk_runs_one_step_at_a_time_and_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatch):
+    """In this process the engine runs one step at a time (the next one queued behind it), and
+    however long the job and however slow the disk, the steps read but not yet written stay
+    bounded (back-pressure); every item is recorded once."""
+    from arrcoc.service.jobs import batch as jobs
+    from arrcoc.service.jobs import writer
+
+    lock = threading.Lock()
+    seen = {"active": 0, "most_active": 0, "read": 0, "written": 0, "most_held": 0}
+    real_read, real_write = jobs._read, writer.write_step
+
+    def read(jd, items):
+        with lock:
+            seen["read"] += 1
+            seen["most_held"] = max(seen["most_held"], seen["read"] - seen["written"])
+        return real_read(jd, items)
+
+    def write(*args):
+        time.sleep(0.05)  # a slow disk: the job waits for it rather than reading on
+        out = real_write(*args)
+        with lock:
+            seen["written"] += 1
+        return out
+
+    class CountedHost:  # the runtime, its engine calls counted
+        def __getattr__(self, name):
+            return getattr(inprocess.runtime, name)
+
+        def process(self, *args, **kwargs):
+            with lock:
+                seen["active"] += 1
+                seen["most_active"] = max(seen["most_active"], seen["active"])
+            try:
+                return inprocess.runtime.process(*args, **kwargs)
+            finally:
+                with lock:
+                    seen["active"] -= 1
+
+    monkeypatch.setattr(jobs, "_read", read)
+    monkeypatch.setattr(writer, "write_step", write)
+    steps = 10
+    n = steps * jobs.step_items(inprocess.runtime)
+    job, _ = jobs.create_batch_job(make_zip({f"{i}.png": png_bytes(i) for i in range(n)}), "q", None, settings,
+                                   inprocess.store)  # fmt: skip
+    jobs.run_chunk(job, 0, n, CountedHost(), inprocess.store, settings)
+    st = inprocess.status(job)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, n, 0)
+    assert (seen["read"], seen["written"]) == (steps, steps)
+    assert seen["most_active"] == 1
+    # one being read, IN_FLIGHT with the engine, WRITE_QUEUE with the writer
+    assert seen["most_held"] <= 1 + jobs.IN_FLIGHT + jobs.WRITE_QUEUE < steps
+
+
 def test_inprocess_serves_each_backend_it_is_allowed(settings):
     """The backend chosen per request (demo dropdown, API) runs; one not served is a clear error."""
     from arrcoc.service.client.inprocess import InProcessExecutor
