@@ -149,10 +149,7 @@ class Decoder:
     def _gpu_many(self, encoded: Sequence[Encoded], view_side: int | None) -> list[Pixels | ArrcocError]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        # the batch's bytes in one buffer, one tensor view per image: one copy and two torch calls
-        # a batch, not a copy and a call per image (each torch call may hand the GIL to a caller)
-        flat = torch.frombuffer(bytearray().join(e.data for e in encoded), dtype=torch.uint8)
-        datas = list(flat.split([len(e.data) for e in encoded]))
+        datas = [torch.frombuffer(bytearray(e.data), dtype=torch.uint8) for e in encoded]
         try:
             decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:  # one of them nvJPEG refuses (an odd or corrupt JPEG): each on its own

@@ -7,8 +7,8 @@ time over wall: ~1 means one thread at a time, the GIL) and per-item stages.
 Where the GIL's time goes: run it under `py-spy record --gil` (scripts/gpu_bench.sh probe does).
 
 Variants: how overlays are encoded (nvJPEG on the GPU, or blended on the GPU and encoded by
-Pillow in the render pool, or none), how many engine-host calls are submitted and how many of them run at once, how many part
-writes may wait (arrcoc.service.jobs.batch.IN_FLIGHT / ENGINE_THREADS / WRITE_QUEUE) and where (ARRCOC_BATCH_WRITER: a child
+Pillow in the render pool, or none), how many engine-host calls are in flight and how many part
+writes may wait (arrcoc.service.jobs.batch.IN_FLIGHT / WRITE_QUEUE) and where (ARRCOC_BATCH_WRITER: a child
 process or a thread), the render pool's size.
 """
 
@@ -31,20 +31,17 @@ from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
 from arrcoc.service.jobs import batch  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
-# name -> overrides of BASE: overlay format, nvJPEG or Pillow, engine calls submitted and how many of them run at
-# once, steps queued for the writer and where it runs, render pool threads, JPEG quality, overlay side
-# (ARRCOC_OVERLAY_MAX_SIDE)
-BASE = {"fmt": "jpeg", "gpu_jpeg": True, "in_flight": 2, "threads": 1, "write_queue": 2, "pool": 4, "quality": 90,
-        "side": 1024, "writer": "thread"}
+# name -> overrides of BASE: overlay format, nvJPEG or Pillow, engine calls in flight, steps queued for the writer and where it runs,
+# render pool threads, JPEG quality, overlay side (ARRCOC_OVERLAY_MAX_SIDE)
+BASE = {"fmt": "jpeg", "gpu_jpeg": True, "in_flight": 1, "write_queue": 2, "pool": 4, "quality": 90, "side": 1024,
+        "writer": "thread"}
 CONFIGS = {
     "gpu-jpeg": {},
     "gpu-jpeg-process-writer": {"writer": "process"},
     "none-process-writer": {"fmt": "none", "writer": "process"},
     "gpu-jpeg-wq1": {"write_queue": 1},
-    "gpu-jpeg-if1": {"in_flight": 1},
-    "gpu-jpeg-if2": {"threads": 2},
-    "gpu-jpeg-process-writer-if1": {"writer": "process", "in_flight": 1},
-    "gpu-jpeg-process-writer-if2": {"writer": "process", "threads": 2},
+    "gpu-jpeg-if2": {"in_flight": 2},
+    "gpu-jpeg-process-writer-if2": {"writer": "process", "in_flight": 2},
     "gpu-jpeg-q85": {"quality": 85},
     "gpu-jpeg-q75": {"quality": 75},
     "gpu-jpeg-q80": {"quality": 80},
@@ -53,8 +50,7 @@ CONFIGS = {
     "gpu-jpeg-768-q80": {"side": 768, "quality": 80},
     "pool-jpeg-12": {"gpu_jpeg": False, "pool": 12},
     "none": {"fmt": "none"},
-    "none-if1": {"fmt": "none", "in_flight": 1},
-    "none-if2": {"fmt": "none", "threads": 2},
+    "none-if2": {"fmt": "none", "in_flight": 2},
 }
 
 
@@ -86,7 +82,7 @@ def main() -> int:
     for name in args.configs:
         c = BASE | CONFIGS[name]
         overlays.JPEG_ON_GPU = c["gpu_jpeg"]
-        batch.IN_FLIGHT, batch.ENGINE_THREADS, batch.WRITE_QUEUE = c["in_flight"], c["threads"], c["write_queue"]
+        batch.IN_FLIGHT, batch.WRITE_QUEUE = c["in_flight"], c["write_queue"]
         ex = InProcessExecutor(settings(c["fmt"], name, c["side"], c["quality"], c["writer"]), pipeline=pipe)
         ex.runtime._render_pool = ThreadPoolExecutor(c["pool"], thread_name_prefix="arrcoc-render")
         batch_job(ex, _zip(photos, 64, ".jpg"), 64, device)  # warm this executor's threads

@@ -61,24 +61,21 @@ def create_batch_job(
 
 
 # -- running a chunk --------------------------------------------------------------------------
-# A chunk runs as a pipeline of steps, bounded (one step read ahead, IN_FLIGHT submitted to the
-# engine host, WRITE_QUEUE being written): while the engine host decodes, runs and renders step k, a
-# thread reads step k+1's files and the part writer (arrcoc.service.jobs.writer) writes step k-1's
-# results, recorded here once on disk. A step is one engine-host call: decoded
+# A chunk runs as a pipeline of steps, bounded (one step read ahead, IN_FLIGHT in the engine host,
+# WRITE_QUEUE being written): while the engine host decodes, runs and renders step k, a thread reads
+# step k+1's files and the part writer (arrcoc.service.jobs.writer) writes step k-1's results,
+# recorded here once on disk. A step is one engine-host call: decoded
 # together (on the GPU when it can), run in the largest buckets, overlays encoded together: two
 # engine batches (64 items on a GPU), at least 8 (a CPU runs one at a time) so that progress moves
-# on a small job. Two calls are submitted at a time. When the engine shares this process they run
-# one after another on one thread (ENGINE_THREADS), the next queued behind the running one, so that
-# the engine starts it the moment the last ends, not once this thread has handed the last to the
-# writer; two running at once were slower on the H100 (764 vs 918 images/s,
-# scripts/batch_probe.py), the stages contending for the GIL, not the device. When the engine is in
-# another process (a worker group's) both run: one step's images cross the socket while the engine
-# process decodes the last (a one-chunk job of 12 MP JPEGs through Celery on the H100: 199.5
-# images/s with two, 85.4 with one; arrcoc bench e2e at 4e8fda2 and e8ccee6).
+# on a small job. One call in flight when the engine shares this process: two ran slower on the H100
+# (764 vs 918 images/s, scripts/batch_probe.py), the stages contending for the GIL, not the device.
+# Two when the engine is in another process (a worker group's): one step's images cross the socket
+# while the engine process decodes the last (a one-chunk job of 12 MP JPEGs through Celery on the
+# H100: 199.5 images/s with two, 85.4 with one; arrcoc bench e2e at 4e8fda2 and e8ccee6).
 STEP_ITEMS = 64
 MIN_STEP_ITEMS = 8
-IN_FLIGHT = 2
-ENGINE_THREADS = 1  # of the IN_FLIGHT calls, how many run at once when the engine shares this process
+IN_FLIGHT = 1
+REMOTE_IN_FLIGHT = 2
 WRITE_QUEUE = 2  # steps handed to the writer, not yet recorded: one written, one waiting, so that the
 # next engine call is not held up by a write that runs a little longer than its step
 
@@ -184,9 +181,9 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
     # 2-core machine: 33 vs 24 ms an item, scripts/batch_probe.py)
     writer = PartWriter(settings.batch_writer == "process"
                         or (settings.batch_writer == "auto" and host.in_this_process and not host.on_cpu))  # fmt: skip
-    threads = ENGINE_THREADS if host.in_this_process else IN_FLIGHT
+    in_flight = IN_FLIGHT if host.in_this_process else REMOTE_IN_FLIGHT
     with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-read") as reader, \
-            ThreadPoolExecutor(threads, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
+            ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
         reading = reader.submit(_read, jd, steps[0])
         running: deque[tuple[list[Item], Future[ProcessedBatch]]] = deque()
         writing: deque[PendingStep] = deque()
@@ -232,7 +229,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
                                                     for it in step])  # fmt: skip
                     continue
                 running.append((step, engine.submit(host.process, datas, [it.query for it in step], controls, fmt)))
-                if len(running) == IN_FLIGHT:
+                if len(running) == in_flight:
                     write_next()
             while running:
                 write_next()
