@@ -1,5 +1,5 @@
-"""Where the GIL's time went in an interactive run: a `py-spy record --gil --format raw` file of
-scripts/interactive_probe.py or of a worker group's engine or Celery process, by thread role
+"""Where the GIL's time went in an interactive run or a batch job: a `py-spy record --gil --format raw` file of
+scripts/interactive_probe.py, scripts/batch_probe.py or of a worker group's engine or Celery process, by thread role
 (callers, the batcher's decode and engine threads, the engine process's connection threads,
 Celery's consumer and task threads) and by function (inclusive), as shares of those samples.
 
@@ -15,7 +15,12 @@ from pathlib import Path
 
 # a role per thread, known by a frame on its stack (arrcoc.bench.load's callers, the batcher's threads)
 ROLES = (("client", "_drive"), ("engine", "_engine_loop"), ("batcher", "DynamicBatcher._loop"),
-         ("connection", "EngineServer._serve"), ("celery task", "fast_trace_task"), ("celery consumer", "asynloop"))
+         ("connection", "EngineServer._serve"), ("celery task", "fast_trace_task"), ("celery consumer", "asynloop"),
+         # a batch job in-process (scripts/batch_probe.py): the engine-host call's thread, the job's own, its reader,
+         # results.zip's, the part writer's feeder (pickling each step for the child) and the benchmark's poll
+         ("job engine", "Runtime.process"), ("results zip", "ResultsZip._add_part"),
+         ("job reader", "_read (arrcoc/service/jobs/batch.py"), ("writer feeder", "_feed"), ("job", "_run_group"),
+         ("bench poll", "batch_job"))
 LINE = re.compile(r" \((.*?):\d+\)")  # a frame's line number: functions are counted whole
 
 
