@@ -12,6 +12,7 @@ import time
 import uuid
 import zipfile
 
+import numpy as np
 import pytest
 from helpers import make_zip, png_bytes, seeded_weights
 
@@ -446,6 +447,42 @@ def test_the_part_writer_outlives_its_child_process(tmp_path):
         reader.close()
     finally:
         w.close()
+
+
+def test_a_step_written_by_the_child_process_is_the_step_written_here(tmp_path, pipeline):
+    """The child gets a step as columns (each result field stacked over the items): the part it
+    writes holds the same rows, summaries and overlays, byte for byte, as the part written from
+    the items themselves, failed items and differing K included."""
+    from arrcoc.request import Controls
+    from arrcoc.service.host.interface import Processed
+    from arrcoc.service.jobs import writer as part_writer
+    from arrcoc.service.jobs.parts import PartReader, write_step
+
+    (tmp_path / "results").mkdir()
+    results = pipeline.infer([png_bytes(i) for i in range(3)], "the red mug")
+    other_k = pipeline.infer([png_bytes(3)], "the sky", Controls(k=7))[0]
+    items = [Processed(result=results[0], overlay=b"jpeg-0"), Processed(error={"message": "bad"}),
+             Processed(result=results[1], overlay=b"jpeg-2"), Processed(result=other_k, overlay=b"jpeg-3"),
+             Processed(result=results[2], overlay=b"jpeg-4")]  # fmt: skip
+    keys = [(i, f"{i}.png", "q") for i in range(len(items))]
+    columns = part_writer.Columns.of(items)
+    assert isinstance(columns.fields["relevance"], np.ndarray) and isinstance(columns.fields["selected"], list)
+    w = part_writer.PartWriter(process=True)
+    try:
+        there = w.submit(tmp_path, keys, items, ".jpg").result()
+    finally:
+        w.close()
+    here = write_step(tmp_path, keys, items, ".jpg")
+    assert there.marks == here.marks == [(0, None), (1, "bad"), (2, None), (3, None), (4, None)]
+    reader = PartReader()
+    try:
+        assert reader.rows(there.part, 0, 5) == reader.rows(here.part, 0, 5)
+        assert reader.summaries(there.part) == reader.summaries(here.part)
+        for s in reader.summaries(here.part):
+            if s["overlay"]:
+                assert reader.picture(there.part, s["overlay"]) == reader.picture(here.part, s["overlay"])
+    finally:
+        reader.close()
 
 
 def test_a_bad_query_in_a_manifest_fails_its_item_only(inprocess):

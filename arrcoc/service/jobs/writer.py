@@ -5,25 +5,31 @@ in the engine's process it slowed the engine host's decoding and encoding by as 
 (scripts/batch_probe.py: one core and a half busy of 16, the stages stretching together). In a
 child process it runs beside them. One child per process, started on first use and kept (a start
 costs an interpreter, ~0.2 s); the step crosses to it pickled (its overlays' bytes and results,
-a few MB). Should the child die, the step is written in the calling thread and the next one
-starts a new child.
+a few MB) as columns (`Columns`): each of the results' arrays stacked over the step's items, so
+that pickling it, which holds this process's GIL, handles ~11 arrays a step instead of ~11 an
+item (a GIL profile of the H100 job put a fifth of its samples in pickling the step:
+benchmarks/2026-11-25-h100-gil-profiles/). Should the child die, the step is written in the
+calling thread and the next one starts a new child.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+import numpy as np
+
+from ...result import RelevanceResult
+from ..host.interface import Processed
 from .parts import ItemKey, WrittenStep, write_step
-
-if TYPE_CHECKING:
-    from ..host.interface import Processed
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +47,7 @@ class PartWriter:
         args = (jd, list(keys), list(items), ext)
         if self.process:
             try:
-                return PendingStep(_child().submit(write_step, *args), args)
+                return PendingStep(_child().submit(_write_columns, jd, args[1], Columns.of(args[2]), ext), args)
             except (BrokenProcessPool, RuntimeError, OSError) as e:  # no child to be had: this process
                 log.warning("part writer process unavailable (%s); writing in a thread", e)
                 _reset_child()  # the next step asks for a new one
@@ -91,3 +97,42 @@ def _reset_child() -> None:
         pool, _pool = _pool, None
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A step's items for the child process, column by column: each result field whose values
+    are arrays of one shape and dtype over the step as one stacked array, every other field (and
+    an array field that differs) as a list; the items' errors and overlays as lists."""
+
+    results: list[int]  # the positions of the items that have a result
+    fields: dict[str, np.ndarray | list[Any]]
+    errors: list[dict[str, str] | None]
+    overlays: list[bytes | None]
+
+    @classmethod
+    def of(cls, items: Sequence[Processed]) -> Columns:
+        have = [i for i, p in enumerate(items) if p.result is not None]
+        fields: dict[str, np.ndarray | list[Any]] = {}
+        for f in dataclasses.fields(RelevanceResult) if have else ():
+            values = [getattr(items[i].result, f.name) for i in have]
+            first = values[0]
+            same = isinstance(first, np.ndarray) and all(
+                isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values
+            )
+            fields[f.name] = np.stack(values) if same else values
+        return cls(have, fields, [p.error for p in items], [p.overlay for p in items])
+
+    def items(self) -> list[Processed]:
+        """The step's items as they were (each result's arrays views of the stacked ones)."""
+        results: dict[int, RelevanceResult] = {
+            i: RelevanceResult(**{name: values[k] for name, values in self.fields.items()})
+            for k, i in enumerate(self.results)
+        }  # fmt: skip
+        return [Processed(result=results.get(i), error=e, overlay=o)
+                for i, (e, o) in enumerate(zip(self.errors, self.overlays, strict=True))]  # fmt: skip
+
+
+def _write_columns(jd: Path, keys: list[ItemKey], columns: Columns, ext: str) -> WrittenStep:
+    """The child's side of `PartWriter.submit`: the step's items rebuilt, then written."""
+    return write_step(jd, keys, columns.items(), ext)
