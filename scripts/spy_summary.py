@@ -15,6 +15,7 @@ from pathlib import Path
 
 # a role per thread, known by a frame on its stack (arrcoc.bench.load's callers, the batcher's threads)
 ROLES = (("client", "_drive"), ("engine", "_engine_loop"), ("batcher", "DynamicBatcher._loop"),
+         ("batcher", "DynamicBatcher._pipelined_loop"),  # the one-thread batcher (issue 12's fifth session on)
          ("connection", "EngineServer._serve"), ("celery task", "fast_trace_task"), ("celery consumer", "asynloop"),
          # a batch job in-process (scripts/batch_probe.py): the engine-host call's thread, the job's own, its reader,
          # results.zip's, the part writer's feeder (pickling each step for the child) and the benchmark's poll
