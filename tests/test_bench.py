@@ -101,18 +101,22 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     from arrcoc.bench.e2e import E2EConfig, markdown, run_e2e, write
 
     cfg = E2EConfig(device="cpu", backend="eager", items=16, large_items=0, png_items=0, requests=8, clients=2,
-                    celery=False)  # fmt: skip
+                    celery=False, rounds=3)  # fmt: skip
     report = run_e2e(cfg, progress=lambda m: None)
     job = report["batch_inprocess"]["jpeg_800x600"]
     assert job["items"] == 16 and job["failed"] == 0 and job["images_per_s"] > 0
     assert job["stage_ms_per_item"]["engine"] > 0 and job["stage_ms_per_item"]["decode"] > 0
     for key in ("interactive_inprocess_1", "interactive_inprocess_n"):
         assert report[key]["ok"] == report[key]["requests"] and not report[key]["errors"]
+    rounds = report["interactive_inprocess_n"]["rounds"]  # the figure is the median round, each one listed
+    assert len(rounds) == 3
+    assert report["interactive_inprocess_n"]["throughput_rps"] == sorted(r["throughput_rps"] for r in rounds)[1]
     ratio = report["job_over_engine_alone"]
     mean = (report["engine_alone"]["images_per_s"] + report["engine_alone_after"]["images_per_s"]) / 2
     assert ratio["against_mean"] == round(job["images_per_s"] / mean, 3)
     assert ratio["against_faster"] <= ratio["against_mean"]
     text = markdown(report)
     assert f"**{ratio['against_mean']}** against the mean" in text and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
+    assert " / ".join(str(r["throughput_rps"]) for r in rounds) in text
     paths = write(report, tmp_path / "e2e")
     assert json.loads(paths[0].read_text())["job_over_engine_alone"] == ratio

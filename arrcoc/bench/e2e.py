@@ -58,6 +58,9 @@ class E2EConfig:
     client_processes: int = 8  # client processes driving the Celery measurements
     redis_io_threads: int = 1  # redis-server's I/O threads (its --io-threads)
     overlay: str = "jpeg"
+    # the many-callers phases run this many times in a row; the figure is the round of median req/s,
+    # every round listed beside it (runs of the same code minutes apart moved by 10-20% on the H100)
+    rounds: int = 3
 
 
 # -- the workload ---------------------------------------------------------------------------------
@@ -242,6 +245,15 @@ def interactive(make_executor, image: bytes, clients: int, requests: int, proces
     return report
 
 
+def interactive_rounds(make_executor, image: bytes, clients: int, requests: int, processes: int = 1,
+                       rounds: int = 1) -> dict[str, Any]:  # fmt: skip
+    """`interactive` `rounds` times in a row: the round of median throughput, with every round's
+    req/s, p50 and p99 under `rounds`."""
+    runs = [interactive(make_executor, image, clients, requests, processes) for _ in range(max(1, rounds))]
+    median = sorted(runs, key=lambda r: r["throughput_rps"])[len(runs) // 2]
+    return median | {"rounds": [{k: r[k] for k in ("throughput_rps", "p50_ms", "p99_ms")} for r in runs]}
+
+
 def _settings(cfg: E2EConfig, data_dir: Path, **more: Any) -> Settings:
     return default_settings(device=cfg.device, backend=cfg.backend, backends=(cfg.backend,), data_dir=data_dir,
                             overlay_format=cfg.overlay, broker_url=None, max_batch_items=_max_items(cfg), **more)  # fmt: skip
@@ -306,7 +318,8 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
         progress("interactive in-process: 1 caller")
         report["interactive_inprocess_1"] = interactive(shared, image, 1, min(cfg.requests, 256))
         progress(f"interactive in-process: {cfg.clients} callers")
-        report["interactive_inprocess_n"] = interactive(shared, image, cfg.clients, cfg.requests * 2)
+        report["interactive_inprocess_n"] = interactive_rounds(shared, image, cfg.clients, cfg.requests * 2,
+                                                               rounds=cfg.rounds)  # fmt: skip
     finally:
         ex.close()
     if cfg.celery:
@@ -350,7 +363,8 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
         progress("interactive through Celery: 1 caller")
         out["interactive_celery_1"] = interactive(make, image, 1, min(cfg.requests, 256))
         progress(f"interactive through Celery: {cfg.clients} callers in {cfg.client_processes} processes")
-        out["interactive_celery_n"] = interactive(make, image, cfg.clients, cfg.requests * 2, cfg.client_processes)
+        out["interactive_celery_n"] = interactive_rounds(make, image, cfg.clients, cfg.requests * 2,
+                                                         cfg.client_processes, cfg.rounds)  # fmt: skip
     finally:
         worker.stop()
         redis.stop()
@@ -396,10 +410,15 @@ def markdown(report: dict[str, Any]) -> str:
             row = report.get(f"interactive_{path}_{n}")
             if row:
                 sm = row["stage_ms_mean"]
-                lines.append(f"| {path} | {row['clients']} | **{row['throughput_rps']}** | {row['p50_ms']} | {row['p99_ms']} | "
+                rounds = row.get("rounds", [])
+                each = f" ({' / '.join(str(r['throughput_rps']) for r in rounds)})" if len(rounds) > 1 else ""
+                lines.append(f"| {path} | {row['clients']} | **{row['throughput_rps']}**{each} | {row['p50_ms']} | {row['p99_ms']} | "
                              f"{row.get('process_cores', '-')} | "
                              f"{sm['decode_resize']}, {sm.get('batch_decode') or '-'}, {sm['engine_batch']}, "
                              f"{sm['queue_and_rest']} |")  # fmt: skip
+    if any(len(report.get(f"interactive_{p}_n", {}).get("rounds", [])) > 1 for p in ("inprocess", "celery")):
+        lines += ["", f"Many callers: {cfg.get('rounds')} rounds in a row; the row is the round of median req/s,"
+                      " each round's req/s in brackets."]  # fmt: skip
     if "celery_engine_processes" in report:
         lines += ["", f"Through Celery: a worker group of {cfg['worker_processes']} Celery processes and"
                       f" {report['celery_engine_processes']} engine processes; clients in {cfg['client_processes']}"
