@@ -44,10 +44,11 @@ class PartWriter:
 
     def submit(self, jd: Path, keys: Sequence[ItemKey], items: Sequence[Processed], ext: str) -> PendingStep:
         """The step's part written, in the background."""
-        args = (jd, list(keys), list(items), ext)
+        keys, items = list(keys), list(items)
+        args = (jd, keys, items, ext)
         if self.process:
             try:
-                return PendingStep(_child().submit(_write_columns, jd, args[1], Columns.of(args[2]), ext), args)
+                return PendingStep(_child().submit(_write_columns, jd, keys, Columns.of(items), ext), args)
             except (BrokenProcessPool, RuntimeError, OSError) as e:  # no child to be had: this process
                 log.warning("part writer process unavailable (%s); writing in a thread", e)
                 _reset_child()  # the next step asks for a new one
