@@ -19,7 +19,7 @@ import json
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,6 +29,8 @@ from arrcoc.bench.e2e import _zip, batch_job, workload  # noqa: E402
 from arrcoc.engine import resolve_device  # noqa: E402
 from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
 from arrcoc.service.jobs import batch  # noqa: E402
+from arrcoc.service.jobs import writer as part_writer  # noqa: E402
+from arrcoc.service.jobs.parts import write_step  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
 
 # name -> overrides of BASE: overlay format, nvJPEG or Pillow, engine calls in flight, steps queued for the writer and where it runs,
@@ -51,7 +53,15 @@ CONFIGS = {
     "pool-jpeg-12": {"gpu_jpeg": False, "pool": 12},
     "none": {"fmt": "none"},
     "none-if2": {"fmt": "none", "in_flight": 2},
+    "inline-writer": {"writer": "inline"},  # each step written in the job's thread before the next goes on
 }
+
+
+def _inline_submit(self, jd, keys, items, ext):
+    """PartWriter.submit writing the step now, in the calling thread (the "inline" writer)."""
+    done: Future = Future()
+    done.set_result(write_step(jd, list(keys), list(items), ext))
+    return part_writer.PendingStep(done, (jd, list(keys), list(items), ext))
 
 
 def main() -> int:
@@ -78,12 +88,15 @@ def main() -> int:
     first.warmup()
     print(f"warm-up {time.perf_counter() - t0:.1f} s", flush=True)
     pipe = first.runtime.pipeline
+    submit = part_writer.PartWriter.submit
     rows = []
     for name in args.configs:
         c = BASE | CONFIGS[name]
         overlays.JPEG_ON_GPU = c["gpu_jpeg"]
         batch.IN_FLIGHT, batch.WRITE_QUEUE = c["in_flight"], c["write_queue"]
-        ex = InProcessExecutor(settings(c["fmt"], name, c["side"], c["quality"], c["writer"]), pipeline=pipe)
+        part_writer.PartWriter.submit = _inline_submit if c["writer"] == "inline" else submit
+        writer = "thread" if c["writer"] == "inline" else c["writer"]
+        ex = InProcessExecutor(settings(c["fmt"], name, c["side"], c["quality"], writer), pipeline=pipe)
         ex.runtime._render_pool = ThreadPoolExecutor(c["pool"], thread_name_prefix="arrcoc-render")
         batch_job(ex, _zip(photos, 64, ".jpg"), 64, device)  # warm this executor's threads
         cpu0, wall0 = time.process_time(), time.perf_counter()
