@@ -146,7 +146,7 @@ def test_pipelined_batcher_gathers_the_next_batch_while_the_device_runs_one():
     b = DynamicBatcher(lambda items: pytest.fail("runs through launch_batch"), max_batch=8, max_delay_s=0.05,
                        prepare_batch=prepare, idle_wait=True, launch_batch=launch, name="pipelined")  # fmt: skip
     futures.extend(b.submit(i) for i in range(4))
-    assert [f.result(5) for i, f in enumerate(futures[:4])] == [0, 10, 20, 30]
+    assert [f.result(5) for f in futures[:4]] == [0, 10, 20, 30]
     deadline = time.monotonic() + 5
     while len(futures) < 12 and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -145,11 +145,10 @@ class Runtime(EngineHost):
         try:
             collect = pipe.launch(list(items))
         except ArrcocError:
-            if len(items) == 1:
-                self.device_lock.release()
-                raise
-            try:  # one bad item must not fail its neighbours
-                results = self._one_by_one(pipe, items)
+            try:
+                if len(items) == 1:
+                    raise
+                results = self._one_by_one(pipe, items)  # one bad item must not fail its neighbours
             finally:
                 self.device_lock.release()
             return lambda: results
