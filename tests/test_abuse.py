@@ -4,6 +4,7 @@ loss. (The demo API: test_abuse_demo.py; a real Celery worker: test_abuse_worker
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -92,6 +93,36 @@ def test_declared_sizes_are_not_trusted(settings):
 
     with pytest.raises(InvalidInputError, match="expands past"):
         budget.copy(io.BytesIO(bytes(100)), io.BytesIO(), "x.png", 1000)
+
+
+def test_stored_entries_are_read_in_place_and_their_checksums_checked(settings):
+    """Photos stored uncompressed (as zip tools store JPEGs) are not copied one by one: the archive
+    is written once and each such item is read at its offset in it, byte for byte; a deflated entry
+    beside them is unpacked as before. A stored entry whose bytes do not match its CRC refuses the
+    zip, named, and nothing is kept."""
+    stored = {f"s{i}.png": png_bytes(seed=i) for i in range(5)}
+    deflated = {"d.png": png_bytes(seed=9)}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in stored.items():
+            zf.writestr(name, data, compress_type=zipfile.ZIP_STORED)
+        zf.writestr("d.png", deflated["d.png"], compress_type=zipfile.ZIP_DEFLATED)
+    data = buf.getvalue()
+    jd, items = unpack(data, settings)
+    opened: dict = {}
+    assert {it.file: it.read(jd, opened) for it in items} == stored | deflated
+    for f in opened.values():
+        f.close()
+    assert {it.path for it in items if it.file in stored} == {archive.ARCHIVE}
+    assert du(jd / "inputs") == len(data) + len(deflated["d.png"])  # the archive once, plus what was deflated
+
+    bad = bytearray(data)
+    bad[bad.find(stored["s3.png"]) + 100] ^= 0xFF  # one byte of one photo, its headers intact
+    jd = Path(settings.data_dir) / "jobs" / "batch-corrupt"
+    jd.mkdir(parents=True)
+    with pytest.raises(InvalidInputError, match=r"corrupt \(their checksums do not match\): 's3.png'"):
+        archive.unpack(bytes(bad), "the sky", jd, settings)
+    assert du(jd) == 0
 
 
 def test_duplicate_and_unsafe_names_are_all_reported(settings):
