@@ -14,10 +14,11 @@ pixels:
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,11 +109,13 @@ class Decoder:
 
     def start(self, data: bytes, view_side: int | None = None) -> Pixels | Encoded:
         """Check one image; decode it now unless the GPU will (ImageError for a bad one)."""
-        if self.gpu:
-            ok, orientation, size = _header(data, self.limits)
-            if ok:
-                return Encoded(data, orientation, size)
-        return self._cpu_one(data, view_side)
+        encoded = self._encoded(data) if self.gpu else None
+        return encoded if encoded is not None else self._cpu_one(data, view_side)
+
+    def _encoded(self, data: bytes) -> Encoded | None:
+        """A JPEG whose header passed every check, for the GPU; None for what the CPU path decodes."""
+        ok, orientation, size = _header(data, self.limits)
+        return Encoded(data, orientation, size) if ok else None
 
     def finish(self, encoded: Sequence[Encoded], view_side: int | None = None) -> list[Pixels | ArrcocError]:
         """Decode a batch of started images on the GPU (one nvJPEG call)."""
@@ -121,17 +124,24 @@ class Decoder:
     def decode(self, images: Sequence[bytes], view_side: int | None = None) -> list[Pixels | ArrcocError]:
         """Both steps for a batch: one Pixels (on this decoder's device) or one ImageError per image."""
 
-        def start(data: bytes) -> Pixels | Encoded | ArrcocError:
+        def guarded(step: Callable[[bytes], Any], data: bytes) -> Any:
             try:
-                return self.start(data, view_side)
+                return step(data)
             except ArrcocError as e:
                 return e
 
-        out = list(self._pool.map(start, images))  # Pillow releases the GIL: headers and CPU decodes in parallel
+        # the GPU's header checks are a few microseconds of Python each: here, one after another
+        # (64 800x600 JPEGs on the 2-core dev machine: 0.2 ms so, 0.8-2.9 ms through the pool's
+        # hand-offs); Pillow's decodes, which let go of the GIL, in parallel in the pool
+        out: list[Any] = [guarded(self._encoded, data) for data in images] if self.gpu else [None] * len(images)
+        cpu = [i for i, got in enumerate(out) if got is None]
+        decoded = self._pool.map(lambda i: guarded(lambda data: self._cpu_one(data, view_side), images[i]), cpu)
+        for i, got in zip(cpu, decoded, strict=True):
+            out[i] = got
         pending = [i for i, got in enumerate(out) if isinstance(got, Encoded)]
         for i, got in zip(pending, self.finish([out[i] for i in pending], view_side), strict=True):
             out[i] = got
-        return out  # type: ignore[return-value]
+        return out
 
     def _cpu_one(self, data: bytes, view_side: int | None) -> Pixels:
         decoded = decode_image(read_bytes(data, self.limits), self.limits, self.side)

@@ -77,6 +77,35 @@ def test_the_cpu_decoder_gives_the_pipelines_pixels_and_per_item_errors() -> Non
     assert good.size == Image.open(io.BytesIO(data)).size and max(good.view.shape[1:]) == 256
 
 
+def test_a_gpu_decoders_batch_sends_each_image_its_way_and_keeps_the_order(monkeypatch) -> None:
+    """A batch mixing JPEGs (nvJPEG's), a PNG and an oversized JPEG (Pillow's) and a broken file:
+    each position gets its own image or its own error. Stand-in: the nvJPEG call is Pillow's decode
+    here (nvJPEG cannot run in CI; on a GPU, test_gpu_decoding_is_close_to_pillow_and_upright)."""
+    photo = Image.open(EXAMPLES / "coffee.jpg")
+    png = io.BytesIO()
+    photo.save(png, "PNG")
+    images = [(EXAMPLES / "chelsea.jpg").read_bytes(), png.getvalue(), b"\xff\xd8 broken",
+              jpeg(photo.resize((8000, 6000))), (EXAMPLES / "coffee.jpg").read_bytes()]  # fmt: skip
+    cpu = Decoder(torch.device("cpu"), 128, ImageLimits())
+    gpu = Decoder(torch.device("cpu"), 128, ImageLimits())
+    gpu.gpu = True
+    sent: list[int] = []
+
+    def nvjpeg(encoded, view_side):
+        sent.extend(len(e.data) for e in encoded)
+        return [cpu._cpu_one(e.data, view_side) for e in encoded]
+
+    monkeypatch.setattr(gpu, "_gpu_many", nvjpeg)
+    try:
+        ours, pillow = gpu.decode(images, view_side=64), cpu.decode(images, view_side=64)
+    finally:
+        gpu.close(), cpu.close()
+    assert sent == [len(images[0]), len(images[4])]  # only the plain JPEGs within the limit, in one call
+    assert isinstance(ours[2], ImageError) and isinstance(pillow[2], ImageError)
+    for k in (0, 1, 3, 4):
+        assert torch.equal(ours[k].pixels, pillow[k].pixels) and ours[k].size == pillow[k].size, k
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
                     reason="needs a GPU and torchvision's nvJPEG")  # fmt: skip
