@@ -450,9 +450,10 @@ def test_the_part_writer_outlives_its_child_process(tmp_path):
 
 
 def test_a_step_written_by_the_child_process_is_the_step_written_here(tmp_path, pipeline):
-    """The child gets a step as columns (each result field stacked over the items): the part it
-    writes holds the same rows, summaries and overlays, byte for byte, as the part written from
-    the items themselves, failed items and differing K included."""
+    """The child gets a step as columns (each result field stacked over the items, the texture
+    left out: no part holds it): the part it writes holds the same rows, summaries and overlays,
+    byte for byte, as the part written from the items themselves, failed items and differing K
+    included."""
     from arrcoc.request import Controls
     from arrcoc.service.host.interface import Processed
     from arrcoc.service.jobs import writer as part_writer
@@ -467,6 +468,7 @@ def test_a_step_written_by_the_child_process_is_the_step_written_here(tmp_path, 
     keys = [(i, f"{i}.png", "q") for i in range(len(items))]
     columns = part_writer.Columns.of(items)
     assert isinstance(columns.fields["relevance"], np.ndarray) and isinstance(columns.fields["selected"], list)
+    assert "texture" not in columns.fields
     w = part_writer.PartWriter(process=True)
     try:
         there = w.submit(tmp_path, keys, items, ".jpg").result()

@@ -100,11 +100,19 @@ def _reset_child() -> None:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+# Result fields a part does not hold (its rows are RelevanceResult.to_json, which leaves the
+# texture out): not sent to the child. The texture (13 maps an item) was 3.4 of the ~11 MB that
+# crossed to the child each step of 64, stacked and pickled holding this process's GIL.
+UNWRITTEN = ("texture",)
+_EMPTY = np.empty(0, np.float32)
+
+
 @dataclass(frozen=True)
 class Columns:
     """A step's items for the child process, column by column: each result field whose values
     are arrays of one shape and dtype over the step as one stacked array, every other field (and
-    an array field that differs) as a list; the items' errors and overlays as lists."""
+    an array field that differs) as a list, UNWRITTEN fields left out (empty in the child); the
+    items' errors and overlays as lists."""
 
     results: list[int]  # the positions of the items that have a result
     fields: dict[str, np.ndarray | list[Any]]
@@ -116,6 +124,8 @@ class Columns:
         have = [i for i, p in enumerate(items) if p.result is not None]
         fields: dict[str, np.ndarray | list[Any]] = {}
         for f in dataclasses.fields(RelevanceResult) if have else ():
+            if f.name in UNWRITTEN:
+                continue
             values = [getattr(items[i].result, f.name) for i in have]
             first = values[0]
             same = isinstance(first, np.ndarray) and all(
@@ -127,7 +137,8 @@ class Columns:
     def items(self) -> list[Processed]:
         """The step's items as they were (each result's arrays views of the stacked ones)."""
         results: dict[int, RelevanceResult] = {
-            i: RelevanceResult(**{name: values[k] for name, values in self.fields.items()})
+            i: RelevanceResult(**{name: values[k] for name, values in self.fields.items()},
+                               **dict.fromkeys(UNWRITTEN, _EMPTY))
             for k, i in enumerate(self.results)
         }  # fmt: skip
         return [Processed(result=results.get(i), error=e, overlay=o)
