@@ -5,7 +5,7 @@ or duplicate names (every one named), no images, too many items, a manifest that
 names files the zip lacks or has rows without a valid query. The zip is inspected from its
 central directory before anything is decompressed; extraction then streams to disk against a
 running byte budget, so the sizes the zip declares are never trusted. Entries stored uncompressed
-are read in place from the archive, written once, after their CRCs are checked.
+are read in place from the archive, written once, their CRCs checked meanwhile.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ class Item:
 PACK_ITEMS = 64
 # Entries stored as they are (photos mostly: deflate does not shrink a JPEG, so zip tools store
 # them) are not copied at all: the archive is written once, as ARCHIVE, and such an item is read
-# at its offset there, its CRC checked first on a few threads (zlib lets go of the GIL). Copying
-# them one by one through zipfile was still most of what unpacking cost (0.12 ms an item on the
-# H100 host, a serial stage before the job runs; issue 12).
+# at its offset there, its CRC checked on a few threads while the archive is written (both let go
+# of the GIL). Copying them one by one through zipfile was still most of what unpacking cost (0.12
+# ms an item on the H100 host, a serial stage before the job runs; 0.03-0.05 since: BENCHMARKS.md).
 ARCHIVE = "inputs/upload.zip"
 CRC_THREADS = 4
 
