@@ -108,6 +108,8 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     assert job["stage_ms_per_item"]["engine"] > 0 and job["stage_ms_per_item"]["decode"] > 0
     for key in ("interactive_inprocess_1", "interactive_inprocess_n"):
         assert report[key]["ok"] == report[key]["requests"] and not report[key]["errors"]
+    jobs = job["rounds"]  # the batch job too: the figure is the job of median images/s, each one listed
+    assert len(jobs) == 3 and job["images_per_s"] == sorted(r["images_per_s"] for r in jobs)[1]
     rounds = report["interactive_inprocess_n"]["rounds"]  # the figure is the median round, each one listed
     assert len(rounds) == 3
     assert report["interactive_inprocess_n"]["throughput_rps"] == sorted(r["throughput_rps"] for r in rounds)[1]
@@ -118,5 +120,6 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     text = markdown(report)
     assert f"**{ratio['against_mean']}** against the mean" in text and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
     assert " / ".join(str(r["throughput_rps"]) for r in rounds) in text
+    assert f"[{' / '.join(str(r['images_per_s']) for r in jobs)}]" in text
     paths = write(report, tmp_path / "e2e")
     assert json.loads(paths[0].read_text())["job_over_engine_alone"] == ratio

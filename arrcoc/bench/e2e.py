@@ -58,8 +58,9 @@ class E2EConfig:
     client_processes: int = 8  # client processes driving the Celery measurements
     redis_io_threads: int = 1  # redis-server's I/O threads (its --io-threads)
     overlay: str = "jpeg"
-    # the many-callers phases run this many times in a row; the figure is the round of median req/s,
-    # every round listed beside it (runs of the same code minutes apart moved by 10-20% on the H100)
+    # the many-callers phases and each batch job run this many times in a row; the figure is the
+    # round of median req/s or images/s, every round listed beside it (runs of the same code minutes
+    # apart moved by 10-20% on the H100)
     rounds: int = 3
 
 
@@ -168,12 +169,17 @@ def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "th
     }  # fmt: skip
 
 
-def repeated_job(ex, archive: bytes, n: int, device: torch.device) -> dict[str, Any]:
-    """The job twice; the second is the figure, the first beside it: the first large job after
-    start-up ran up to ~30% slower on the H100 (655 vs 907 images/s, the same job at the start and
-    the end of one scripts/batch_probe.py run)."""
+def repeated_job(ex, archive: bytes, n: int, device: torch.device, rounds: int = 1) -> dict[str, Any]:
+    """The job once, then `rounds` times: the figure is the timed job of median images/s, the first
+    beside it (the first large job after start-up ran up to ~30% slower on the H100: 655 vs 907
+    images/s, the same job at the start and the end of one scripts/batch_probe.py run), and every
+    timed job's images/s and GPU busy under `rounds` (on one H100 the same code's job moved between
+    1,270 and 1,343 images/s and 0.289 and 0.307 GPU busy from one run to the next)."""
     first = batch_job(ex, archive, n, device)
-    return batch_job(ex, archive, n, device) | {"first_images_per_s": first["images_per_s"]}
+    runs = [batch_job(ex, archive, n, device) for _ in range(max(1, rounds))]
+    median = sorted(runs, key=lambda r: r["images_per_s"])[len(runs) // 2]
+    return median | {"first_images_per_s": first["images_per_s"],
+                     "rounds": [{k: r[k] for k in ("images_per_s", "gpu_busy")} for r in runs]}  # fmt: skip
 
 
 def engine_alone(runtime, images: list[bytes], n: int, step: int) -> dict[str, Any]:
@@ -306,7 +312,7 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
         for kind, (n, ext) in jobs.items():
             if n:
                 progress(f"batch job in-process: {n} x {kind}")
-                report["batch_inprocess"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device)
+                report["batch_inprocess"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device, cfg.rounds)
             if kind == "jpeg_800x600":
                 # again right after this job: a shared machine's speed drifts over a run (a 2-core
                 # VM moved from 22 to 39 images/s within minutes), and the job is compared with
@@ -356,7 +362,7 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
             for kind, n, ext in (("jpeg_800x600", cfg.items, ".jpg"), ("jpeg_4032x3024", cfg.large_items, ".jpg")):
                 if n:
                     progress(f"batch job through Celery: {n} x {kind}")
-                    out["batch_celery"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device)
+                    out["batch_celery"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device, cfg.rounds)
         finally:
             ex.close()
         image = work["jpeg_800x600"][1]
@@ -384,8 +390,13 @@ def markdown(report: dict[str, Any]) -> str:
         for kind, row in report.get(f"batch_{path}", {}).items():
             st = row["stage_ms_per_item"]
             first = f" ({row['first_images_per_s']})" if "first_images_per_s" in row else ""
-            lines.append(f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | **{row['images_per_s']}**{first} | "
-                         f"{row['gpu_busy'] if row['gpu_busy'] is not None else '-'} | {row.get('process_cores', '-')} | "
+            rounds = row.get("rounds", [])
+            each = f" [{' / '.join(str(r['images_per_s']) for r in rounds)}]" if len(rounds) > 1 else ""
+            busy = "-" if row["gpu_busy"] is None else str(row["gpu_busy"])
+            if len(rounds) > 1 and row["gpu_busy"] is not None:
+                busy += f" [{' / '.join(str(r['gpu_busy']) for r in rounds)}]"
+            lines.append(f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | **{row['images_per_s']}**{first}{each} | "
+                         f"{busy} | {row.get('process_cores', '-')} | "
                          + ", ".join(f"{st.get(s, 0):.2f}" for s in STAGES) + " |")  # fmt: skip
     par = report.get("decode_parity")
     if par:
@@ -397,6 +408,9 @@ def markdown(report: dict[str, Any]) -> str:
         again = f"; right after it: **{after['images_per_s']} images/s**" if after else ""
         lines += ["", f"Engine alone on the same photos, batch {eng['batch']}, before the 800x600 job:"
                       f" **{eng['images_per_s']} images/s**{again}."]  # fmt: skip
+    if any(len(row.get("rounds", [])) > 1 for p in ("inprocess", "celery") for row in report.get(f"batch_{p}", {}).values()):
+        lines += ["", f"Batch jobs: each run once, then {cfg.get('rounds')} times in a row; the row is the job of median"
+                      " images/s, the first job in brackets, each timed job's images/s and GPU busy in square brackets."]  # fmt: skip
     ratio = report.get("job_over_engine_alone")
     if ratio:
         lines += ["", f"The 800x600 job in-process over the engine alone: **{ratio['against_mean']}** against the"

@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
     e.add_argument("--client-processes", type=int)
     e.add_argument("--redis-io-threads", type=int, help="redis-server's I/O threads (1: none)")
     e.add_argument("--overlay", choices=("jpeg", "png", "none"))
-    e.add_argument("--rounds", type=int, help="rounds of each many-callers phase; the median is the figure (3)")
+    e.add_argument("--rounds", type=int, help="rounds of each many-callers phase and batch job; the median is the figure (3)")
     e.add_argument("--out", type=Path, default=Path("benchmarks"))
     e.add_argument("--name", default=None, help="file stem (default: e2e-<date>-<device>-<backend>)")
     e.set_defaults(func=run_e2e)
