@@ -98,8 +98,9 @@ def test_declared_sizes_are_not_trusted(settings):
 def test_stored_entries_are_read_in_place_and_their_checksums_checked(settings):
     """Photos stored uncompressed (as zip tools store JPEGs) are not copied one by one: the archive
     is written once and each such item is read at its offset in it, byte for byte; a deflated entry
-    beside them is unpacked as before. A stored entry whose bytes do not match its CRC refuses the
-    zip, named, and nothing is kept."""
+    beside them is unpacked as before, and a zip written as a stream (data descriptors) is read in
+    place too. A stored entry whose bytes do not match its CRC refuses the zip, named, and nothing
+    is kept."""
     stored = {f"s{i}.png": png_bytes(seed=i) for i in range(5)}
     deflated = {"d.png": png_bytes(seed=9)}
     buf = io.BytesIO()
@@ -115,6 +116,29 @@ def test_stored_entries_are_read_in_place_and_their_checksums_checked(settings):
         f.close()
     assert {it.path for it in items if it.file in stored} == {archive.ARCHIVE}
     assert du(jd / "inputs") == len(data) + len(deflated["d.png"])  # the archive once, plus what was deflated
+
+    class Stream(io.RawIOBase):  # a zip written as a stream: data descriptors, sizes in the directory only
+        def __init__(self):
+            self.buf = bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.buf += b
+            return len(b)
+
+    out = Stream()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
+        for name, photo in stored.items():
+            with zf.open(name, "w") as f:
+                f.write(photo)
+    jd, items = unpack(bytes(out.buf), settings)
+    assert all(it.path == archive.ARCHIVE for it in items)
+    opened = {}
+    assert {it.file: it.read(jd, opened) for it in items} == stored
+    for f in opened.values():
+        f.close()
 
     bad = bytearray(data)
     bad[bad.find(stored["s3.png"]) + 100] ^= 0xFF  # one byte of one photo, its headers intact
