@@ -124,18 +124,18 @@ class Decoder:
     def decode(self, images: Sequence[bytes], view_side: int | None = None) -> list[Pixels | ArrcocError]:
         """Both steps for a batch: one Pixels (on this decoder's device) or one ImageError per image."""
 
-        def guarded(step: Callable[[bytes], Any], data: bytes) -> Any:
+        def guarded(step: Callable[..., Any], *args: Any) -> Any:
             try:
-                return step(data)
+                return step(*args)
             except ArrcocError as e:
                 return e
 
-        # the GPU's header checks are a few microseconds of Python each: here, one after another
-        # (64 800x600 JPEGs on the 2-core dev machine: 0.2 ms so, 0.8-2.9 ms through the pool's
-        # hand-offs); Pillow's decodes, which let go of the GIL, in parallel in the pool
+        # the GPU's header checks are a few microseconds of Python each: here, one after another,
+        # not each through a hand-off to the pool; Pillow's decodes, which let go of the GIL, in
+        # parallel in the pool
         out: list[Any] = [guarded(self._encoded, data) for data in images] if self.gpu else [None] * len(images)
         cpu = [i for i, got in enumerate(out) if got is None]
-        decoded = self._pool.map(lambda i: guarded(lambda data: self._cpu_one(data, view_side), images[i]), cpu)
+        decoded = self._pool.map(lambda i: guarded(self._cpu_one, images[i], view_side), cpu)
         for i, got in zip(cpu, decoded, strict=True):
             out[i] = got
         pending = [i for i, got in enumerate(out) if isinstance(got, Encoded)]

@@ -153,7 +153,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 10, 30, 60])
     p.add_argument("--stage-gil-us", type=float, default=1200.0)
-    p.add_argument("--device-ms", type=float, default=1.3)
+    p.add_argument("--device-ms", type=float, default=None, help="1.3, or 0.6 with --orders")
     p.add_argument("--caller-us", type=float, default=50.0)
     p.add_argument("--switch-interval-ms", type=float, default=sys.getswitchinterval() * 1e3)
     p.add_argument("--repeats", type=int, default=2)
@@ -169,8 +169,7 @@ def main() -> int:
         return 0
     if args.orders:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
-        device_ms = args.device_ms if "--device-ms" in sys.argv else 0.6
-        args.device_ms = device_ms
+        args.device_ms = device_ms = 0.6 if args.device_ms is None else args.device_ms
         print(f"decode {args.decode_py_us:.0f} us of Python + nvJPEG {args.nvjpeg_ms} ms; engine "
               f"{args.launch_py_us:.0f} us to launch, {device_ms} ms on the device, {args.results_py_us:.0f} us "
               f"of results; callers {args.caller_us:.0f} us each; batches of 16, 32 callers")  # fmt: skip
@@ -181,6 +180,7 @@ def main() -> int:
                 print(f"  {label:36s} {rps:6.0f} req/s, p50 {p50:5.1f} ms", flush=True)
         return 0
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
+    args.device_ms = 1.3 if args.device_ms is None else args.device_ms
     gil_ms = 2 * args.stage_gil_us / 1e3 + 16 * args.caller_us / 1e3
     print(f"each stage {args.stage_gil_us:.0f} us of Python + {args.device_ms} ms on the device; callers "
           f"{args.caller_us:.0f} us each; switch interval {args.switch_interval_ms} ms; GIL work "

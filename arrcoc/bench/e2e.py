@@ -177,9 +177,13 @@ def repeated_job(ex, archive: bytes, n: int, device: torch.device, rounds: int =
     1,270 and 1,343 images/s and 0.289 and 0.307 GPU busy from one run to the next)."""
     first = batch_job(ex, archive, n, device)
     runs = [batch_job(ex, archive, n, device) for _ in range(max(1, rounds))]
-    median = sorted(runs, key=lambda r: r["images_per_s"])[len(runs) // 2]
-    return median | {"first_images_per_s": first["images_per_s"],
-                     "rounds": [{k: r[k] for k in ("images_per_s", "gpu_busy")} for r in runs]}  # fmt: skip
+    return _median(runs, "images_per_s", ("gpu_busy",)) | {"first_images_per_s": first["images_per_s"]}
+
+
+def _median(runs: list[dict[str, Any]], key: str, also: tuple[str, ...]) -> dict[str, Any]:
+    """The run of median `key`, with every run's `key` and `also` under `rounds`."""
+    median = sorted(runs, key=lambda r: r[key])[len(runs) // 2]
+    return median | {"rounds": [{k: r[k] for k in (key, *also)} for r in runs]}
 
 
 def engine_alone(runtime, images: list[bytes], n: int, step: int) -> dict[str, Any]:
@@ -256,8 +260,7 @@ def interactive_rounds(make_executor, image: bytes, clients: int, requests: int,
     """`interactive` `rounds` times in a row: the round of median throughput, with every round's
     req/s, p50 and p99 under `rounds`."""
     runs = [interactive(make_executor, image, clients, requests, processes) for _ in range(max(1, rounds))]
-    median = sorted(runs, key=lambda r: r["throughput_rps"])[len(runs) // 2]
-    return median | {"rounds": [{k: r[k] for k in ("throughput_rps", "p50_ms", "p99_ms")} for r in runs]}
+    return _median(runs, "throughput_rps", ("p50_ms", "p99_ms"))
 
 
 def _settings(cfg: E2EConfig, data_dir: Path, **more: Any) -> Settings:
@@ -390,11 +393,8 @@ def markdown(report: dict[str, Any]) -> str:
         for kind, row in report.get(f"batch_{path}", {}).items():
             st = row["stage_ms_per_item"]
             first = f" ({row['first_images_per_s']})" if "first_images_per_s" in row else ""
-            rounds = row.get("rounds", [])
-            each = f" [{' / '.join(str(r['images_per_s']) for r in rounds)}]" if len(rounds) > 1 else ""
-            busy = "-" if row["gpu_busy"] is None else str(row["gpu_busy"])
-            if len(rounds) > 1 and row["gpu_busy"] is not None:
-                busy += f" [{' / '.join(str(r['gpu_busy']) for r in rounds)}]"
+            each = _each(row, "images_per_s", "[]")
+            busy = "-" if row["gpu_busy"] is None else f"{row['gpu_busy']}{_each(row, 'gpu_busy', '[]')}"
             lines.append(f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | **{row['images_per_s']}**{first}{each} | "
                          f"{busy} | {row.get('process_cores', '-')} | "
                          + ", ".join(f"{st.get(s, 0):.2f}" for s in STAGES) + " |")  # fmt: skip
@@ -424,8 +424,7 @@ def markdown(report: dict[str, Any]) -> str:
             row = report.get(f"interactive_{path}_{n}")
             if row:
                 sm = row["stage_ms_mean"]
-                rounds = row.get("rounds", [])
-                each = f" ({' / '.join(str(r['throughput_rps']) for r in rounds)})" if len(rounds) > 1 else ""
+                each = _each(row, "throughput_rps", "()")
                 lines.append(f"| {path} | {row['clients']} | **{row['throughput_rps']}**{each} | {row['p50_ms']} | {row['p99_ms']} | "
                              f"{row.get('process_cores', '-')} | "
                              f"{sm['decode_resize']}, {sm.get('batch_decode') or '-'}, {sm['engine_batch']}, "
@@ -438,6 +437,12 @@ def markdown(report: dict[str, Any]) -> str:
                       f" {report['celery_engine_processes']} engine processes; clients in {cfg['client_processes']}"
                       " processes."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _each(row: dict[str, Any], key: str, brackets: str) -> str:
+    """Each round's `key` in brackets after a figure, when there was more than one round."""
+    rounds = row.get("rounds", [])
+    return f" {brackets[0]}{' / '.join(str(r[key]) for r in rounds)}{brackets[1]}" if len(rounds) > 1 else ""
 
 
 # the batch job runner's stages (jobs/batch.py, host.process), per item; `chunk` is a chunk's whole

@@ -14,7 +14,6 @@ import csv
 import io
 import json
 import posixpath
-import struct
 import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from typing import Any
 from ...errors import InvalidInputError
 from ...request import validate_query
 from ...settings import Settings
+from .parts import stored_data_start
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 MANIFEST_NAMES = ("manifest.csv", "manifest.jsonl")
@@ -238,13 +238,10 @@ def _stored_span(view: memoryview, info: zipfile.ZipInfo) -> tuple[int, int] | N
     through zipfile, which says what is wrong)."""
     if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
         return None
-    at = info.header_offset
-    if at < 0 or at + zipfile.sizeFileHeader > len(view):
+    start = stored_data_start(view, info.header_offset)
+    if start is None:
         return None
-    head = struct.unpack_from(zipfile.structFileHeader, view, at)
-    if head[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader or head[zipfile._FH_COMPRESSION_METHOD] != zipfile.ZIP_STORED:
-        return None
-    start = at + zipfile.sizeFileHeader + head[zipfile._FH_FILENAME_LENGTH] + head[zipfile._FH_EXTRA_FIELD_LENGTH]
+    start += info.header_offset
     return (start, info.file_size) if start + info.file_size <= len(view) else None
 
 

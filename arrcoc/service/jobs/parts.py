@@ -53,6 +53,18 @@ def zip_name(index: int, file: str, ext: str) -> str:
     return f"overlays/{index:05d}_{stem}{ext}"
 
 
+def stored_data_start(header: bytes | memoryview, at: int = 0) -> int | None:
+    """Where a stored zip member's bytes begin, from its local header at `at` in `header` (an
+    offset from `at`: the header's fixed part, the name and the extra field, which may differ from
+    the central directory's); None when that is not a stored member's local header."""
+    if at < 0 or at + zipfile.sizeFileHeader > len(header):
+        return None
+    head = struct.unpack_from(zipfile.structFileHeader, header, at)
+    if head[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader or head[zipfile._FH_COMPRESSION_METHOD] != zipfile.ZIP_STORED:
+        return None
+    return zipfile.sizeFileHeader + head[zipfile._FH_FILENAME_LENGTH] + head[zipfile._FH_EXTRA_FIELD_LENGTH]
+
+
 def write_part(jd: Path, entries: list[tuple[dict[str, Any], bytes | None, str]]) -> Path:
     """entries: (row, overlay bytes or None, overlay extension) per item, in index order; the
     part's path."""
@@ -189,8 +201,10 @@ class PartReader:
         if info.compress_type != zipfile.ZIP_STORED or zf.fp is None:
             return zf.read(member)
         zf.fp.seek(info.header_offset)
-        head = struct.unpack(zipfile.structFileHeader, zf.fp.read(zipfile.sizeFileHeader))
-        zf.fp.seek(head[zipfile._FH_FILENAME_LENGTH] + head[zipfile._FH_EXTRA_FIELD_LENGTH], os.SEEK_CUR)
+        start = stored_data_start(zf.fp.read(zipfile.sizeFileHeader))
+        if start is None:
+            return zf.read(member)
+        zf.fp.seek(info.header_offset + start)
         return zf.fp.read(info.compress_size)
 
     def rows(self, path: Path, start: int, stop: int) -> bytes:
