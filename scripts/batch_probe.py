@@ -7,8 +7,8 @@ time over wall: ~1 means one thread at a time, the GIL) and per-item stages.
 Where the GIL's time goes: run it under `py-spy record --gil` (scripts/gpu_bench.sh probe does).
 
 Variants: how overlays are encoded (nvJPEG on the GPU, or blended on the GPU and encoded by
-Pillow in the render pool, or none), how many engine-host calls are in flight and how many part
-writes may wait (arrcoc.service.jobs.batch.IN_FLIGHT / WRITE_QUEUE) and where (ARRCOC_BATCH_WRITER: a child
+Pillow in the render pool, or none), how many engine-host calls run at once, how many steps are handed to it and how
+many part writes may wait (arrcoc.service.jobs.batch.IN_FLIGHT / STEPS_QUEUED / WRITE_QUEUE) and where (ARRCOC_BATCH_WRITER: a child
 process or a thread), the render pool's size.
 """
 
@@ -35,7 +35,7 @@ from arrcoc.settings import default_settings  # noqa: E402
 
 # name -> overrides of BASE: overlay format, nvJPEG or Pillow, engine calls in flight, steps queued for the writer and where it runs,
 # render pool threads, JPEG quality, overlay side (ARRCOC_OVERLAY_MAX_SIDE)
-BASE = {"fmt": "jpeg", "gpu_jpeg": True, "in_flight": 1, "write_queue": 2, "pool": 4, "quality": 90, "side": 1024,
+BASE = {"fmt": "jpeg", "gpu_jpeg": True, "in_flight": 1, "queued": 2, "write_queue": 2, "pool": 4, "quality": 90, "side": 1024,
         "writer": "thread"}
 CONFIGS = {
     "gpu-jpeg": {},
@@ -44,6 +44,7 @@ CONFIGS = {
     "gpu-jpeg-wq1": {"write_queue": 1},
     "gpu-jpeg-if2": {"in_flight": 2},
     "gpu-jpeg-process-writer-if2": {"writer": "process", "in_flight": 2},
+    "gpu-jpeg-process-writer-q1": {"writer": "process", "queued": 1},  # no step queued behind the running one
     "gpu-jpeg-q85": {"quality": 85},
     "gpu-jpeg-q75": {"quality": 75},
     "gpu-jpeg-q80": {"quality": 80},
@@ -93,7 +94,7 @@ def main() -> int:
     for name in args.configs:
         c = BASE | CONFIGS[name]
         overlays.JPEG_ON_GPU = c["gpu_jpeg"]
-        batch.IN_FLIGHT, batch.WRITE_QUEUE = c["in_flight"], c["write_queue"]
+        batch.IN_FLIGHT, batch.STEPS_QUEUED, batch.WRITE_QUEUE = c["in_flight"], c["queued"], c["write_queue"]
         part_writer.PartWriter.submit = _inline_submit if c["writer"] == "inline" else submit
         writer = "thread" if c["writer"] == "inline" else c["writer"]
         ex = InProcessExecutor(settings(c["fmt"], name, c["side"], c["quality"], writer), pipeline=pipe)

@@ -530,7 +530,7 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
 
 
 def test_a_chunk_runs_one_step_at_a_time_and_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatch):
-    """In this process the engine runs one step at a time (IN_FLIGHT), and
+    """In this process the engine runs one step at a time (IN_FLIGHT), the next queued behind it, and
     however long the job and however slow the disk, the steps read but not yet written stay
     bounded (back-pressure); every item is recorded once."""
     from arrcoc.service.jobs import batch as jobs
@@ -578,8 +578,44 @@ def test_a_chunk_runs_one_step_at_a_time_and_holds_a_bounded_number_of_steps(inp
     assert (st.state, st.done, st.failed) == (JobState.DONE, n, 0)
     assert (seen["read"], seen["written"]) == (steps, steps)
     assert seen["most_active"] == 1
-    # one being read, IN_FLIGHT with the engine, WRITE_QUEUE with the writer
-    assert seen["most_held"] <= 1 + jobs.IN_FLIGHT + jobs.WRITE_QUEUE < steps
+    # one being read, STEPS_QUEUED with the engine (one running), WRITE_QUEUE with the writer
+    assert seen["most_held"] <= 1 + jobs.STEPS_QUEUED + jobs.WRITE_QUEUE < steps
+
+
+def test_the_engine_starts_the_next_step_while_the_last_is_handed_to_the_writer(inprocess, settings, monkeypatch):
+    """The next step waits queued behind the running one, so the engine host goes on to it as soon
+    as the last returns, not after this thread has handed the last one to the part writer."""
+    from arrcoc.service.jobs import batch as jobs
+    from arrcoc.service.jobs import writer
+
+    events: list[tuple[str, int]] = []
+    real_submit = writer.PartWriter.submit
+
+    def submit(self, jd, keys, items, ext):
+        step = keys[0][0] // jobs.step_items(inprocess.runtime)
+        events.append(("handing", step))
+        time.sleep(0.3)  # this thread busy handing the step over
+        out = real_submit(self, jd, keys, items, ext)
+        events.append(("handed", step))
+        return out
+
+    class CountedHost:  # the runtime, each engine call's start noted
+        def __getattr__(self, name):
+            return getattr(inprocess.runtime, name)
+
+        def process(self, images, *args, **kwargs):
+            events.append(("started", len([e for e in events if e[0] == "started"])))
+            return inprocess.runtime.process(images, *args, **kwargs)
+
+    monkeypatch.setattr(writer.PartWriter, "submit", submit)
+    steps = 3
+    n = steps * jobs.step_items(inprocess.runtime)
+    job, _ = jobs.create_batch_job(make_zip({f"{i}.png": png_bytes(i) for i in range(n)}), "q", None, settings,
+                                   inprocess.store)  # fmt: skip
+    jobs.run_chunk(job, 0, n, CountedHost(), inprocess.store, settings)
+    assert inprocess.status(job).done == n
+    for k in range(steps - 1):  # step k+1 ran while step k was being handed over
+        assert events.index(("started", k + 1)) < events.index(("handed", k)), events
 
 
 def test_inprocess_serves_each_backend_it_is_allowed(settings):

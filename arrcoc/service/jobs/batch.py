@@ -67,15 +67,19 @@ def create_batch_job(
 # recorded here once on disk. A step is one engine-host call: decoded
 # together (on the GPU when it can), run in the largest buckets, overlays encoded together: two
 # engine batches (64 items on a GPU), at least 8 (a CPU runs one at a time) so that progress moves
-# on a small job. One call in flight when the engine shares this process: two ran slower on the H100
-# (764 vs 918 images/s, scripts/batch_probe.py), the stages contending for the GIL, not the device.
-# Two when the engine is in another process (a worker group's): one step's images cross the socket
-# while the engine process decodes the last (a one-chunk job of 12 MP JPEGs through Celery on the
-# H100: 199.5 images/s with two, 85.4 with one; arrcoc bench e2e at 4e8fda2 and e8ccee6).
+# on a small job. One call runs at a time when the engine shares this process: two at once ran
+# slower on the H100 (764 vs 918 images/s, scripts/batch_probe.py), the stages contending for the
+# GIL, not the device; but the next step is queued behind it (STEPS_QUEUED), so the engine host's
+# thread starts it as soon as the last returns instead of idling while this thread hands the last
+# to the writer and submits the next. Two run at once when the engine is in another process (a
+# worker group's): one step's images cross the socket while the engine process decodes the last (a
+# one-chunk job of 12 MP JPEGs through Celery on the H100: 199.5 images/s with two, 85.4 with one;
+# arrcoc bench e2e at 4e8fda2 and e8ccee6).
 STEP_ITEMS = 64
 MIN_STEP_ITEMS = 8
 IN_FLIGHT = 1
 REMOTE_IN_FLIGHT = 2
+STEPS_QUEUED = 2  # steps handed to the engine host, running or waiting, not yet taken back
 WRITE_QUEUE = 2  # steps handed to the writer, not yet recorded: one written, one waiting, so that the
 # next engine call is not held up by a write that runs a little longer than its step
 
@@ -229,7 +233,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
                                                     for it in step])  # fmt: skip
                     continue
                 running.append((step, engine.submit(host.process, datas, [it.query for it in step], controls, fmt)))
-                if len(running) == in_flight:
+                if len(running) == STEPS_QUEUED:
                     write_next()
             while running:
                 write_next()
