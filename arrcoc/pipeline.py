@@ -8,7 +8,6 @@ Executors (in-process and Celery) and the CLI all call this, so every path gives
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -150,12 +149,12 @@ class RelevancePipeline:
 
     def run(self, requests: list[PreparedRequest]) -> list[RelevanceResult]:
         """Prepared requests -> one engine call (queries encoded together) -> one result each."""
-        return self.launch(requests)()
+        return self.launch(requests)().results()
 
-    def launch(self, requests: list[PreparedRequest]) -> Callable[[], list[RelevanceResult]]:
+    def launch(self, requests: list[PreparedRequest]) -> Callable[[], BatchResults]:
         """`run` in two steps: the engine call started now (with CUDA graphs, queued on the device), the
-        returned function waits for its outputs and gives one result per request. The thread is
-        free in between: the interactive batcher decodes the next batch there."""
+        returned function waits for its outputs. The thread is free in between: the interactive
+        batcher decodes the next batch there."""
         if not requests:
             raise InvalidInputError("No images given.")
         t0, cpu0 = time.perf_counter(), time.thread_time()
@@ -166,45 +165,43 @@ class RelevancePipeline:
         wait = self.backend.launch_host(batch, query_vecs, control_rows)
         launched_ms, launch_cpu = (time.perf_counter() - t0) * 1e3, time.thread_time() - cpu0
 
-        def collect() -> list[RelevanceResult]:
+        def collect() -> BatchResults:
             t1, cpu1 = time.perf_counter(), time.thread_time()
-            out = wait()  # numpy arrays, sliced per item below
+            out = wait()  # numpy arrays, sliced per item by BatchResults
             # the engine call's own time on this thread: launching it, then waiting for it (not
             # what the thread did in between)
             model_ms = launched_ms + (time.perf_counter() - t1) * 1e3
             # this thread's CPU for the batch, shared out: with the server's own CPU per request it
             # shows where a worker's CPU goes (scripts/batching_bench.py)
             cpu_ms = (launch_cpu + time.thread_time() - cpu1) * 1e3 / len(requests)
-            # what every item of the batch shares, looked up once (this loop runs on the engine's thread)
+            # what every item of the batch shares, looked up once
             shared = {"variant": self.variant.name, "weights_version": self.weights_version,
                       "backend": self.backend.name, "benchmark_only": self.variant.benchmark_only
                       or self.weights_version == "random", "bucket": self.backend.bucket_for(out.relevance.shape[0])}  # fmt: skip
-            budgets = out.budgets.astype(np.int64)
-            return [self._result(out, budgets, i, r, shared, {"preprocess_ms": r.prepare_ms, "model_ms": model_ms,
-                                                              "batch_cpu_ms": cpu_ms}
-                                 | ({} if r.batch_decode_ms is None else {"batch_decode_ms": r.batch_decode_ms}))
-                    for i, r in enumerate(requests)]  # fmt: skip
+            return BatchResults(out, out.budgets.astype(np.int64), requests, shared, model_ms, cpu_ms)
 
         return collect
 
-    def decode_pending(self, requests: list[PreparedRequest], stamp: Callable[[], dict[str, Any]] | None = None
+    def decode_pending(self, requests: list[PreparedRequest], stamp: Callable[[], float] | None = None
                        ) -> list[PreparedRequest | ArrcocError]:  # fmt: skip
         """What `prepare` left for the GPU, decoded in one call: per request the request with its
-        pixels, or its ImageError. `stamp()`, called once the batch is decoded, gives fields set on
-        every request too (the decode stage's time): one copy of each request."""
+        pixels, or its ImageError. `stamp()`, called once the batch is decoded, gives the decode
+        stage's time, set on every request (`batch_decode_ms`)."""
         pending = [i for i, r in enumerate(requests) if r.pixels is None]
         got = dict(zip(pending, self.decoder.finish([requests[i].encoded for i in pending]) if pending else [],
                        strict=True))  # fmt: skip
-        extra = stamp() if stamp is not None else {}
+        ms = stamp() if stamp is not None else None
         out: list[PreparedRequest | ArrcocError] = []
         for i, r in enumerate(requests):
             g = got.get(i)
             if isinstance(g, ArrcocError):
                 out.append(g)
-            elif g is not None:
-                out.append(dataclasses.replace(r, pixels=g.pixels, encoded=None, **extra))
+            elif g is not None or ms is not None:  # the constructor, not dataclasses.replace: half its time
+                out.append(PreparedRequest(r.pixels if g is None else g.pixels, r.size, r.query, r.controls,
+                                           r.prepare_ms, None if g is not None else r.encoded,
+                                           r.batch_decode_ms if ms is None else ms))  # fmt: skip
             else:
-                out.append(dataclasses.replace(r, **extra) if extra else r)
+                out.append(r)
         return out
 
     def _decoded(self, requests: list[PreparedRequest]) -> list[PreparedRequest]:
@@ -215,12 +212,34 @@ class RelevancePipeline:
                 raise got  # the caller runs the items one by one: this one fails alone
         return out  # type: ignore[return-value]
 
-    @staticmethod
-    def _result(out, budgets: np.ndarray, i: int, r: PreparedRequest, shared: dict, timings: dict[str, float]
-                ) -> RelevanceResult:  # fmt: skip
-        """Item i of a batch's outputs (numpy arrays) as its result."""
+
+@dataclass(frozen=True)
+class BatchResults:
+    """A batch's outputs on the host; `result(i)` builds item i's RelevanceResult in the thread that
+    asks. The interactive batcher hands each caller its item unbuilt, so that sixteen results are
+    not built one after another on the batcher's thread while the next batch waits (a GIL profile
+    of 32 callers on the H100 put a sixth of that thread's Python in building them)."""
+
+    out: Any  # the engine's outputs: numpy arrays over the batch
+    budgets: np.ndarray  # out.budgets as int64
+    requests: list[PreparedRequest]
+    shared: dict[str, Any]  # what every item's result has the same
+    model_ms: float
+    cpu_ms: float  # the batch thread's CPU per item
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def results(self) -> list[RelevanceResult]:
+        return [self.result(i) for i in range(len(self.requests))]
+
+    def result(self, i: int) -> RelevanceResult:
+        out, r = self.out, self.requests[i]
         c = r.controls
         k = int(c.k)
+        timings = {"preprocess_ms": r.prepare_ms, "model_ms": self.model_ms, "batch_cpu_ms": self.cpu_ms}
+        if r.batch_decode_ms is not None:
+            timings["batch_decode_ms"] = r.batch_decode_ms
         return RelevanceResult(
             query=r.query,
             relevance=out.relevance[i],
@@ -230,12 +249,12 @@ class RelevancePipeline:
             balance=out.balance[i],
             tensions=out.tensions[i],
             selected=out.order[i, :k],
-            budgets=budgets[i, :k].copy(),  # its own K entries, not a view of the batch's
+            budgets=self.budgets[i, :k].copy(),  # its own K entries, not a view of the batch's
             budget_map=out.budget_map[i],
             texture=out.texture[i],
             image_size=r.size,
             token_budget=int(c.token_budget),
             timings_ms=timings,
             match_score=float(out.match[i]),
-            **shared,
+            **self.shared,
         )

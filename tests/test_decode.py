@@ -284,11 +284,11 @@ def test_gpu_overlays_come_back_as_whole_jpegs_each_its_own() -> None:
         assert np.abs(a - b).mean() < 12.0
 
 
-def test_decode_pending_gives_each_request_its_pixels_and_the_stage_fields_in_order() -> None:
+def test_decode_pending_gives_each_request_its_pixels_and_the_stage_time_in_order() -> None:
     """The batcher's GPU decode stage (RelevancePipeline.decode_pending) on the CPU: nvJPEG cannot
     run in CI, so a stand-in decoder answers `finish` (said here: the one mock). Requests left for
     the GPU get their pixels, those decoded already keep theirs, a bad one comes back as its error,
-    all in order, and every request carries the stage's fields."""
+    all in order, and every request carries the stage's time."""
     from arrcoc.pipeline import PreparedRequest, RelevancePipeline
     from arrcoc.preprocess import Encoded, Pixels
     from arrcoc.request import Controls
@@ -305,7 +305,7 @@ def test_decode_pending_gives_each_request_its_pixels_and_the_stage_fields_in_or
         return PreparedRequest(pixels, (4, 4), "q", Controls(), 0.1, None if data is None else Encoded(data, 1, (4, 4)))
 
     ready = torch.full((3, 4, 4), 7, dtype=torch.uint8)
-    out = pipe.decode_pending([req(b"abc"), req(None, ready), req(b"bad"), req(b"abcdef")], lambda: {"batch_decode_ms": 2.5})
+    out = pipe.decode_pending([req(b"abc"), req(None, ready), req(b"bad"), req(b"abcdef")], lambda: 2.5)
     assert isinstance(out[2], ImageError)
     assert [int(o.pixels[0, 0, 0]) for o in (out[0], out[1], out[3])] == [3, 7, 6]
     assert all(o.batch_decode_ms == 2.5 and o.encoded is None for o in (out[0], out[1], out[3]))

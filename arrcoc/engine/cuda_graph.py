@@ -98,6 +98,9 @@ class CudaGraphRunner:
         self.fn = fn
         self.make_inputs = make_inputs
         self.device = device
+        # the device's index, resolved once: current_stream(device) with no index asks
+        # torch.cuda.is_available() (an environment read) on every launch
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
         self.graphs: dict[int, CapturedGraph] = {}
         self.pool = None
         self.frozen = False
@@ -157,7 +160,7 @@ class CudaGraphRunner:
         host = torch.empty((n, captured.packed.shape[1]), dtype=torch.uint8, pin_memory=True)
         host.copy_(captured.packed[:n], non_blocking=True)
         copied = torch.cuda.Event()
-        copied.record(torch.cuda.current_stream(self.device))
+        copied.record(torch.cuda.current_stream(self._index))
         layout = self.layout
 
         def wait() -> list[np.ndarray]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -38,6 +39,21 @@ log = logging.getLogger(__name__)
 # at batch 1, 40 at batch 8; compiled 128 and 68: benchmarks/2026-11-22-cpu-2core-buckets.md), so
 # there requests run one at a time unless ARRCOC_BATCH_MAX_SIZE says otherwise.
 CPU_MAX_BATCH = 1
+
+ItemResult = Callable[[], RelevanceResult]  # builds one item's result, in the thread that calls it
+
+
+@contextlib.contextmanager
+def on_stream(stream: torch.cuda.Stream) -> Iterator[None]:
+    """`torch.cuda.stream(stream)` without its device lookups, each of which asks
+    torch.cuda.is_available() (an environment read): a few percent of the interactive batcher's
+    Python in a GIL profile of 32 callers on the H100."""
+    previous = torch.cuda.current_stream(stream.device_index)
+    torch.cuda.set_stream(stream)
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(previous)
 
 
 class Runtime(EngineHost):
@@ -140,6 +156,13 @@ class Runtime(EngineHost):
                      ) -> Callable[[], list[RelevanceResult | Exception]]:  # fmt: skip
         """`run_batch` in two steps: the engine call started now, the returned function waits for
         it. The device is held from one to the other (call the function, on this thread)."""
+        launched = self._launch(items, backend)
+        return lambda: [r if isinstance(r, Exception) else r() for r in launched()]
+
+    def _launch(self, items: Sequence[PreparedRequest], backend: str | None
+                ) -> Callable[[], list[ItemResult | Exception]]:  # fmt: skip
+        """`launch_batch` with each item's result left unbuilt: the interactive batcher hands it to
+        the request's own thread, which builds it (arrcoc.pipeline.BatchResults)."""
         pipe = self.pipeline_for(backend)
         self.device_lock.acquire()
         try:
@@ -156,20 +179,21 @@ class Runtime(EngineHost):
             self.device_lock.release()
             raise
 
-        def wait() -> list[RelevanceResult | Exception]:
+        def wait() -> list[ItemResult | Exception]:
             try:
-                return list(collect())
+                batch = collect()
             finally:
                 self.device_lock.release()
+            return [functools.partial(batch.result, i) for i in range(len(batch))]
 
         return wait
 
     @staticmethod
-    def _one_by_one(pipe: RelevancePipeline, items: Sequence[PreparedRequest]) -> list[RelevanceResult | Exception]:
-        out: list[RelevanceResult | Exception] = []
+    def _one_by_one(pipe: RelevancePipeline, items: Sequence[PreparedRequest]) -> list[ItemResult | Exception]:
+        out: list[ItemResult | Exception] = []
         for item in items:
             try:
-                out.extend(pipe.run([item]))
+                out.append(functools.partial(pipe.launch([item])().result, 0))
             except ArrcocError as e:
                 out.append(e)
         return out
@@ -221,8 +245,9 @@ class Runtime(EngineHost):
             with self._build_lock:
                 batcher = self._batchers.get(name)
                 if batcher is None:
-                    run = lambda items: self.run_batch(items, name)  # noqa: E731
-                    launch = lambda items: self.launch_batch(items, name)  # noqa: E731
+                    # each request's result is built by its caller (infer_prepared), not by the batcher
+                    run = lambda items: self._launch(items, name)()  # noqa: E731
+                    launch = lambda items: self._launch(items, name)  # noqa: E731
                     batcher = self._batchers[name] = DynamicBatcher(
                         run, size, self.settings.batch_max_delay_ms / 1e3, f"arrcoc-batcher-{name}",
                         self.settings.batch_idle_wait, self._decode_ahead(name), launch,
@@ -240,15 +265,15 @@ class Runtime(EngineHost):
         def decode(items: list[PreparedRequest]) -> list[PreparedRequest | ArrcocError]:
             t0 = time.perf_counter()
 
-            def stamp() -> dict[str, Any]:
+            def stamp() -> float:
                 # the engine's stream reads these pixels: they must be whole first; and they are
                 # freed only after the engine's outputs came back to the host, so the allocator
                 # may reuse them. (Handing the engine a CUDA event instead of this wait measured no
                 # faster on the H100: BENCHMARKS.md, issue 12's fourth session.)
                 stream.synchronize()
-                return {"batch_decode_ms": (time.perf_counter() - t0) * 1e3}  # in each result's timings
+                return (time.perf_counter() - t0) * 1e3  # batch_decode_ms, in each result's timings
 
-            with torch.cuda.stream(stream):
+            with on_stream(stream):
                 return pipe.decode_pending(items, stamp)
 
         return decode
@@ -270,12 +295,13 @@ class Runtime(EngineHost):
         batcher = self.batcher_for(backend)
         fut = batcher.submit(self._staged(request, backend), time.monotonic() + timeout)
         try:
-            return fut.result(timeout=timeout)
+            built = fut.result(timeout=timeout)
         except TimeoutError:
             fut.cancel()
             raise DeadlineExceeded(
                 f"No result within {timeout:.0f} s; the engine is busy. Try again."
             ) from None
+        return built()  # this request's result, built here rather than on the batcher's thread
 
     def _staged(self, request: PreparedRequest, backend: str | None) -> PreparedRequest:
         """On a GPU, copy the pixels to the device as the request arrives (in the caller's thread),
