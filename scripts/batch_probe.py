@@ -45,6 +45,7 @@ CONFIGS = {
     "gpu-jpeg-if2": {"in_flight": 2},
     "gpu-jpeg-process-writer-if2": {"writer": "process", "in_flight": 2},
     "gpu-jpeg-process-writer-q1": {"writer": "process", "queued": 1},  # no step queued behind the running one
+    "gpu-jpeg-q1": {"queued": 1},
     "gpu-jpeg-q85": {"quality": 85},
     "gpu-jpeg-q75": {"quality": 75},
     "gpu-jpeg-q80": {"quality": 80},

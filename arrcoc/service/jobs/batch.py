@@ -69,9 +69,12 @@ def create_batch_job(
 # engine batches (64 items on a GPU), at least 8 (a CPU runs one at a time) so that progress moves
 # on a small job. One call runs at a time when the engine shares this process: two at once ran
 # slower on the H100 (764 vs 918 images/s, scripts/batch_probe.py), the stages contending for the
-# GIL, not the device; but the next step is queued behind it (STEPS_QUEUED), so the engine host's
-# thread starts it as soon as the last returns instead of idling while this thread hands the last
-# to the writer and submits the next. Two run at once when the engine is in another process (a
+# GIL, not the device; but on a GPU the next step is queued behind it (STEPS_QUEUED), so the
+# engine host's thread starts it as soon as the last returns instead of idling while this thread
+# hands the last to the writer and submits the next (H100: 1,734 against 1,567 images/s,
+# scripts/batch_probe.py, benchmarks/2026-11-26-h100-queued-step-ab/). Not on a CPU, where the
+# engine keeps every core busy itself and the queue only puts this thread's work beside it (2-core
+# machine: 24.2 against 26.5 images/s, the same probe, BENCHMARKS.md). Two run at once when the engine is in another process (a
 # worker group's): one step's images cross the socket while the engine process decodes the last (a
 # one-chunk job of 12 MP JPEGs through Celery on the H100: 199.5 images/s with two, 85.4 with one;
 # arrcoc bench e2e at 4e8fda2 and e8ccee6).
@@ -186,6 +189,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
     writer = PartWriter(settings.batch_writer == "process"
                         or (settings.batch_writer == "auto" and host.in_this_process and not host.on_cpu))  # fmt: skip
     in_flight = IN_FLIGHT if host.in_this_process else REMOTE_IN_FLIGHT
+    queued = 1 if host.in_this_process and host.on_cpu else STEPS_QUEUED
     with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-read") as reader, \
             ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
         reading = reader.submit(_read, jd, steps[0])
@@ -233,7 +237,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
                                                     for it in step])  # fmt: skip
                     continue
                 running.append((step, engine.submit(host.process, datas, [it.query for it in step], controls, fmt)))
-                if len(running) == STEPS_QUEUED:
+                if len(running) == queued:
                     write_next()
             while running:
                 write_next()
