@@ -74,10 +74,10 @@ def create_batch_job(
 # hands the last to the writer and submits the next (H100: 1,734 against 1,567 images/s,
 # scripts/batch_probe.py, benchmarks/2026-11-26-h100-queued-step-ab/). Not on a CPU, where the
 # engine keeps every core busy itself and the queue only puts this thread's work beside it (2-core
-# machine: 24.2 against 26.5 images/s, the same probe, BENCHMARKS.md). Two run at once when the engine is in another process (a
-# worker group's): one step's images cross the socket while the engine process decodes the last (a
-# one-chunk job of 12 MP JPEGs through Celery on the H100: 199.5 images/s with two, 85.4 with one;
-# arrcoc bench e2e at 4e8fda2 and e8ccee6).
+# machine: 24.2 against 26.5 images/s, the same probe, BENCHMARKS.md). Two run at once when the
+# engine is in another process (a worker group's): one step's images cross the socket while the
+# engine process decodes the last (a one-chunk job of 12 MP JPEGs through Celery on the H100: 199.5
+# images/s with two, 85.4 with one; arrcoc bench e2e at 4e8fda2 and e8ccee6).
 STEP_ITEMS = 64
 MIN_STEP_ITEMS = 8
 IN_FLIGHT = 1
