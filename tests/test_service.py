@@ -530,7 +530,7 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
 
 
 def test_a_chunk_runs_one_step_at_a_time_and_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatch):
-    """In this process the engine runs one step at a time (IN_FLIGHT), the next queued behind it, and
+    """In this process the engine runs one step at a time (IN_FLIGHT; on a GPU the next queued behind it), and
     however long the job and however slow the disk, the steps read but not yet written stay
     bounded (back-pressure); every item is recorded once."""
     from arrcoc.service.jobs import batch as jobs

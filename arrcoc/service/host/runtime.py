@@ -206,7 +206,7 @@ class Runtime(EngineHost):
         # together (a batch job's pipeline, a worker group's processes) overlap: one's overlays
         # encode while the next decodes; the stage times are this stream's, waited for
         stream = self._thread_stream(pipe.device)
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with on_stream(stream) if stream is not None else contextlib.nullcontext():
             return self._process(pipe, images, queries, controls, overlay, backend,
                                  stream.synchronize if stream is not None else (lambda: None))  # fmt: skip
 
@@ -321,7 +321,7 @@ class Runtime(EngineHost):
         if device.type != "cuda":
             return pixels.clone()
         stream = self._thread_stream(device)
-        with torch.cuda.stream(stream):
+        with on_stream(stream):
             out = pixels.to(device, non_blocking=True)
         stream.synchronize()
         return out
