@@ -180,28 +180,48 @@ class Decoder:
         return self._finish([_orient(img, e.orientation)], view_side)[0]
 
     def _finish(self, images: list[torch.Tensor], view_side: int | None) -> list[Pixels]:
-        """Upright decoded images -> Pixels: images of one shape are resized in one call."""
-        pixels: list[torch.Tensor | None] = [None] * len(images)
-        by_shape: dict[tuple[int, ...], list[int]] = {}
-        for i, img in enumerate(images):
-            by_shape.setdefault(tuple(img.shape), []).append(i)
-        for idx in by_shape.values():
-            h, w = images[idx[0]].shape[1:]
-            per = max(1, RESIZE_PIXELS // (h * w))  # bounded memory: a few 12 MP photos at a time
-            for k in range(0, len(idx), per):
-                part = idx[k : k + per]
-                for i, px in zip(part, resize(torch.stack([images[i] for i in part]), self.side, self.side,
-                                              self.resample), strict=True):  # fmt: skip
-                    pixels[i] = px
-        out = []
-        for img, px in zip(images, pixels, strict=True):
-            h, w = img.shape[1:]
-            view = None
-            if view_side is not None:
-                scale = min(1.0, view_side / max(h, w))
-                view = img if scale == 1.0 else resize(img.unsqueeze(0), max(1, round(h * scale)), max(1, round(w * scale)))[0]
-            out.append(Pixels(px, (int(w), int(h)), view))
-        return out
+        """Upright decoded images -> Pixels: the engine's pixels and the overlays' views each
+        resized by size group (images of one shape in one call)."""
+        shapes = [(int(img.shape[1]), int(img.shape[2])) for img in images]
+        pixels = resize_groups(images, [(self.side, self.side)] * len(images), self.resample)
+        views: list[torch.Tensor | None] = [None] * len(images)
+        if view_side is not None:
+            sizes = [_view_size(h, w, view_side) for h, w in shapes]
+            small = [i for i, (hw, size) in enumerate(zip(shapes, sizes, strict=True)) if hw != size]
+            for i, view in zip(small, resize_groups([images[i] for i in small], [sizes[i] for i in small]), strict=True):
+                views[i] = view
+            views = [images[i] if v is None else v for i, v in enumerate(views)]
+        return [Pixels(px, (w, h), view) for px, (h, w), view in zip(pixels, shapes, views, strict=True)]
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The decoder's thread pool: Pillow's work for a batch (decoding here, encoding overlays)."""
+        return self._pool
+
+
+def _view_size(h: int, w: int, side: int) -> tuple[int, int]:
+    """An overlay's (height, width): the image at most `side` on a side."""
+    scale = min(1.0, side / max(h, w))
+    return (h, w) if scale == 1.0 else (max(1, round(h * scale)), max(1, round(w * scale)))
+
+
+def resize_groups(images: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]], mode: str = "bilinear",
+                  max_pixels: int | None = None) -> list[torch.Tensor]:  # fmt: skip
+    """Each uint8 (3, h, w) image resized to its (height, width): the images of one shape going to
+    one size in one call (at most `max_pixels` source pixels a call: bounded memory for large
+    photos), whatever device they are on."""
+    limit = RESIZE_PIXELS if max_pixels is None else max_pixels
+    out: list[torch.Tensor | None] = [None] * len(images)
+    groups: dict[tuple[tuple[int, ...], tuple[int, int]], list[int]] = {}
+    for i, (img, size) in enumerate(zip(images, sizes, strict=True)):
+        groups.setdefault((tuple(img.shape), tuple(size)), []).append(i)
+    for (shape, (height, width)), idx in groups.items():
+        per = max(1, limit // (shape[1] * shape[2]))
+        for k in range(0, len(idx), per):
+            part = idx[k : k + per]
+            for i, px in zip(part, resize(torch.stack([images[i] for i in part]), height, width, mode), strict=True):
+                out[i] = px
+    return out  # type: ignore[return-value]
 
 
 def resize(images: torch.Tensor, height: int, width: int, mode: str = "bilinear") -> torch.Tensor:
@@ -244,4 +264,4 @@ def _orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
     return (img.flip(flips) if flips else img).contiguous()
 
 
-__all__ = ["Decoder", "Encoded", "Pixels", "prepare_batch", "resize", "to_tensor", "uses_gpu_decoder"]
+__all__ = ["Decoder", "Encoded", "Pixels", "prepare_batch", "resize", "resize_groups", "to_tensor", "uses_gpu_decoder"]

@@ -19,7 +19,7 @@ BACKENDS = ("eager", "compiled", "onnx", "aot")
 # ARRCOC_BROKER_URL is given (the in-process executor needs none).
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 # How a batch job draws its overlays: JPEG (rendered and encoded on the GPU when there is one), PNG
-# (lossless, on the CPU) or none (results.jsonl and summary.csv only).
+# (lossless, on the CPU) or none (results.parquet and summary.csv only).
 OverlayFormat = Literal["jpeg", "png", "none"]
 OVERLAY_FORMATS: tuple[str, ...] = get_args(OverlayFormat)
 OVERLAY_EXTENSIONS = {"jpeg": ".jpg", "png": ".png"}
@@ -54,9 +54,9 @@ class Settings(BaseSettings):
     overlay_max_side: int = Field(1024, ge=64, le=4096)  # batch-job overlays: at most this many pixels a side
     overlay_jpeg_quality: int = Field(90, ge=10, le=100)
     batch_chunk_items: int = 256  # items per batch-job task (a unit of redelivery and progress)
-    # where a batch job's parts are written (arrcoc.service.jobs.writer); auto: a child process when
-    # a GPU engine runs in this process (in-process executor, a one-process worker), else a thread
-    batch_writer: Literal["auto", "thread", "process"] = "auto"
+    # results.jsonl in a batch job's results zip beside results.parquet (the same rows as JSON lines):
+    # off by default, as it is several times the Parquet file and built at the job's end
+    results_jsonl: bool = False
 
     # Service
     broker_url: str | None = None  # None: in-process executor

@@ -1,56 +1,59 @@
 """A finished batch job on the page: a gallery of its overlays, its failures and its status as JSON.
 
-Everything is read from the job's results.zip (results.jsonl, one row per item, and overlays/):
-the same file a user downloads, so the page shows what the zip holds.
+The gallery is read from the job's results.zip (results.parquet's small columns, one row per item,
+and overlays/): the same file a user downloads, so the page shows what the zip holds. The status
+is the job record's counts and the results' link: its cost does not grow with the job.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import json
 import zipfile
 from html import escape
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from PIL import Image
 
+from arrcoc.service.jobs.results import RESULTS_NAME
 from arrcoc.service.jobs.types import JobStatus
 
 GALLERY_MAX = 60  # overlays shown on the page; the zip holds them all
 THUMB_SIDE = 320
 
 
-def item_rows(zip_path: str | Path) -> tuple[list[dict[str, Any]], dict[int, str]]:
-    """The zip's results.jsonl rows and its overlay file names by item index."""
+# what the page shows of an item: results.parquet's small columns (no maps)
+ITEM_COLUMNS = ["index", "file", "query", "status", "error", "overlay", "match_score", "weak_match", "tokens_used",
+                "backend", "selected", "grid"]  # fmt: skip
+
+
+def item_rows(zip_path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """The first `limit` (all: None) items of the zip's results.parquet as the API shows them."""
     with zipfile.ZipFile(zip_path) as zf:
-        names = zf.namelist()
-        rows = [json.loads(line) for line in zf.read("results.jsonl").decode().splitlines() if line.strip()] if "results.jsonl" in names else []
-    overlays = {}
-    for n in names:
-        stem = Path(n).name
-        if n.startswith("overlays/") and stem[:5].isdigit():
-            overlays[int(stem[:5])] = n
-    return rows, overlays
-
-
-def top_cell(result: dict[str, Any]) -> dict[str, int] | None:
-    """The most relevant cell as row and column of the grid."""
-    selected, grid = result.get("selected") or [], result.get("grid")
-    if not selected or not grid:
-        return None
-    row, col = divmod(int(selected[0]), int(grid))
-    return {"row": row, "col": col}
+        if RESULTS_NAME not in zf.namelist():
+            return []
+        f = pq.ParquetFile(io.BytesIO(zf.read(RESULTS_NAME)))
+    columns = [c for c in ITEM_COLUMNS if c in f.schema_arrow.names]
+    table = f.read(columns=columns)
+    if limit is not None:
+        table = table.slice(0, limit)
+    if "selected" in columns:  # only the top cell, not K of them
+        table = table.set_column(table.column_names.index("selected"), "selected", pc.list_element(table["selected"], 0))
+    return [item_json(r) for r in table.to_pylist()]
 
 
 def item_json(row: dict[str, Any]) -> dict[str, Any]:
     """One item for the API: file, query, ok, and the match score and top cell, or why it failed."""
-    r = row.get("result") or {}
-    out: dict[str, Any] = {"index": row.get("index"), "file": row.get("file"), "query": row.get("query"), "ok": bool(row.get("ok"))}
-    if row.get("ok"):
-        out.update(match_score=r.get("match_score"), weak_match=r.get("weak_match"), top_cell=top_cell(r),
-                   tokens_used=r.get("tokens_used"), backend=r.get("backend"))  # fmt: skip
+    ok = row.get("status") == "ok"
+    out: dict[str, Any] = {"index": row.get("index"), "file": row.get("file"), "query": row.get("query"), "ok": ok}
+    if ok:
+        top, grid = row.get("selected"), row.get("grid")
+        cell = {"row": int(top) // int(grid), "col": int(top) % int(grid)} if top is not None and grid else None
+        out.update(match_score=row.get("match_score"), weak_match=row.get("weak_match"), top_cell=cell,
+                   tokens_used=row.get("tokens_used"), backend=row.get("backend"), overlay=row.get("overlay"))  # fmt: skip
     else:
         out["error"] = row.get("error") or "failed"
     return out
@@ -88,15 +91,12 @@ def failures_markdown(items: list[dict[str, Any]], st: JobStatus | None = None) 
 def gallery(zip_path: str | Path) -> tuple[str, str]:
     """The overlays of the first GALLERY_MAX items that worked, as HTML figures with their captions
     (a gallery component's captions cover the picture and cut long text), and the failures."""
-    rows, overlays = item_rows(zip_path)
-    items = [item_json(r) for r in rows]
+    items = item_rows(zip_path)
     figures = []
     with zipfile.ZipFile(zip_path) as zf:
-        for row, item in zip(rows, items, strict=True):
-            name = overlays.get(int(row.get("index", -1)))
-            if not item["ok"] or name is None or len(figures) >= GALLERY_MAX:
-                continue
-            figures.append(figure_html(_thumb_uri(zf.read(name)), item))
+        for item in items:
+            if item["ok"] and item.get("overlay") and len(figures) < GALLERY_MAX:
+                figures.append(figure_html(_thumb_uri(zf.read(item["overlay"])), item))
     note = failures_markdown(items)
     ok = sum(i["ok"] for i in items)
     if ok > len(figures):
@@ -105,12 +105,18 @@ def gallery(zip_path: str | Path) -> tuple[str, str]:
 
 
 def status_json(st: JobStatus, zip_path: str | Path | None) -> dict[str, Any]:
-    """A job's status as plain JSON (the /batch_status API); its items once the results exist."""
+    """A job's status as plain JSON (the /batch_status API): the job record's counts, and once the
+    results exist, what the results file holds (it comes with the reply as a file; its rows are
+    read from it, not from here)."""
     doc: dict[str, Any] = {
         "job_id": st.job_id, "kind": st.kind.value, "state": st.state.value, "finished": st.state.finished,
         "total": st.total, "done": st.done, "failed": st.failed, "progress": round(st.progress, 4),
         "message": st.message, "queue_position": st.queue_position, "created_at": st.created_at, "updated_at": st.updated_at,
     }  # fmt: skip
     if zip_path:
-        doc["items"] = [item_json(r) for r in item_rows(zip_path)[0]]
+        doc["results"] = {"file": Path(zip_path).name, "rows": RESULTS_NAME, "summary": "summary.csv",
+                          "overlays": "overlays/"}  # fmt: skip
     return doc
+
+
+__all__ = ["gallery", "item_rows", "status_json"]

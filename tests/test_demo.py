@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -110,18 +111,21 @@ def test_batch_job_end_to_end(client, examples_dir, tmp_path):
     assert job_id
     status, results = wait_for(client, "/batch_status", job_id)  # clean JSON, and the zip
     assert status["state"] == "done" and status["done"] == status["total"] == len(photos)
-    items = status["items"]
+    assert status["results"]["rows"] == "results.parquet" and "items" not in status  # counts, not rows
+    from demo.batchview import item_rows
+
+    items = item_rows(results)
     assert sorted(i["file"] for i in items) == sorted(p.name for p in photos)
     for i in items:
         assert i["ok"] and 0 <= i["match_score"] <= 1 and isinstance(i["weak_match"], bool)
         assert set(i["top_cell"]) == {"row", "col"} and 0 <= i["top_cell"]["row"] < 32
     with zipfile.ZipFile(io.BytesIO(Path(results).read_bytes())) as zf:
-        lines = zf.read("results.jsonl").decode().splitlines()
+        rows = pq.read_table(io.BytesIO(zf.read("results.parquet")))
         summary = list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode())))
     assert {"match_score", "weak_match", "top_row", "top_col"} <= set(summary[0]) and "top_cell" not in summary[0]
     assert all(0 <= int(r["top_row"]) < 32 and 0 <= int(r["top_col"]) < 32 for r in summary)
-    assert len(lines) == len(photos)
-    assert {json.loads(line)["query"] for line in lines} == {"the face"}
+    assert rows.num_rows == len(photos)
+    assert set(rows["query"].to_pylist()) == {"the face"}
 
 
 def test_batch_refuses_a_non_zip(client, tmp_path):

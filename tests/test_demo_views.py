@@ -175,29 +175,39 @@ def test_match_score_is_shown_and_weak_matches_say_so():
 
 
 def test_batch_view_reads_the_results_zip(tmp_path):
+    """The gallery reads results.parquet's small columns and the overlays from the zip; the status
+    is the job record's counts and the results' names, not the rows."""
+    import numpy as np
     from PIL import Image
 
+    from arrcoc.service.host.interface import StepOutputs
+    from arrcoc.service.jobs.results import step_table, to_bytes
     from arrcoc.service.jobs.types import JobKind, JobState, JobStatus
     from demo import batchview
 
     z = tmp_path / "results.zip"
-    good = {"index": 0, "file": "a.jpg", "query": "the red one", "ok": True, "error": None,
-            "result": {"grid": 32, "selected": [70, 1], "match_score": 0.3, "weak_match": True, "tokens_used": 100}}
-    bad = {"index": 1, "file": "b.jpg", "query": "the red one", "ok": False, "error": "not an image"}  # fmt: skip
+    out = StepOutputs.failed(2, 32, 2)
+    out.ok[0], out.selected[0], out.match_score[0], out.budgets[0] = True, [70, 1], 0.3, [60, 40]
+    out = StepOutputs(**{**out.__dict__, "backend": "eager"})
+    table = step_table([(0, "a.jpg", "the red one"), (1, "b.jpg", "the red one")], out, [None, "not an image"],
+                       ["overlays/00000_a.png", None])  # fmt: skip
     png = io.BytesIO()
     Image.new("RGB", (40, 30), "red").save(png, format="PNG")
     with zipfile.ZipFile(z, "w") as zf:
-        zf.writestr("results.jsonl", json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        zf.writestr("results.parquet", to_bytes(table))
         zf.writestr("overlays/00000_a.png", png.getvalue())
     shown, failures = batchview.gallery(z)
     assert shown.count("<figure") == 1 and "data:image/jpeg;base64," in shown  # failed items have no overlay
     assert "<b>a.jpg</b>" in shown and "match <b>0.30</b>" in shown and "weak match" in shown and "row 2, col 6" in shown
     assert "b.jpg" in failures and "not an image" in failures
+    items = batchview.item_rows(z)
+    assert items[0]["top_cell"] == {"row": 2, "col": 6} and items[0]["tokens_used"] == 100 and np.isclose(items[0]["match_score"], 0.3)
+    assert items[1] == {"index": 1, "file": "b.jpg", "query": "the red one", "ok": False, "error": "not an image"}
     st = JobStatus("batch-x", JobKind.BATCH, JobState.DONE, total=2, done=1, failed=1)
     doc = batchview.status_json(st, z)
     json.dumps(doc)  # plain JSON
-    assert doc["state"] == "done" and doc["items"][0]["top_cell"] == {"row": 2, "col": 6}
-    assert doc["items"][1] == {"index": 1, "file": "b.jpg", "query": "the red one", "ok": False, "error": "not an image"}
+    assert doc["state"] == "done" and (doc["done"], doc["failed"]) == (1, 1) and "items" not in doc
+    assert doc["results"]["rows"] == "results.parquet"
 
 
 def test_the_page_reads_the_variant_and_settings():

@@ -13,6 +13,7 @@ import uuid
 import zipfile
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from helpers import make_zip, png_bytes, seeded_weights
 
@@ -266,7 +267,7 @@ def test_a_runtime_leaves_a_lent_pipeline_open(settings):
         assert borrower.infer(png_bytes(1), "the sky", Controls(), 60).grid > 0
         borrower.close()
         assert owner.infer(png_bytes(2), "the sky", Controls(), 60).grid > 0
-        assert owner.process([png_bytes(3)], ["the sky"], Controls(), "jpeg").items[0].result is not None
+        assert owner.process([png_bytes(3)], ["the sky"], Controls(), "jpeg").result(0) is not None
     finally:
         owner.close()
 
@@ -349,9 +350,9 @@ def test_inprocess_infer_and_batch_job(inprocess):
     st = wait_finished(inprocess, job)
     assert (st.state, st.total, st.done, st.failed) == (JobState.DONE, 6, 5, 1)
     with zipfile.ZipFile(inprocess.batch_results(job)) as zf:
-        rows = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+        rows = pq.read_table(io.BytesIO(zf.read("results.parquet"))).to_pylist()
         assert [r["index"] for r in rows] == list(range(6))
-        assert sum(not r["ok"] for r in rows) == 1 and len(zf.read("summary.csv").splitlines()) == 7
+        assert sum(r["status"] != "ok" for r in rows) == 1 and len(zf.read("summary.csv").splitlines()) == 7
         assert len([n for n in zf.namelist() if n.startswith("overlays/")]) == 5
     # the in-process path matches a direct engine call
     r2 = inprocess.runtime.pipeline.infer([png_bytes(0)], "the red mug")[0]
@@ -369,17 +370,16 @@ def test_a_batch_job_without_overlays(settings, tmp_path):
         assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 0), st
         with zipfile.ZipFile(ex.batch_results(job)) as zf:
             assert not [n for n in zf.namelist() if n.startswith("overlays/")]
-            assert len(zf.read("results.jsonl").splitlines()) == 3
+            assert pq.read_metadata(io.BytesIO(zf.read("results.parquet"))).num_rows == 3
             summary = list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode())))
             assert [r["overlay"] for r in summary] == ["", "", ""] and {r["status"] for r in summary} == {"ok"}
     finally:
         ex.close()
 
 
-@pytest.mark.parametrize("writer", ["thread", "process"])
-def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(settings, tmp_path, writer, monkeypatch):
-    """A job run whole writes results.zip as its parts come (either part writer); built again from
-    the parts it is the same; parts out of order make the streamed zip give up, leaving nothing."""
+def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(settings, tmp_path, monkeypatch):
+    """A job run whole writes results.zip as its parts come; built again from the parts it is the
+    same; parts out of order make the streamed zip give up, leaving nothing."""
     from arrcoc.service.client.inprocess import InProcessExecutor
     from arrcoc.service.jobs import batch
     from arrcoc.service.jobs.files import job_dir
@@ -389,14 +389,16 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
     def content(path):
         with zipfile.ZipFile(path) as zf:
             assert zf.testzip() is None  # every member's CRC checks out
-            return zf.namelist(), {n: zf.read(n) for n in zf.namelist()}
+            names = zf.namelist()
+            table = pq.read_table(io.BytesIO(zf.read("results.parquet")))
+            return names, {n: zf.read(n) for n in names if n != "results.parquet"}, table
 
-    s = settings.model_copy(update={"data_dir": tmp_path, "batch_writer": writer})
+    s = settings.model_copy(update={"data_dir": tmp_path})
     ex = InProcessExecutor(s)
     try:
         monkeypatch.setattr(batch, "STEP_ITEMS", 8)  # several parts (a CPU's step is 8 items already)
 
-        def not_built(jd):
+        def not_built(jd, jsonl=False):
             raise AssertionError("results.zip built again after the job instead of written as it ran")
 
         monkeypatch.setattr(batch, "build_results_zip", not_built)
@@ -410,8 +412,10 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
         assert sorted(p.name for p in jd.iterdir() if p.name.startswith(".")) == []  # no spool left
         streamed = content(jd / "results.zip")
         assert len([n for n in streamed[0] if n.startswith("overlays/")]) == 20
+        assert pq.read_table(jd / "results.parquet").equals(streamed[2])  # the same file beside the zip
         (jd / "results.zip").unlink()
-        assert content(build_results_zip(jd)) == streamed
+        rebuilt = content(build_results_zip(jd))
+        assert rebuilt[:2] == streamed[:2] and rebuilt[2].equals(streamed[2])
         out_of_order = ResultsZip(jd)
         out_of_order.add_part(parts[0])
         out_of_order.add_part(parts[2])
@@ -423,68 +427,95 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
         ex.close()
 
 
-def test_the_part_writer_outlives_its_child_process(tmp_path):
-    """A writer child killed mid-job: the step is written in the caller's thread, the next one
-    by a new child; no step is lost."""
-    from arrcoc.service.host.interface import Processed
-    from arrcoc.service.jobs import writer as part_writer
-    from arrcoc.service.jobs.parts import PartReader
+def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inprocess, settings):
+    """results.parquet's schema (fixed-size float32 maps, K cells and budgets) and content equal
+    what the pipeline gives each item (maps within 1e-5, cells and budgets exact), failed items as
+    null rows with their reasons, one row group per step; pandas reads it as it is; the opt-in
+    results.jsonl holds the same rows."""
+    import pandas as pd
+    import pyarrow as pa
 
-    (tmp_path / "results").mkdir()
-    w = part_writer.PartWriter(process=True)
-    failed = [Processed(error={"message": "bad"})]
-    try:
-        assert w.submit(tmp_path, [(0, "a.png", "q")], failed, "").result().marks == [(0, "bad")]
-        for proc in list(part_writer._child()._processes.values()):
-            proc.kill()
-            proc.join(10)
-        steps = []
-        for i in (1, 2):
-            steps.append(w.submit(tmp_path, [(i, f"{i}.png", "q")], failed, "").result())
-        assert [s.marks for s in steps] == [[(1, "bad")], [(2, "bad")]]
-        reader = PartReader()
-        assert [reader.summaries(s.part)[0]["index"] for s in steps] == [1, 2]
-        reader.close()
-    finally:
-        w.close()
+    from arrcoc.service.jobs import batch as jobs
+    from arrcoc.service.jobs.results import parquet_to_jsonl
+
+    step = jobs.step_items(inprocess.runtime)
+    n = step + 2
+    images = [png_bytes(i) for i in range(n - 1)]
+    files = {f"img{i:02d}.png": data for i, data in enumerate(images)} | {"zz_broken.png": b"\x89PNG not really"}
+    job = inprocess.submit_batch(make_zip(files), "the red mug")
+    assert wait_finished(inprocess, job).state == JobState.DONE
+    with zipfile.ZipFile(inprocess.batch_results(job)) as zf:
+        f = pq.ParquetFile(io.BytesIO(zf.read("results.parquet")))
+        overlays = {m for m in zf.namelist() if m.startswith("overlays/")}
+    assert f.num_row_groups == 2 and [f.metadata.row_group(g).num_rows for g in range(2)] == [step, 2]
+    table = f.read()
+    schema = table.schema
+    for name in ("relevance", "information", "perspectival", "participatory", "budget_map"):
+        assert schema.field(name).type == pa.list_(pa.float32(), 32 * 32), name
+    assert schema.field("selected").type == pa.list_(pa.int32(), 200) and schema.field("budgets").type == pa.list_(pa.int32(), 200)
+    assert schema.metadata[b"arrcoc.schema"] == b"arrcoc.batch.results/1"
+    pipe = inprocess.runtime.pipeline
+    # the engine's own batches: the job's first step, then the second step's one good item
+    expected = pipe.infer(images[:step], "the red mug") + pipe.infer(images[step:], "the red mug")
+    df = table.to_pandas()
+    assert list(df["index"]) == list(range(n)) and list(df["status"]) == ["ok"] * (n - 1) + ["failed"]
+    for i, r in enumerate(expected):
+        row = df.iloc[i]
+        for name in ("relevance", "information", "perspectival", "participatory", "budget_map"):
+            np.testing.assert_allclose(row[name].reshape(32, 32), getattr(r, name), atol=1e-5, err_msg=name)
+        assert row["selected"].tolist() == r.selected.tolist() and row["budgets"].tolist() == r.budgets.tolist()
+        assert row["match_score"] == pytest.approx(r.match_score, abs=1e-6) and row["weak_match"] == r.weak_match
+        assert (row["image_width"], row["image_height"]) == r.image_size and row["tokens_used"] == r.budgets.sum()
+        assert row["overlay"] in overlays and pd.isna(row["error"])
+    bad = df.iloc[n - 1]
+    assert bad["relevance"] is None and pd.isna(bad["overlay"]) and "not an image format" in bad["error"]
+    out = io.BytesIO()
+    assert parquet_to_jsonl(io.BytesIO(pq_bytes(table)), out) == n
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [x["index"] for x in lines] == list(range(n)) and lines[-1]["relevance"] is None
+    np.testing.assert_allclose(lines[0]["relevance"], expected[0].relevance, atol=1e-5)
+    assert lines[0]["selected"] == expected[0].selected.tolist() and lines[0]["file"] == "img00.png"
 
 
-def test_a_step_written_by_the_child_process_is_the_step_written_here(tmp_path, pipeline):
-    """The child gets a step as columns (each result field stacked over the items, the texture
-    left out: no part holds it): the part it writes holds the same rows, summaries and overlays,
-    byte for byte, as the part written from the items themselves, failed items and differing K
-    included."""
-    from arrcoc.request import Controls
-    from arrcoc.service.host.interface import Processed
-    from arrcoc.service.jobs import writer as part_writer
-    from arrcoc.service.jobs.parts import PartReader, write_step
+def pq_bytes(table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
 
-    (tmp_path / "results").mkdir()
-    results = pipeline.infer([png_bytes(i) for i in range(3)], "the red mug")
-    other_k = pipeline.infer([png_bytes(3)], "the sky", Controls(k=7))[0]
-    items = [Processed(result=results[0], overlay=b"jpeg-0"), Processed(error={"message": "bad"}),
-             Processed(result=results[1], overlay=b"jpeg-2"), Processed(result=other_k, overlay=b"jpeg-3"),
-             Processed(result=results[2], overlay=b"jpeg-4")]  # fmt: skip
-    keys = [(i, f"{i}.png", "q") for i in range(len(items))]
-    columns = part_writer.Columns.of(items)
-    assert isinstance(columns.fields["relevance"], np.ndarray) and isinstance(columns.fields["selected"], list)
-    assert "texture" not in columns.fields
-    w = part_writer.PartWriter(process=True)
-    try:
-        there = w.submit(tmp_path, keys, items, ".jpg").result()
-    finally:
-        w.close()
-    here = write_step(tmp_path, keys, items, ".jpg")
-    assert there.marks == here.marks == [(0, None), (1, "bad"), (2, None), (3, None), (4, None)]
-    reader = PartReader()
-    try:
-        assert reader.rows(there.part, 0, 5) == reader.rows(here.part, 0, 5)
-        assert reader.summaries(there.part) == reader.summaries(here.part)
-        for s in reader.summaries(here.part):
-            if s["overlay"]:
-                assert reader.picture(there.part, s["overlay"]) == reader.picture(here.part, s["overlay"])
-    finally:
-        reader.close()
+
+def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeypatch):
+    """A worker that wrote a step's part and died before recording it: the chunk delivered again
+    writes those items again; results.parquet and summary.csv hold each item exactly once (the
+    later part's row)."""
+    from arrcoc.service.jobs import batch as jobs
+
+    step = jobs.step_items(inprocess.runtime)
+    n = 2 * step + 3
+    job, chunks = jobs.create_batch_job(make_zip({f"{i:02d}.png": png_bytes(i) for i in range(n)}), "q", None,
+                                        settings, inprocess.store)  # fmt: skip
+    real_mark = inprocess.store.mark_items
+    calls = {"n": 0}
+
+    def dies_on_the_second_step(job_id, marks):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise SystemExit("the worker died")  # the part is on disk, its items unrecorded
+        return real_mark(job_id, marks)
+
+    monkeypatch.setattr(inprocess.store, "mark_items", dies_on_the_second_step)
+    with pytest.raises(SystemExit):
+        jobs.run_chunk(job, 0, n, inprocess.runtime, inprocess.store, settings)
+    assert inprocess.status(job).done == step
+    for start, stop in chunks:  # delivered again
+        jobs.run_chunk(job, start, stop, inprocess.runtime, inprocess.store, settings)
+    st = inprocess.status(job)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, n, 0)
+    with zipfile.ZipFile(inprocess.batch_results(job)) as zf:
+        table = pq.read_table(io.BytesIO(zf.read("results.parquet")))
+        summary = list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode())))
+        assert len([m for m in zf.namelist() if m.startswith("overlays/")]) == n
+    assert table["index"].to_pylist() == list(range(n)) and [int(r["index"]) for r in summary] == list(range(n))
+    assert set(table["status"].to_pylist()) == {"ok"}
 
 
 def test_a_bad_query_in_a_manifest_fails_its_item_only(inprocess):
@@ -529,20 +560,20 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
     assert "the worker stopped each time" in inprocess.store.failed_items(job)[1]
 
 
-def test_a_chunk_runs_one_step_at_a_time_and_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatch):
-    """In this process the engine runs one step at a time (IN_FLIGHT; on a GPU the next queued behind it), and
-    however long the job and however slow the disk, the steps read but not yet written stay
-    bounded (back-pressure); every item is recorded once."""
+def test_a_chunk_runs_one_step_at_a_time_reading_the_next_meanwhile(inprocess, settings, monkeypatch):
+    """One engine-host call at a time; the next step's files are read while a step runs (the one
+    prefetch), never more: however long the job and however slow the disk, the steps held stay
+    bounded; every item is recorded once."""
     from arrcoc.service.jobs import batch as jobs
-    from arrcoc.service.jobs import writer
 
     lock = threading.Lock()
-    seen = {"active": 0, "most_active": 0, "read": 0, "written": 0, "most_held": 0}
-    real_read, real_write = jobs._read, writer.write_step
+    seen = {"active": 0, "most_active": 0, "read": 0, "written": 0, "most_held": 0, "read_while_running": 0}
+    real_read, real_write = jobs._read, jobs.write_part
 
     def read(jd, items):
         with lock:
             seen["read"] += 1
+            seen["read_while_running"] += seen["active"]
             seen["most_held"] = max(seen["most_held"], seen["read"] - seen["written"])
         return real_read(jd, items)
 
@@ -562,14 +593,15 @@ def test_a_chunk_runs_one_step_at_a_time_and_holds_a_bounded_number_of_steps(inp
                 seen["active"] += 1
                 seen["most_active"] = max(seen["most_active"], seen["active"])
             try:
+                time.sleep(0.05)  # the step runs long enough for the next one's read to start
                 return inprocess.runtime.process(*args, **kwargs)
             finally:
                 with lock:
                     seen["active"] -= 1
 
     monkeypatch.setattr(jobs, "_read", read)
-    monkeypatch.setattr(writer, "write_step", write)
-    steps = 10
+    monkeypatch.setattr(jobs, "write_part", write)
+    steps = 6
     n = steps * jobs.step_items(inprocess.runtime)
     job, _ = jobs.create_batch_job(make_zip({f"{i}.png": png_bytes(i) for i in range(n)}), "q", None, settings,
                                    inprocess.store)  # fmt: skip
@@ -577,51 +609,8 @@ def test_a_chunk_runs_one_step_at_a_time_and_holds_a_bounded_number_of_steps(inp
     st = inprocess.status(job)
     assert (st.state, st.done, st.failed) == (JobState.DONE, n, 0)
     assert (seen["read"], seen["written"]) == (steps, steps)
-    assert seen["most_active"] == 1
-    # one being read, STEPS_QUEUED with the engine (one running), WRITE_QUEUE with the writer
-    assert seen["most_held"] <= 1 + jobs.STEPS_QUEUED + jobs.WRITE_QUEUE < steps
-
-
-@pytest.mark.parametrize("on_cpu", [False, True])
-def test_the_engine_starts_the_next_step_while_the_last_is_handed_to_the_writer(inprocess, settings, monkeypatch,
-                                                                               on_cpu):  # fmt: skip
-    """With the engine on a GPU the next step waits queued behind the running one, so the engine
-    host goes on to it as soon as the last returns, not after this thread has handed the last one
-    to the part writer. With the engine on the CPU (whose cores it keeps busy) it is not queued."""
-    from arrcoc.service.jobs import batch as jobs
-    from arrcoc.service.jobs import writer
-
-    events: list[tuple[str, int]] = []
-    real_submit = writer.PartWriter.submit
-
-    def submit(self, jd, keys, items, ext):
-        step = keys[0][0] // jobs.step_items(inprocess.runtime)
-        time.sleep(0.3)  # this thread busy handing the step over
-        out = real_submit(self, jd, keys, items, ext)
-        events.append(("handed", step))
-        return out
-
-    class Host:  # the runtime, each engine call's start noted; on a GPU or not, as the case says
-        def __getattr__(self, name):
-            return getattr(inprocess.runtime, name)
-
-        @property
-        def on_cpu(self) -> bool:
-            return on_cpu
-
-        def process(self, images, *args, **kwargs):
-            events.append(("started", len([e for e in events if e[0] == "started"])))
-            return inprocess.runtime.process(images, *args, **kwargs)
-
-    monkeypatch.setattr(writer.PartWriter, "submit", submit)
-    steps = 3
-    n = steps * jobs.step_items(inprocess.runtime)
-    job, _ = jobs.create_batch_job(make_zip({f"{i}.png": png_bytes(i) for i in range(n)}), "q", None, settings,
-                                   inprocess.store)  # fmt: skip
-    jobs.run_chunk(job, 0, n, Host(), inprocess.store, settings)
-    assert inprocess.status(job).done == n
-    for k in range(steps - 1):  # on a GPU step k+1 ran while step k was being handed over
-        assert (events.index(("started", k + 1)) < events.index(("handed", k))) is not on_cpu, events
+    assert seen["most_active"] == 1 and seen["read_while_running"] >= 1
+    assert seen["most_held"] <= 2  # the step running and the next one read
 
 
 def test_inprocess_serves_each_backend_it_is_allowed(settings):

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:  # the types only: importing this module loads no engine
     from ...images import ImageLike
     from ...request import Controls
@@ -23,21 +25,73 @@ if TYPE_CHECKING:  # the types only: importing this module loads no engine
 Progress = Callable[[float, str], None]
 
 
-@dataclass(frozen=True)
-class Processed:
-    """One batch-job item as the engine host hands it back (picklable: it crosses to a group's
-    Celery processes)."""
+# StepOutputs' (n, G, G) maps, in results.parquet's column order
+MAPS = ("relevance", "information", "perspectival", "participatory", "budget_map")
 
-    result: RelevanceResult | None = None
-    error: dict[str, str] | None = None  # the item's error in the wire form (arrcoc.service.codec)
-    overlay: bytes | None = None  # the encoded overlay (ProcessedBatch.overlay_format), if any
+
+@dataclass(frozen=True)
+class StepOutputs:
+    """A batch-job step's results as arrays over its items, row i item i (a failed item's row is
+    zeros, `ok` False): what results.parquet's row group is written from, column by column.
+    Picklable: it crosses to a worker group's Celery processes."""
+
+    ok: np.ndarray  # (n,) bool
+    relevance: np.ndarray  # (n, G, G) float32, and the three scorer maps
+    information: np.ndarray
+    perspectival: np.ndarray
+    participatory: np.ndarray
+    budget_map: np.ndarray  # (n, G, G) float32 tokens per cell, 0 where not selected
+    selected: np.ndarray  # (n, K) int32 cells, most relevant first
+    budgets: np.ndarray  # (n, K) int32 tokens per selected cell
+    balance: np.ndarray  # (n, 3) float32, arrcoc.result.SCORER_NAMES order
+    tensions: np.ndarray  # (n, 3) float32, arrcoc.result.TENSION_NAMES order
+    match_score: np.ndarray  # (n,) float32
+    image_size: np.ndarray  # (n, 2) int32 (width, height) of the upright original
+    bucket: np.ndarray  # (n,) int32 the engine bucket that ran the item
+    token_budget: int
+    variant: str = ""
+    weights_version: str = ""
+    backend: str = ""
+
+    def __len__(self) -> int:
+        return int(self.ok.shape[0])
+
+    @classmethod
+    def failed(cls, n: int, grid: int = 1, k: int = 0) -> StepOutputs:
+        """n items none of which ran."""
+        maps = np.zeros((n, grid, grid), np.float32)
+        pair = np.zeros((n, 3), np.float32)
+        return cls(np.zeros(n, bool), maps, maps, maps, maps, maps, np.zeros((n, k), np.int32), np.zeros((n, k), np.int32),
+                   pair, pair, np.zeros(n, np.float32), np.zeros((n, 2), np.int32), np.zeros(n, np.int32), 0)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ProcessedBatch:
-    items: list[Processed]
-    # where the batch's time went, in ms (decode, engine, render_encode): the end-to-end breakdown
+    """A batch job's step as the engine host hands it back: its results as columns, and per item
+    its error message (None when it ran) and its encoded overlay (None without one)."""
+
+    outputs: StepOutputs
+    errors: list[str | None]
+    overlays: list[bytes | None]
+    # where the step's time went, in ms (decode, engine, render_encode): the end-to-end breakdown
     stage_ms: dict[str, float] = field(default_factory=dict)
+
+    def result(self, i: int) -> RelevanceResult | None:
+        """Item i as a RelevanceResult (no texture, no timings): for callers that want one item."""
+        from ...result import RelevanceResult
+
+        o = self.outputs
+        if not o.ok[i]:
+            return None
+        return RelevanceResult(
+            variant=o.variant, weights_version=o.weights_version, backend=o.backend, query="",
+            relevance=o.relevance[i], information=o.information[i], perspectival=o.perspectival[i],
+            participatory=o.participatory[i], balance=o.balance[i], tensions=o.tensions[i],
+            selected=o.selected[i].astype(np.int64), budgets=o.budgets[i].astype(np.int64),
+            budget_map=o.budget_map[i], texture=np.empty(0, np.float32),
+            image_size=(int(o.image_size[i, 0]), int(o.image_size[i, 1])), token_budget=o.token_budget,
+            bucket=int(o.bucket[i]), match_score=float(o.match_score[i]),
+        )  # fmt: skip
 
 
 class EngineHost(ABC):
@@ -53,15 +107,12 @@ class EngineHost(ABC):
     @property
     @abstractmethod
     def in_this_process(self) -> bool:
-        """Whether the engine's decoding and running share this process (and its GIL) with the
-        caller (a batch job then keeps one engine call in flight, and on a GPU writes its parts in
-        a child process: arrcoc.service.jobs.batch)."""
+        """Whether the engine's decoding and running share this process with the caller."""
 
     @property
     @abstractmethod
     def on_cpu(self) -> bool:
-        """Whether the engine computes on this machine's CPU cores (no accelerator): it keeps every
-        core busy itself, so a batch job starts no extra process beside it."""
+        """Whether the engine computes on this machine's CPU cores (no accelerator)."""
 
     @abstractmethod
     def infer(self, image: ImageLike, query: str, controls: Controls, timeout: float,
@@ -71,9 +122,9 @@ class EngineHost(ABC):
     @abstractmethod
     def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
                 backend: str | None = None) -> ProcessedBatch:  # fmt: skip
-        """A batch job's items, bytes to results: decoded together on the engine's path, run in as
-        few engine calls as the buckets allow, overlays rendered and encoded (`overlay`: jpeg,
-        png or none). One Processed per item, in order; a bad item fails alone."""
+        """A batch job's step, bytes to results: decoded together on the engine's path, run in as
+        few engine calls as the buckets allow, overlays drawn and encoded together (`overlay`:
+        jpeg, png or none). Results as columns over the items, in order; a bad item fails alone."""
 
     @abstractmethod
     def benchmark(self, request: BenchRequest, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:

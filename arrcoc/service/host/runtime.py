@@ -14,9 +14,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
 from ... import overlays
@@ -24,14 +24,14 @@ from ...engine import create_backend, resolve_device
 from ...engine.base import parse_dtype
 from ...errors import ArrcocError, DeadlineExceeded
 from ...images import ImageLike
-from ...pipeline import PreparedRequest, RelevancePipeline
+from ...pipeline import BatchResults, PreparedRequest, RelevancePipeline
 from ...request import Controls, image_limits
 from ...result import RelevanceResult
 from ...settings import Settings
 from ..codec import error_to_wire
 from ..jobs.types import BenchRequest
 from .batching import DynamicBatcher
-from .interface import EngineHost, Processed, ProcessedBatch, Progress
+from .interface import MAPS, EngineHost, ProcessedBatch, Progress, StepOutputs
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ class Runtime(EngineHost):
         self._batchers: dict[str, DynamicBatcher] = {}
         self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
         self._streams = threading.local()  # a CUDA stream per thread (_thread_stream)
-        self._render_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="arrcoc-render")  # CPU overlays
 
     # -- the engine ------------------------------------------------------------------------
     @property
@@ -216,24 +215,37 @@ class Runtime(EngineHost):
         prepared = pipe.prepare_many(images, queries, controls, None if overlay == "none" else self.settings.overlay_max_side)
         sync()  # the stage times below are the device's too
         t1 = time.perf_counter()
-        ok = [i for i, p in enumerate(prepared) if not isinstance(p, ArrcocError)]
-        results = self.run_batch([prepared[i][0] for i in ok], backend) if ok else []
+        errors = [error_to_wire(p)["message"] if isinstance(p, ArrcocError) else None for p in prepared]
+        outputs = self._run_step(pipe, [None if isinstance(p, ArrcocError) else p[0] for p in prepared], errors)
         t2 = time.perf_counter()
-        done = [(i, r) for i, r in zip(ok, results, strict=True) if not isinstance(r, BaseException)]
-        encoded = [None] * len(done)
-        if overlay != "none" and done:
-            views = [prepared[i][1] for i, _ in done]
-            encoded = overlays.encode(views, [r.relevance for _, r in done], overlay, self._render_pool,
+        pictures: list[bytes | None] = [None] * len(prepared)
+        done = np.flatnonzero(outputs.ok)
+        if overlay != "none" and len(done):
+            encoded = overlays.encode([prepared[i][1] for i in done], outputs.relevance[done], overlay, pipe.decoder.pool,
                                       self.settings.overlay_jpeg_quality)  # fmt: skip
+            for i, data in zip(done, encoded, strict=True):
+                pictures[i] = data
         t3 = time.perf_counter()
-        items = [Processed(error=error_to_wire(p)) if isinstance(p, ArrcocError) else None for p in prepared]
-        for i, r in zip(ok, results, strict=True):
-            if isinstance(r, BaseException):
-                items[i] = Processed(error=error_to_wire(r))
-        for (i, r), data in zip(done, encoded, strict=True):
-            items[i] = Processed(result=r, overlay=data)
         stage_ms = {"decode": (t1 - t0) * 1e3, "engine": (t2 - t1) * 1e3, "render_encode": (t3 - t2) * 1e3}
-        return ProcessedBatch(items, stage_ms)
+        return ProcessedBatch(outputs, errors, pictures, stage_ms)
+
+    def _run_step(self, pipe: RelevancePipeline, requests: list[PreparedRequest | None], errors: list[str | None]
+                  ) -> StepOutputs:  # fmt: skip
+        """A step's decoded requests (None where an item already failed) in one engine call, its
+        outputs as columns; an item the engine refuses fails alone (`errors` gets its message)."""
+        ok = [i for i, r in enumerate(requests) if r is not None]
+        ran: list[tuple[list[int], BatchResults]] = []
+        if ok:
+            with self.device_lock:
+                try:
+                    ran.append((ok, pipe.launch([requests[i] for i in ok])()))
+                except ArrcocError:
+                    for i in ok:  # one bad item must not fail its neighbours
+                        try:
+                            ran.append(([i], pipe.launch([requests[i]])()))
+                        except ArrcocError as e:
+                            errors[i] = error_to_wire(e)["message"]
+        return step_outputs(len(requests), ran)
 
     # -- interactive requests: through the batcher -----------------------------------------
     def batcher_for(self, backend: str | None) -> DynamicBatcher:
@@ -374,4 +386,33 @@ class Runtime(EngineHost):
             if pipe is not self._lent:
                 pipe.backend.close()
                 pipe.decoder.close()
-        self._render_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def step_outputs(n: int, ran: list[tuple[list[int], BatchResults]]) -> StepOutputs:
+    """The outputs of a step's engine calls (`ran`: each call's items' positions and its outputs)
+    as arrays over the step's n items, each field filled per call, not per item."""
+    if not ran:
+        return StepOutputs.failed(n)
+    first = ran[0][1]
+    grid = first.out.relevance.shape[-1]
+    c = first.requests[0].controls  # one job, one set of controls
+    k = int(c.k)
+    ok = np.zeros(n, bool)
+    maps = {name: np.zeros((n, grid, grid), np.float32) for name in MAPS}
+    selected, budgets = np.zeros((n, k), np.int32), np.zeros((n, k), np.int32)
+    balance, tensions = np.zeros((n, 3), np.float32), np.zeros((n, 3), np.float32)
+    match, bucket = np.zeros(n, np.float32), np.zeros(n, np.int32)
+    size = np.zeros((n, 2), np.int32)
+    for positions, batch in ran:
+        at, out = np.asarray(positions), batch.out
+        ok[at] = True
+        for name in MAPS:
+            maps[name][at] = getattr(out, name)
+        selected[at], budgets[at] = out.order[:, :k], batch.budgets[:, :k]
+        balance[at], tensions[at], match[at] = out.balance, out.tensions, out.match
+        size[at] = [r.size for r in batch.requests]
+        bucket[at] = batch.shared["bucket"]
+    s = first.shared
+    return StepOutputs(ok=ok, selected=selected, budgets=budgets, balance=balance, tensions=tensions, match_score=match,
+                       image_size=size, bucket=bucket, token_budget=int(c.token_budget), variant=s["variant"],
+                       weights_version=s["weights_version"], backend=s["backend"], **maps)  # fmt: skip

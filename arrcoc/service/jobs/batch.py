@@ -1,11 +1,12 @@
 """Batch jobs: create from a zip, run a chunk, finalize, fetch the results zip.
 
 A batch job lives in the data store (`<data_dir>/jobs/<id>/`: inputs/, items.jsonl, results/,
-results.zip) and in the job store (state, progress). Every step is idempotent: an item already
-recorded is skipped; each pipeline step's rows and overlays are written atomically as one part
-file (results/<time>-<rand>.part.zip) before its items are recorded; results.zip is built from
-the parts in index order, one row per item (a part written by a worker that died before recording
-it is outlived by the part of the item's rerun), so a redelivered chunk adds no duplicate rows.
+results.parquet, results.zip) and in the job store (state, progress). Every step is idempotent:
+an item already recorded is skipped; each pipeline step's rows and overlays are written atomically
+as one part file (results/<time>-<rand>.part.zip) before its items are recorded; results.parquet
+and results.zip are built from the parts in index order, one row per item (a part written by a
+worker that died before recording it is outlived by the part of the item's rerun), so a
+redelivered chunk adds no duplicate rows.
 """
 
 from __future__ import annotations
@@ -14,25 +15,25 @@ import json
 import logging
 import shutil
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import JobError
 from ...request import Controls
 from ...settings import OVERLAY_EXTENSIONS, Settings
+from ..host.interface import StepOutputs
 from .archive import Item, load_items, unpack
 from .files import job_dir, new_job_id
-from .parts import ItemKey, item_row, write_part
+from .parts import write_part
+from .results import ItemKey
 from .results_zip import ResultsZip, build_results_zip
 from .store import JobStore
 from .types import JobKind, JobState
-from .writer import PartWriter, PendingStep
 
 if TYPE_CHECKING:
-    from ..host.interface import EngineHost, ProcessedBatch
+    from ..host.interface import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -61,30 +62,12 @@ def create_batch_job(
 
 
 # -- running a chunk --------------------------------------------------------------------------
-# A chunk runs as a pipeline of steps, bounded (one step read ahead, IN_FLIGHT in the engine host,
-# WRITE_QUEUE being written): while the engine host decodes, runs and renders step k, a thread reads
-# step k+1's files and the part writer (arrcoc.service.jobs.writer) writes step k-1's results,
-# recorded here once on disk. A step is one engine-host call: decoded
-# together (on the GPU when it can), run in the largest buckets, overlays encoded together: two
-# engine batches (64 items on a GPU), at least 8 (a CPU runs one at a time) so that progress moves
-# on a small job. One call runs at a time when the engine shares this process: two at once ran
-# slower on the H100 (764 vs 918 images/s, scripts/batch_probe.py), the stages contending for the
-# GIL, not the device; but on a GPU the next step is queued behind it (STEPS_QUEUED), so the
-# engine host's thread starts it as soon as the last returns instead of idling while this thread
-# hands the last to the writer and submits the next (H100: 1,734 against 1,567 images/s,
-# scripts/batch_probe.py, benchmarks/2026-11-26-h100-queued-step-ab/). Not on a CPU, where the
-# engine keeps every core busy itself and the queue only puts this thread's work beside it (2-core
-# machine: 24.2 against 26.5 images/s, the same probe, BENCHMARKS.md). Two run at once when the
-# engine is in another process (a worker group's): one step's images cross the socket while the
-# engine process decodes the last (a one-chunk job of 12 MP JPEGs through Celery on the H100: 199.5
-# images/s with two, 85.4 with one; arrcoc bench e2e at 4e8fda2 and e8ccee6).
+# A chunk runs step by step; a step is one engine-host call: its items decoded together (on the
+# GPU when it can), run in the largest buckets, overlays drawn and encoded together, its results
+# written as one part. Two engine batches a step (64 items on a GPU), at least 8 so that progress
+# moves on a CPU, which runs one image at a time.
 STEP_ITEMS = 64
 MIN_STEP_ITEMS = 8
-IN_FLIGHT = 1
-REMOTE_IN_FLIGHT = 2
-STEPS_QUEUED = 2  # steps handed to the engine host, running or waiting, not yet taken back
-WRITE_QUEUE = 2  # steps handed to the writer, not yet recorded: one written, one waiting, so that the
-# next engine call is not held up by a write that runs a little longer than its step
 
 
 def step_items(host: EngineHost) -> int:
@@ -98,8 +81,9 @@ def _key(it: Item) -> ItemKey:
 
 def _fail_items(jd: Path, store: JobStore, job_id: str, failed: list[tuple[Item, str]]) -> None:
     if failed:
-        write_part(jd, [(item_row(_key(it), False, message), None, "") for it, message in failed])
-        store.mark_items(job_id, [(it.index, message) for it, message in failed])
+        _, marks = write_part(jd, [_key(it) for it, _ in failed], StepOutputs.failed(len(failed)),
+                              [message for _, message in failed], [None] * len(failed), "")  # fmt: skip
+        store.mark_items(job_id, marks)
 
 
 def run_chunk(
@@ -134,7 +118,7 @@ def run_chunk(
     stages: dict[str, float] = {}
     processed = 0
     # a job run whole from its start (in-process, or one Celery chunk) writes results.zip as it goes
-    streamed = ResultsZip(jd) if len(fresh) == len(every) else None
+    streamed = ResultsZip(jd, settings.results_jsonl) if len(fresh) == len(every) else None
     try:
         for group in [fresh] + [[it] for it in suspect]:  # after a crash, suspects run alone
             if not group:
@@ -177,74 +161,38 @@ def _read(jd: Path, items: list[Item]) -> list[bytes]:
 def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, host: EngineHost, store: JobStore,
                settings: Settings, deadline: float | None, stages: dict[str, float],
                streamed: ResultsZip | None) -> int | None:  # fmt: skip
-    """The group's items through the pipeline; how many ran, or None if the job was cancelled.
-    Each part, once recorded, goes into `streamed` (which gives up if they come out of order)."""
+    """The group's items, step by step; how many ran, or None if the job was cancelled. Each
+    step's part, once recorded, goes into `streamed` (which gives up if they come out of order)."""
     size = step_items(host)
     steps = [group[i : i + size] for i in range(0, len(group), size)]
     fmt = settings.overlay_format
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
-    # auto: a child process where the engine shares this process's GIL and leaves the cores to it (a
-    # GPU's); an engine on the CPU keeps every core busy itself (the child slowed its stage on the
-    # 2-core machine: 33 vs 24 ms an item, scripts/batch_probe.py)
-    writer = PartWriter(settings.batch_writer == "process"
-                        or (settings.batch_writer == "auto" and host.in_this_process and not host.on_cpu))  # fmt: skip
-    in_flight = IN_FLIGHT if host.in_this_process else REMOTE_IN_FLIGHT
-    queued = 1 if host.in_this_process and host.on_cpu else STEPS_QUEUED
-    with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-read") as reader, \
-            ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-engine") as engine:  # fmt: skip
-        reading = reader.submit(_read, jd, steps[0])
-        running: deque[tuple[list[Item], Future[ProcessedBatch]]] = deque()
-        writing: deque[PendingStep] = deque()
-        ran = 0
-
-        def written() -> None:  # the oldest step being written, once on disk, recorded
-            step = writing.popleft().result()
-            store.mark_items(job_id, step.marks)
-            stages["write"] = stages.get("write", 0.0) + step.ms
-            if streamed is not None:
-                streamed.add_part(step.part)
-
-        def write_next() -> None:  # the oldest step in flight, once processed, to the writer
-            nonlocal ran
-            step, future = running.popleft()
+    ran = 0
+    # the one thread beside this one: it reads step k+1's files while step k runs
+    with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-prefetch") as prefetch:
+        reading = prefetch.submit(_read, jd, steps[0])
+        for k, step in enumerate(steps):
             t0 = time.perf_counter()
-            batch = future.result()
-            _add(stages, "engine_wait", t0)
+            datas = reading.result()
+            _add(stages, "read_wait", t0)
+            if k + 1 < len(steps):
+                reading = prefetch.submit(_read, jd, steps[k + 1])
+            if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
+                return None
+            if deadline is not None and time.monotonic() > deadline:
+                _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
+                                                for it in step])  # fmt: skip
+                continue
+            batch = host.process(datas, [it.query for it in step], controls, fmt)
             for name, ms in batch.stage_ms.items():
                 stages[name] = stages.get(name, 0.0) + ms
             t1 = time.perf_counter()
-            if len(writing) == WRITE_QUEUE:  # back-pressure: WRITE_QUEUE steps being written at most
-                written()
-            _add(stages, "write_wait", t1)
-            writing.append(writer.submit(jd, [_key(it) for it in step], batch.items, ext))
+            part, marks = write_part(jd, [_key(it) for it in step], batch.outputs, batch.errors, batch.overlays, ext)
+            store.mark_items(job_id, marks)  # recorded once its part is on disk
+            _add(stages, "write", t1)
+            if streamed is not None:
+                streamed.add_part(part)
             ran += len(step)
-
-        try:
-            for k, step in enumerate(steps):
-                t0 = time.perf_counter()
-                datas = reading.result()
-                _add(stages, "read_wait", t0)
-                if k + 1 < len(steps):
-                    reading = reader.submit(_read, jd, steps[k + 1])
-                if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
-                    for _, future in running:  # what is in flight finishes, unrecorded
-                        future.result()
-                    while writing:
-                        written()
-                    return None
-                if deadline is not None and time.monotonic() > deadline:
-                    _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
-                                                    for it in step])  # fmt: skip
-                    continue
-                running.append((step, engine.submit(host.process, datas, [it.query for it in step], controls, fmt)))
-                if len(running) == queued:
-                    write_next()
-            while running:
-                write_next()
-            while writing:
-                written()
-        finally:
-            writer.close()
     return ran
 
 
@@ -268,7 +216,7 @@ def maybe_finalize(job_id: str, store: JobStore, settings: Settings, before_done
         if streamed is not None and streamed.complete(st.total):
             streamed.finish()
         else:
-            build_results_zip(jd)
+            build_results_zip(jd, settings.results_jsonl)
     if before_done is not None:
         before_done()
     if st.state.finished:
@@ -289,7 +237,7 @@ def results_zip(job_id: str, store: JobStore, settings: Settings) -> Path:
         raise JobError(f"Job {job_id} is a {st.kind.value} job; it has a report, not a results zip.")
     jd = job_dir(settings, job_id)
     if st.state == JobState.CANCELLED:  # whatever finished before the cancel
-        return build_results_zip(jd)
+        return build_results_zip(jd, settings.results_jsonl)
     if st.state not in (JobState.DONE, JobState.FAILED) or not (jd / "results.zip").exists():
         raise JobError(f"Job {job_id} is {st.state.value} ({st.done + st.failed}/{st.total}); fetch it when done.")
     return jd / "results.zip"

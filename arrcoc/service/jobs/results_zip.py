@@ -1,150 +1,83 @@
 """results.zip: a batch job's parts gathered in index order, one row per recorded item.
 
-overlays/* (copied from the parts as they are stored: already compressed), results.jsonl
-(deflated in blocks on several threads) and summary.csv; bounded memory on a job of any size.
-Built from the parts once every item is recorded (`build_results_zip`), or, when a job runs as
-one chunk from its start, as its parts are written (`ResultsZip.add_part`): then finishing it is
-all that is left when the last item is recorded.
+results.parquet (each part's rows one row group, also kept beside the zip), summary.csv, the
+overlays (copied from the parts as they are stored) and, when asked (ARRCOC_RESULTS_JSONL),
+results.jsonl derived from results.parquet at the end. Built from the parts once every item is
+recorded (`build_results_zip`), or, when a job runs as one chunk from its start, as its parts are
+written (`ResultsZip.add_part`): then finishing it is all that is left.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import secrets
 import shutil
 import time
 import zipfile
-import zlib
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from .parts import SUMMARY_FIELDS, PartReader, read_parts, runs, zip_name
+import pyarrow as pa
 
-# results.jsonl is deflated in blocks on several threads (zlib lets go of the GIL), each block an
-# independent deflate stream ended by a sync flush, as pigz does, while the overlays are copied:
-# deflating it on one thread was most of building results.zip (the e2e report's `finalize`)
-JSONL_BLOCK = 1 << 21
+from .parts import contiguous, copy_pictures, overlay_names, part_table, read_parts, runs
+from .results import JSONL_NAME, RESULTS_NAME, SUMMARY_NAME, ResultsWriter, parquet_to_jsonl, write_summary
+
 DEFLATE_LEVEL = 1
-_END = zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -15).flush()  # the stream's empty last block
-
-
-def _deflate(block: bytes) -> bytes:
-    c = zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -15)
-    return c.compress(block) + c.flush(zlib.Z_SYNC_FLUSH)
-
-
-def _copy_pictures(path: Path, summaries: list[dict[str, Any]], pictures: PartReader,
-                   out: zipfile.ZipFile) -> list[dict[str, Any]]:  # fmt: skip
-    """A run of one part's rows' pictures into results.zip, as stored (already compressed); the
-    rows' summaries with the pictures' names there."""
-    named = [(s, zip_name(s["index"], s["file"], Path(s["overlay"]).suffix)) for s in summaries if s["overlay"]]
-    if not named or (all(s["overlay"] == name for s, name in named)
-                     and pictures.copy_pictures(path, [name for _, name in named], out)):  # fmt: skip
-        return summaries
-    for s, name in named:  # one by one, renamed: a part written before overlays had their final names
-        out.writestr(name, pictures.picture(path, s["overlay"]), compress_type=zipfile.ZIP_STORED)
-    renamed = {s["index"]: name for s, name in named}
-    return [s | {"overlay": renamed[s["index"]]} if s["index"] in renamed else s for s in summaries]
 
 
 class ResultsZip:
-    """results.zip being written: runs of the parts' rows added in index order, then finished.
-    Pictures go in as they come; results.jsonl's rows are deflated in blocks on a few threads and
-    spooled to a file beside it (a zip is written a member at a time, and the pictures come
-    first), its CRC and sizes counted as they come; `finish` appends it and summary.csv.
-    `add_part` queues a part on a thread of its own: the job's thread goes on meanwhile."""
+    """results.zip being written: runs of the parts' rows added in index order, then finished."""
 
-    def __init__(self, jd: Path):
+    def __init__(self, jd: Path, jsonl: bool = False):
         self.jd = jd
-        self.path = jd / f".results.{secrets.token_hex(4)}.zip"
+        self.jsonl = jsonl
+        tag = secrets.token_hex(4)
+        self.path = jd / f".results.{tag}.zip"
+        self._parquet = ResultsWriter(jd / f".results.{tag}.parquet")
+        self._summary = open(jd / f".summary.{tag}.csv", "w+b")  # noqa: SIM115 -- closed in _close
+        self._zf = zipfile.ZipFile(self.path, "w", zipfile.ZIP_STORED)
         self.next_index = 0  # add_part: the index the next part must begin with
         self.abandoned = self.finished = False
-        self._zf = zipfile.ZipFile(self.path, "w", zipfile.ZIP_STORED)
-        self._spool = open(self.path.with_suffix(".jsonl.deflate"), "w+b")  # noqa: SIM115 -- closed in _close
-        self._threads = min(8, os.cpu_count() or 2)
-        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="arrcoc-deflate")
-        self._window: deque[Future[bytes]] = deque()  # bounded: 2 blocks per thread deflated ahead
-        self._pending: list[bytes] = []
-        self._pending_size = 0
-        self._crc = self._size = 0
-        self._csv = io.StringIO()
-        self._summary = csv.DictWriter(self._csv, fieldnames=SUMMARY_FIELDS)
-        self._summary.writeheader()
-        self._parts = PartReader()
-        self._queue = ThreadPoolExecutor(1, thread_name_prefix="arrcoc-results-zip")  # add_part's, in order
-        self._queued: deque[Future[None]] = deque()
         self.ms = 0.0  # the time add_part's parts took
 
-    def add(self, path: Path, start: int, stop: int, summaries: list[dict[str, Any]]) -> None:
-        """Lines [start, stop) of a part, whose summaries are `summaries`."""
-        self._summary.writerows(_copy_pictures(path, summaries, self._parts, self._zf))
-        self._pending.append(self._parts.rows(path, start, stop))
-        self._pending_size += len(self._pending[-1]) + 1
-        if self._pending_size >= JSONL_BLOCK:
-            self._deflate_pending()
+    def add(self, path: Path, rows: pa.Table) -> None:
+        """Rows of a part (a run of its rows, in index order): pictures copied, rows appended."""
+        copy_pictures(path, overlay_names(rows), self._zf)
+        self._parquet.add(rows)
+        write_summary(rows, self._summary, header=self._summary.tell() == 0)
 
     def add_part(self, path: Path) -> None:
-        """A part just written, whole, queued: added if its rows are the next ones in index
-        order; otherwise (items failed apart, a part rewritten) the zip is given up."""
-        while self._queued and self._queued[0].done():
-            self._queued.popleft().result()
-        self._queued.append(self._queue.submit(self._add_part, path))
-
-    def _add_part(self, path: Path) -> None:
+        """A part just written, whole: added if its rows are the next ones in index order;
+        otherwise (items failed apart, a part rewritten) the zip is given up."""
         if self.abandoned:
             return
         t0 = time.perf_counter()
-        summaries = self._parts.summaries(path)
-        first = summaries[0]["index"] if summaries else self.next_index
-        if [s["index"] for s in summaries] != list(range(first, first + len(summaries))) or first != self.next_index:
-            self.abandoned = True  # the files go in abandon(), on the job's thread
+        rows = part_table(path)
+        index = rows["index"].to_numpy()
+        if not contiguous(index, self.next_index):
+            self.abandon()
             return
-        self.add(path, 0, len(summaries), summaries)
-        self.next_index += len(summaries)
+        self.add(path, rows)
+        self.next_index += len(index)
         self.ms += (time.perf_counter() - t0) * 1e3
 
-    def wait(self) -> None:
-        """Until the queued parts are in."""
-        while self._queued:
-            self._queued.popleft().result()
-
-    def _deflate_pending(self) -> None:
-        block = b"\n".join(self._pending) + b"\n"
-        self._pending, self._pending_size = [], 0
-        self._crc, self._size = zlib.crc32(block, self._crc), self._size + len(block)
-        if len(self._window) >= 2 * self._threads:
-            self._spool.write(self._window.popleft().result())
-        self._window.append(self._pool.submit(_deflate, block))
-
     def finish(self) -> Path:
-        """results.jsonl and summary.csv appended; renamed to results.zip."""
+        """results.parquet, summary.csv (and results.jsonl) appended; renamed to results.zip."""
         try:
-            self.wait()
-            if self._pending:
-                self._deflate_pending()
-            while self._window:
-                self._spool.write(self._window.popleft().result())
-            self._spool.write(_END)
-            zf, fp = self._zf, self._zf.fp
-            assert fp is not None
-            info = zipfile.ZipInfo("results.jsonl", time.localtime()[:6])
-            info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o600 << 16
-            info.CRC, info.file_size, info.compress_size = self._crc, self._size, self._spool.tell()
-            info.header_offset = zf.start_dir
-            fp.seek(zf.start_dir)
-            fp.write(info.FileHeader())
-            self._spool.seek(0)
-            shutil.copyfileobj(self._spool, fp, 1 << 20)
-            zf.filelist.append(info)
-            zf.NameToInfo[info.filename] = info
-            zf.start_dir = fp.tell()
-            zf.writestr("summary.csv", self._csv.getvalue(), compress_type=zipfile.ZIP_DEFLATED,
-                        compresslevel=DEFLATE_LEVEL)  # fmt: skip
+            self._parquet.close()
+            zf = self._zf
+            zf.write(self._parquet.path, RESULTS_NAME)  # stored: Parquet's pages are compressed already
+            if self._summary.tell() == 0:
+                write_summary(pa.table({"index": pa.array([], pa.int32())}), self._summary, header=True)
+            self._summary.seek(0)
+            with zf.open(zipfile.ZipInfo(SUMMARY_NAME, time.localtime()[:6]), "w") as out:
+                shutil.copyfileobj(self._summary, out, 1 << 20)
+            if self.jsonl:
+                info = zipfile.ZipInfo(JSONL_NAME, time.localtime()[:6])
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with zf.open(info, "w") as out:
+                    parquet_to_jsonl(self._parquet.path, out)
             zf.close()
+            os.replace(self._parquet.path, self.jd / RESULTS_NAME)
             os.replace(self.path, self.jd / "results.zip")
             self.finished = True
             return self.jd / "results.zip"
@@ -156,7 +89,6 @@ class ResultsZip:
 
     def complete(self, total: int) -> bool:
         """Whether add_part's parts held every item of a job of `total` items, in order."""
-        self.wait()
         return not self.abandoned and self.next_index == total
 
     def abandon(self) -> None:
@@ -168,27 +100,27 @@ class ResultsZip:
         self.path.unlink(missing_ok=True)
 
     def _close(self) -> None:
-        self._queue.shutdown(wait=True, cancel_futures=True)
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._window.clear()
-        self._parts.close()
         self._zf.close()
-        self._spool.close()
-        Path(self._spool.name).unlink(missing_ok=True)
+        if not self._summary.closed:
+            self._summary.close()
+            Path(self._summary.name).unlink(missing_ok=True)
+        if not self.finished:
+            self._parquet.discard()
 
 
-def build_results_zip(jd: Path) -> Path:
-    """results.zip from the parts: one row per recorded item, the last part's where an item was
-    written twice."""
+def build_results_zip(jd: Path, jsonl: bool = False) -> Path:
+    """results.zip from the parts: one row per written item, the last part's where an item was
+    written twice; each run of one part's rows one row group."""
     found = read_parts(jd)
     order = sorted(found)
-    out = ResultsZip(jd)
+    out = ResultsZip(jd, jsonl)
     try:
-        at = 0
         for path, start, stop in runs(found, order):
-            out.add(path, start, stop, [found[i][2] for i in order[at : at + stop - start]])
-            at += stop - start
+            out.add(path, part_table(path).slice(start, stop - start))
     except BaseException:
         out.abandon()
         raise
     return out.finish()
+
+
+__all__ = ["ResultsZip", "build_results_zip"]
