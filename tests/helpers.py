@@ -110,3 +110,12 @@ def worker_settings(root: Path, prefix: str, **extra: str) -> Iterator[dict[str,
         keys = [k for pat in (f"{prefix}-{tag}:*", f"*{tag}*") for k in r.scan_iter(pat)]
         if keys:
             r.delete(*keys)
+
+
+def result_rows(zf: zipfile.ZipFile) -> list[dict]:
+    """A results zip's rows (results.parquet without the maps), each with `ok` as its status says."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(zf.read("results.parquet")),
+                          columns=["index", "file", "query", "status", "error", "overlay", "match_score"])  # fmt: skip
+    return [r | {"ok": r["status"] == "ok"} for r in table.to_pylist()]

@@ -5,14 +5,13 @@ device at once; the API token reaches `arrcoc job` through Redis; owners are kep
 from __future__ import annotations
 
 import io
-import json
 import time
 import uuid
 import zipfile
 
 import pytest
 from abuse_inputs import du, png16, png_bytes, png_header
-from helpers import BROKER, make_zip, worker_settings
+from helpers import BROKER, make_zip, result_rows, worker_settings
 from PIL import Image
 
 from arrcoc.bench.processes import Worker, worker_env
@@ -92,7 +91,7 @@ def test_hostile_items_fail_alone_and_nothing_is_lost(ex):
     st = wait(lambda: (s := ex.status(job, owner="client:" + "a" * 32)).state.finished and s, 180, "the job finished")
     assert st.state == JobState.DONE and st.total == len(names) == st.done + st.failed, st
     with zipfile.ZipFile(ex.batch_results(job)) as zf:
-        rows = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+        rows = result_rows(zf)
     assert [r["file"] for r in rows] == names  # every item, in order, once
     failed = {r["file"]: r["error"] for r in rows if not r["ok"]}
     assert set(failed) >= {n for n in names if n.startswith("bad/")} | {"good/b.png", "modes/la.png"}, failed

@@ -22,6 +22,7 @@ import pytest
 
 sync_api = pytest.importorskip("playwright.sync_api")
 from demo_server import serve  # noqa: E402
+from helpers import result_rows  # noqa: E402
 from PIL import Image  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -266,7 +267,7 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     saved = tmp_path / "results.zip"
     dl.value.save_as(saved)
     with zipfile.ZipFile(saved) as zf:
-        assert len(zf.read("results.jsonl").decode().splitlines()) == len(photos)
+        assert len(result_rows(zf)) == len(photos)
 
     page.goto(f"{app_url}?job={job_id}")  # a refresh with the job in the URL shows it again
     page.wait_for_function("(id) => (document.querySelector('#batch-status')?.innerText || '').includes(id)", arg=job_id)

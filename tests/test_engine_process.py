@@ -49,10 +49,10 @@ def test_results_through_the_socket_equal_the_runtimes(served):
     with pytest.raises(InvalidInputError, match="eager"):
         client.infer(image, "the cup", controls, timeout=60, backend="onnx")
     batch = client.process([png_bytes(i) for i in range(3)] + [b"not an image"], ["the sky"] * 4, Controls(), "jpeg")
-    assert [p.result.bucket for p in batch.items[:3]] == [4, 4, 4]
-    assert all(p.overlay[:2] == b"\xff\xd8" for p in batch.items[:3])  # JPEG overlays, encoded over there
-    assert batch.items[3].result is None and batch.items[3].error["type"] == "ImageError"
-    assert_same_result(batch.items[0].result, runtime.process([png_bytes(0)], ["the sky"], Controls(), "none").items[0].result)
+    assert batch.outputs.bucket[:3].tolist() == [4, 4, 4] and batch.outputs.ok.tolist() == [True] * 3 + [False]
+    assert all(data[:2] == b"\xff\xd8" for data in batch.overlays[:3])  # JPEG overlays, encoded over there
+    assert batch.result(3) is None and batch.overlays[3] is None and "image" in batch.errors[3]
+    assert_same_result(batch.result(0), runtime.process([png_bytes(0)], ["the sky"], Controls(), "none").result(0))
 
 
 def test_a_late_reply_never_reaches_the_next_call(served):

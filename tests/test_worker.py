@@ -11,7 +11,7 @@ import time
 import zipfile
 
 import pytest
-from helpers import BROKER, assert_same_result, make_zip, png_bytes, worker_settings
+from helpers import BROKER, assert_same_result, make_zip, png_bytes, result_rows, worker_settings
 
 from arrcoc.bench.processes import REPO, Worker, worker_env
 from arrcoc.errors import ImageError, InvalidInputError, JobError
@@ -192,7 +192,7 @@ def test_batch_job_with_progress_and_zip(celery_ex):
     assert (st.state, st.total, st.done, st.failed) == (JobState.DONE, n + 1, n, 1), st
     assert seen == sorted(seen) and any(0 < d + f < n + 1 for d, f in seen)  # progress, never backwards
     with zipfile.ZipFile(celery_ex.batch_results(job)) as zf:
-        rows = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+        rows = result_rows(zf)
         assert [r["index"] for r in rows] == list(range(n + 1))
         assert [r["query"] for r in rows[:2]] == ["a face", "the sky"]
         bad = [r for r in rows if not r["ok"]]
@@ -257,10 +257,18 @@ def test_cli_submit_infer_and_batch(env, worker, tmp_path):
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().splitlines()[0]
     assert job_id.startswith("batch-") and "3 done" in proc.stderr
-    assert "results.jsonl" in zipfile.ZipFile(tmp_path / "out.zip").namelist()
+    assert "results.parquet" in zipfile.ZipFile(tmp_path / "out.zip").namelist()
     status = subprocess.run([sys.executable, "-m", "arrcoc", "job", "status", job_id, "--json"], env=run_env,
                             capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
     assert json.loads(status.stdout)["state"] == "done"
+    for fmt in ("parquet", "jsonl"):  # the rows alone, as Parquet or converted to JSON lines
+        subprocess.run([sys.executable, "-m", "arrcoc", "job", "fetch", job_id, "--format", fmt, "--out",
+                        str(tmp_path / f"rows.{fmt}")], env=run_env, check=True, timeout=60, cwd=REPO)  # fmt: skip
+    lines = [json.loads(x) for x in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [x["index"] for x in lines] == [0, 1, 2] and len(lines[0]["relevance"]) == 32
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "rows.parquet")["file"].to_pylist() == [x["file"] for x in lines]
 
 
 def test_cli_loadtest_spreads_clients_over_processes(env, worker, tmp_path):

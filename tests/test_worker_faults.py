@@ -10,7 +10,7 @@ import time
 import zipfile
 
 import pytest
-from helpers import make_zip, png_bytes, seeded_weights
+from helpers import make_zip, png_bytes, result_rows, seeded_weights
 
 from arrcoc.bench.processes import RedisServer, Worker, worker_env
 from arrcoc.errors import ArrcocError, ServiceUnavailableError
@@ -67,7 +67,7 @@ def wait_for(ex, job, predicate, timeout):
 
 def assert_every_item_exactly_once(ex, job, total):
     with zipfile.ZipFile(ex.batch_results(job)) as zf:
-        rows = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+        rows = result_rows(zf)
         assert sorted(r["index"] for r in rows) == list(range(total))
         assert all(r["ok"] for r in rows)
         assert len([n for n in zf.namelist() if n.startswith("overlays/")]) == total

@@ -14,7 +14,7 @@ import time
 import zipfile
 
 import pytest
-from helpers import assert_same_result, make_zip, png_bytes, seeded_weights
+from helpers import assert_same_result, make_zip, png_bytes, result_rows, seeded_weights
 
 from arrcoc.bench.processes import REPO, RedisServer, Worker, child_pids, proc_stat, worker_env
 from arrcoc.errors import InvalidInputError
@@ -112,7 +112,7 @@ def test_batch_job_and_benchmark_through_the_group(celery_ex):
         time.sleep(0.2)
     assert (st.state, st.done, st.failed) == (JobState.DONE, 12, 1), st
     with zipfile.ZipFile(celery_ex.batch_results(job)) as zf:
-        assert len(zf.read("results.jsonl").splitlines()) == 13
+        assert len(result_rows(zf)) == 13
 
     bench = celery_ex.submit_bench(BenchRequest(variants=("arrcoc-texture",), backends=("eager",), buckets=(1,),
                                                 iterations=2, warmup=1, device="cpu"))  # fmt: skip

@@ -12,7 +12,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("job", help="status, cancel or fetch a batch / benchmark job")
     p.add_argument("action", choices=("status", "cancel", "fetch"))
     p.add_argument("job_id")
-    p.add_argument("--out", "-o", type=Path, help="fetch: where to write (default ./<id>.zip or .json)")
+    p.add_argument("--out", "-o", type=Path, help="fetch: where to write (default ./<id>.zip, .parquet, .jsonl or .json)")
+    p.add_argument("--format", choices=("zip", "parquet", "jsonl"), default="zip",
+                   help="fetch, a batch job: the results zip (overlays, results.parquet, summary.csv), its"
+                        " results.parquet alone, or its rows as JSON lines (converted here from results.parquet)")
     p.add_argument("--json", action="store_true", help="status: print JSON")
     p.add_argument("--broker", help="Redis URL (default ARRCOC_BROKER_URL or the local Redis)")
     p.add_argument("--token", help="the deployment's API token (default ARRCOC_API_TOKEN)")
@@ -43,9 +46,27 @@ def run(args) -> int:
             out = args.out or Path(f"{args.job_id}.json")
             out.write_text(json.dumps(ex.bench_report(args.job_id, owner=who), indent=2))
         else:
-            out = args.out or Path(f"{args.job_id}.zip")
-            shutil.copyfile(ex.batch_results(args.job_id, owner=who), out)
+            out = args.out or Path(f"{args.job_id}.{args.format}")
+            _fetch_batch(ex.batch_results(args.job_id, owner=who), out, args.format)
         print(out, file=sys.stderr)
         return 0
     finally:
         ex.close()
+
+
+def _fetch_batch(results_zip: Path, out: Path, fmt: str) -> None:
+    """The results zip, or its results.parquet, or that as JSON lines, at `out`."""
+    if fmt == "zip":
+        shutil.copyfile(results_zip, out)
+        return
+    import zipfile
+
+    from ..service.jobs.results import RESULTS_NAME, parquet_to_jsonl
+
+    with zipfile.ZipFile(results_zip) as zf, zf.open(RESULTS_NAME) as src:
+        if fmt == "parquet":
+            with open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        else:
+            with open(out, "wb") as dst:
+                parquet_to_jsonl(src, dst)
