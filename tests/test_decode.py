@@ -309,3 +309,71 @@ def test_decode_pending_gives_each_request_its_pixels_and_the_stage_time_in_orde
     assert isinstance(out[2], ImageError)
     assert [int(o.pixels[0, 0, 0]) for o in (out[0], out[1], out[3])] == [3, 7, 6]
     assert all(o.batch_decode_ms == 2.5 and o.encoded is None for o in (out[0], out[1], out[3]))
+
+
+def test_resize_by_size_group_is_one_call_per_group_with_each_images_own_pixels(monkeypatch) -> None:
+    """The GPU branch's resize on CPU tensors: images of one shape going to one size are resized in
+    one call; every image gets the pixels it gets resized alone, in its own place."""
+    import arrcoc.preprocess as pre
+
+    rng = np.random.default_rng(3)
+    shapes = [(60, 80), (45, 30), (60, 80), (60, 80), (45, 30)]
+    images = [torch.from_numpy(rng.integers(0, 255, (3, h, w), dtype=np.uint8)) for h, w in shapes]
+    sizes = [(32, 32), (32, 32), (32, 32), (16, 24), (32, 32)]
+    calls: list[int] = []
+    real = pre.resize
+    monkeypatch.setattr(pre, "resize", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+    got = pre.resize_groups(images, sizes)
+    assert sorted(calls) == [1, 2, 2]  # (60x80 -> 32) x2, (45x30 -> 32) x2, (60x80 -> 16x24) x1
+    for img, size, out in zip(images, sizes, got, strict=True):
+        assert torch.equal(out, real(img.unsqueeze(0), *size)[0])
+
+
+def test_a_steps_overlays_drawn_as_one_tensor_operation_match_pillows_drawing() -> None:
+    """The GPU branch's overlay drawing on CPU tensors: views of several sizes in one call, each
+    the same picture as arrcoc.render.overlay draws with Pillow (cells on the same pixels, the
+    blend within one level of rounding), none a neighbour's."""
+    from arrcoc.render import blend_overlays, overlay
+
+    rng = np.random.default_rng(5)
+    shapes = [(600, 800), (333, 517), (600, 800), (64, 64)]
+    views = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in shapes]
+    maps = rng.random((len(views), 32, 32)).astype(np.float32)
+    got = blend_overlays([torch.from_numpy(v.transpose(2, 0, 1).copy()) for v in views], maps)
+    for view, m, picture in zip(views, maps, got, strict=True):
+        ref = np.asarray(overlay(Image.fromarray(view), m), dtype=np.int16)
+        assert picture.dtype == torch.uint8 and tuple(picture.shape) == (3, *view.shape[:2])
+        assert np.abs(picture.numpy().transpose(1, 2, 0).astype(np.int16) - ref).max() <= 1
+
+
+def test_a_png_in_a_gpu_decoded_step_falls_back_alone_and_the_step_runs(monkeypatch) -> None:
+    """A batch-job step of JPEGs with a PNG among them on the GPU path: the JPEGs go to the GPU
+    decoder in one call, the PNG to Pillow, and every item has its result, the PNG's the same as
+    its own request's. Stand-in: the nvJPEG call is Pillow's decode (nvJPEG cannot run in CI)."""
+    from arrcoc.request import Controls
+    from arrcoc.service.host.runtime import Runtime
+    from arrcoc.settings import default_settings
+
+    photo = Image.open(EXAMPLES / "coffee.jpg")
+    png = io.BytesIO()
+    photo.resize((320, 240)).save(png, "PNG")
+    step = [(EXAMPLES / "chelsea.jpg").read_bytes(), png.getvalue(), (EXAMPLES / "astronaut.jpg").read_bytes()]
+    runtime = Runtime(default_settings(device="cpu", backend="eager", backends=("eager",), broker_url=None))
+    try:
+        dec = runtime.pipeline.decoder
+        sent: list[int] = []
+
+        def nvjpeg(encoded, view_side):
+            sent.append(len(encoded))
+            return [dec._cpu_one(e.data, view_side) for e in encoded]
+
+        monkeypatch.setattr(dec, "gpu", True)
+        monkeypatch.setattr(dec, "_gpu_many", nvjpeg)
+        batch = runtime.process(step, ["the red one"] * 3, Controls(), "jpeg")
+        assert sent == [2] and batch.outputs.ok.tolist() == [True] * 3 and batch.errors == [None] * 3
+        assert all(data[:2] == b"\xff\xd8" for data in batch.overlays)
+        alone = runtime.pipeline.infer([step[1]], "the red one")[0]
+        np.testing.assert_allclose(batch.outputs.relevance[1], alone.relevance, atol=1e-5)
+        assert batch.outputs.selected[1].tolist() == alone.selected.tolist()
+    finally:
+        runtime.close()
