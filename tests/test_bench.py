@@ -97,7 +97,7 @@ def test_startup_cold_then_warm_in_separate_processes():
 def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(tmp_path):
     """`arrcoc bench e2e` on CPU, in-process, a tiny workload: every batch item and every request
     succeeds, each stage is timed, and the report compares the job with the engine alone timed
-    just before and after it (the 2-core figure of issue 12)."""
+    just before and after it, and with the two peer scripts run on the same photos."""
     from arrcoc.bench.e2e import E2EConfig, markdown, run_e2e, write
 
     cfg = E2EConfig(device="cpu", backend="eager", items=16, large_items=0, png_items=0, requests=8, clients=2,
@@ -121,5 +121,14 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     assert f"**{ratio['against_mean']}** against the mean" in text and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
     assert " / ".join(str(r["throughput_rps"]) for r in rounds) in text
     assert f"[{' / '.join(str(r['images_per_s']) for r in jobs)}]" in text
+    bare = report["batch_inprocess"]["jpeg_800x600_no_overlays"]  # the job without overlays, its own row
+    assert bare["items"] == bare["rows"] == 16 and bare["failed"] == 0
+    peers = report["peers"]  # the hand-written scripts, on the same photos, each writing every row
+    assert set(peers) == {"dataloader", "batched"}
+    assert all(p["items"] == p["rows"] == 16 and p["images_per_s"] > 0 for p in peers.values()), peers
+    best = report["job_over_best_peer"]
+    fastest = max(p["images_per_s"] for p in peers.values())
+    assert best["overlays"] == round(job["images_per_s"] / fastest, 3) and "no_overlays" in best
+    assert f"**{best['overlays']}x**" in text and "| inprocess | jpeg_800x600_no_overlays | 16 (0 failed)" in text
     paths = write(report, tmp_path / "e2e")
     assert json.loads(paths[0].read_text())["job_over_engine_alone"] == ratio

@@ -6,6 +6,9 @@ JPEG, plus PNGs) through the project's own executors:
   fraction (nvidia-smi, sampled every 100 ms) and where the time went per stage (unpack, read,
   decode, engine, render + encode, write; the job runner's own accounting);
 - the engine alone on the same items at the same batch size, for comparison;
+- two hand-written peer scripts on the same 800x600 photos and model (arrcoc.bench.peers: a
+  DataLoader with Pillow workers, and one process decoding a batch at a time), beside the job
+  with and without overlays;
 - interactive requests: p50/p99 with 1 caller, throughput and p50/p99 with 32 concurrent callers,
   with the per-request split the results carry (decode + resize, engine, the rest);
 - all of it in-process and through Celery (a redis-server and an `arrcoc worker` started here).
@@ -19,6 +22,7 @@ import functools
 import io
 import json
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
@@ -58,6 +63,7 @@ class E2EConfig:
     client_processes: int = 8  # client processes driving the Celery measurements
     redis_io_threads: int = 1  # redis-server's I/O threads (its --io-threads)
     overlay: str = "jpeg"
+    peers: bool = True  # the two hand-written peer scripts (arrcoc.bench.peers) on the 800x600 photos
     # the many-callers phases and each batch job run this many times in a row; the figure is the
     # round of median req/s or images/s, every round listed beside it (runs of the same code minutes
     # apart moved by 10-20% on the H100)
@@ -157,8 +163,8 @@ def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "th
     st = ex.status(job)
     stages = json.loads(ex.store.record(job).get("stage_ms") or "{}")
     stages["unpack"] = (t_unpacked - t0) * 1e3
-    with zipfile.ZipFile(path) as zf:
-        rows = sum(1 for _ in zf.read("results.jsonl").splitlines())
+    with zipfile.ZipFile(path) as zf, zf.open("results.parquet") as f:
+        rows = pq.ParquetFile(f).metadata.num_rows
     return {
         "items": n, "done": st.done, "failed": st.failed, "rows": rows, "wall_s": round(wall, 3),
         "images_per_s": round(n / wall, 1), "gpu_busy": busy.fraction,
@@ -322,6 +328,15 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
                 # the engine beside it, before and after
                 report["engine_alone_after"] = alone()
         report["job_over_engine_alone"] = job_over_engine_alone(report)
+        if cfg.items:
+            progress(f"batch job in-process, no overlays: {cfg.items} x jpeg_800x600")
+            bare = InProcessExecutor(settings.model_copy(update={"overlay_format": "none", "data_dir": root / "bare"}),
+                                     ex.runtime.pipeline)  # the same engine, lent  # fmt: skip
+            try:
+                report["batch_inprocess"]["jpeg_800x600_no_overlays"] = repeated_job(
+                    bare, _zip(work["jpeg_800x600"], cfg.items, ".jpg"), cfg.items, device, cfg.rounds)
+            finally:
+                bare.close()
         image = work["jpeg_800x600"][1]
         shared = _Lent(ex)
         progress("interactive in-process: 1 caller")
@@ -331,6 +346,9 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
                                                                rounds=cfg.rounds)  # fmt: skip
     finally:
         ex.close()
+    if cfg.peers and cfg.items:
+        report["peers"] = run_peers(cfg, work["jpeg_800x600"], root, device, progress)
+        report["job_over_best_peer"] = job_over_best_peer(report)
     if cfg.celery:
         try:
             report.update(_celery(cfg, work, root, device, progress))
@@ -338,6 +356,42 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
             report["celery_error"] = f"{type(e).__name__}: {e}"
             progress(f"Celery part failed: {report['celery_error']}")
     return report
+
+
+def run_peers(cfg: E2EConfig, photos: list[bytes], root: Path, device: torch.device, progress) -> dict[str, Any]:
+    """Each peer script (arrcoc.bench.peers) in a process of its own on the job's 800x600 photos,
+    written out as files; its own timing, and the rows it wrote."""
+    folder = root / "photos"
+    folder.mkdir(exist_ok=True)
+    for i in range(cfg.items):
+        (folder / f"img{i:05d}.jpg").write_bytes(photos[i % len(photos)])
+    out: dict[str, Any] = {}
+    for peer in ("dataloader", "batched"):
+        progress(f"peer script: {peer} on {cfg.items} photos")
+        rows = root / f"peer-{peer}.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "arrcoc.bench.peers", peer, "--photos", str(folder), "--out",
+                               str(rows), "--device", str(device), "--backend", cfg.backend],
+                              capture_output=True, text=True, timeout=3600)  # fmt: skip
+        if proc.returncode != 0:
+            out[peer] = {"error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
+            continue
+        out[peer] = json.loads(proc.stdout.strip().splitlines()[-1])
+        with open(rows, "rb") as f:
+            out[peer]["rows"] = sum(1 for _ in f)
+    return out
+
+
+def job_over_best_peer(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The in-process 800x600 job's images/s (with overlays and without) over the faster peer's."""
+    peers = {k: v["images_per_s"] for k, v in report.get("peers", {}).items() if "images_per_s" in v}
+    jobs = report.get("batch_inprocess", {})
+    if not peers or "jpeg_800x600" not in jobs:
+        return None
+    best = max(peers, key=peers.get)
+    out = {"best_peer": best, "overlays": round(jobs["jpeg_800x600"]["images_per_s"] / peers[best], 3)}
+    if "jpeg_800x600_no_overlays" in jobs:
+        out["no_overlays"] = round(jobs["jpeg_800x600_no_overlays"]["images_per_s"] / peers[best], 3)
+    return out
 
 
 def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, progress) -> dict[str, Any]:
@@ -415,6 +469,16 @@ def markdown(report: dict[str, Any]) -> str:
     if ratio:
         lines += ["", f"The 800x600 job in-process over the engine alone: **{ratio['against_mean']}** against the"
                       f" mean of the two, {ratio['against_faster']} against the faster."]  # fmt: skip
+    peers = report.get("peers")
+    if peers:
+        lines += ["", "Peer scripts on the same photos and model (arrcoc.bench.peers; maps and selections as JSON lines,"
+                      " no overlays): " + "; ".join(f"{k} **{v['images_per_s']} images/s**" if "images_per_s" in v
+                                                   else f"{k} failed: {v.get('error')}" for k, v in peers.items()) + "."]  # fmt: skip
+    best = report.get("job_over_best_peer")
+    if best:
+        off = f", without overlays **{best['no_overlays']}x**" if "no_overlays" in best else ""
+        lines += ["", f"The 800x600 job in-process over the best peer ({best['best_peer']}): **{best['overlays']}x**"
+                      f" with overlays{off}."]  # fmt: skip
     lines += ["", "cores: this process's CPU time over wall time while it ran (the machine has "
               f"{env['cpu_count']}); in-process, near 1 means the Python threads take turns (the GIL).", ""]
     lines += ["## Interactive requests", "", "| path | callers | req/s | p50 ms | p99 ms | cores | mean: caller's check or decode+resize, the batch's GPU decode, engine batch, queue+rest (ms) |",
@@ -446,9 +510,9 @@ def _each(row: dict[str, Any], key: str, brackets: str) -> str:
 
 
 # the batch job runner's stages (jobs/batch.py, host.process), per item; `chunk` is a chunk's whole
-# wall time (the others overlap inside it), `finalize` building results.zip
-STAGES = ("unpack", "read_wait", "decode", "engine", "render_encode", "write_wait", "write", "results_zip", "finalize",
-          "chunk")  # fmt: skip
+# wall time (reading overlaps the others), `write` a step's part, `results_zip` adding it to the
+# results as it goes, `finalize` finishing results.zip
+STAGES = ("unpack", "read_wait", "decode", "engine", "render_encode", "write", "results_zip", "finalize", "chunk")
 # the stages that do work (not waits, not the chunk's wall time), one colour each in the plot
 WORK_STAGES = {"unpack": "#8c564b", "decode": "#1f77b4", "engine": "#d62728", "render_encode": "#ff7f0e",
                "write": "#2ca02c", "results_zip": "#9467bd", "finalize": "#7f7f7f"}  # fmt: skip

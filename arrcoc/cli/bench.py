@@ -47,6 +47,7 @@ def add_parser(sub) -> None:
     e.add_argument("--requests", type=int, help="interactive requests with one caller (many callers: twice as many)")
     e.add_argument("--clients", type=int)
     e.add_argument("--no-celery", action="store_true", help="in-process only (no redis-server and worker)")
+    e.add_argument("--no-peers", action="store_true", help="without the two hand-written peer scripts")
     e.add_argument("--worker-processes", type=int)
     e.add_argument("--engine-processes", type=int, help="engine processes in the Celery worker group (2 on a GPU, 1 on a CPU)")
     e.add_argument("--client-processes", type=int)
@@ -62,7 +63,7 @@ def run_e2e(args) -> int:
     from ..bench.e2e import E2EConfig, markdown, run_e2e, write
 
     given = {f.name: getattr(args, f.name) for f in fields(E2EConfig) if getattr(args, f.name, None) is not None}
-    cfg = E2EConfig(**given | {"celery": not args.no_celery})
+    cfg = E2EConfig(**given | {"celery": not args.no_celery, "peers": not args.no_peers})
     report = run_e2e(cfg, progress=lambda m: print(m, flush=True))
     env = report["env"]
     dev = (env.get("gpu") or "cpu").replace("NVIDIA ", "").split()[0].lower()
