@@ -6,8 +6,7 @@
 #   scripts/gpu_bench.sh startup VARIANT... cold/warm start of compiled and onnx -> $OUT
 #   scripts/gpu_bench.sh batching           dynamic batching on/off through Celery (carried
 #                                           .whl celery/redis wheels and .redis server) -> $OUT
-#   scripts/gpu_bench.sh probe [CONFIG...]  where the end-to-end CPU goes: scripts/batch_probe.py
-#                                           (batch-job variants), scripts/interactive_probe.py
+#   scripts/gpu_bench.sh probe              where the end-to-end CPU goes: scripts/interactive_probe.py
 #                                           (1 and 32 callers) and the worker group's engine
 #                                           process, under py-spy if .pyspy/ is carried -> probe.tgz
 #   scripts/gpu_bench.sh e2e [ARGS...]      arrcoc bench e2e, in-process and through Celery (.whl,
@@ -55,19 +54,12 @@ EOF
       --rounds 2 --out "$OUT" "$@" \
       2>&1 | tee "$OUT/batching.log" | grep -vE "Warning|warn\("
     ;;
-  probe)  # arguments: batch_probe.py configs (default: the thread and process writers); -> $OUT/probe.tgz
+  probe)  # -> $OUT/probe.tgz
     R="$OUT"; OUT=/tmp/probe; rm -rf "$OUT"; mkdir -p "$OUT"; trap 'tar czf "$R/probe.tgz" -C /tmp probe' EXIT
     # py-spy (carried in .pyspy/) samples the thread holding the GIL: where one process's time goes
     SPY=(); if [ -x /tmp/pyspy/bin/py-spy ] || ls .pyspy/py_spy-*.whl >/dev/null 2>&1; then  # installed by an earlier call, or carried
       [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/py_spy-*.whl
       SPY=(/tmp/pyspy/bin/py-spy record --gil -r 200 --format raw -o); fi
-    configs=("${@:-gpu-jpeg gpu-jpeg-process-writer}")
-    [ "${PROBE_BATCH:-1}" = 0 ] && configs=()  # PROBE_BATCH=0: the interactive and Celery parts only
-    for c in ${configs[@]}; do
-      ${SPY[@]:+${SPY[@]} "$OUT/spy-batch-$c.txt" --} $PY scripts/batch_probe.py --device cuda --items 2048 --configs $c \
-        --json "$OUT/batch-probe-$c.json" > "$OUT/batch-probe-$c.log" 2>&1; echo "batch_probe $c exit $?"
-      grep -E "images/s" "$OUT/batch-probe-$c.log"
-    done
     if [ "${PROBE_INTERACTIVE:-1}" = 1 ]; then  # PROBE_INTERACTIVE=0: the Celery part only
       [ "${PROBE_SPY_INTERACTIVE:-1}" = 0 ] && ISPY=() || ISPY=("${SPY[@]}")  # py-spy pauses the process per sample
       ${ISPY[@]:+${ISPY[@]} "$OUT/spy-interactive.txt" --} $PY scripts/interactive_probe.py --device cuda --clients 1 32 \
