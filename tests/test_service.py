@@ -644,3 +644,21 @@ def test_list_settings_read_from_the_environment_as_commas_or_json(monkeypatch):
     monkeypatch.setenv("ARRCOC_BACKENDS", "eager,tensorrt")
     with pytest.raises(ValidationError, match="ARRCOC_BACKENDS must name some of eager, compiled, onnx"):
         Settings()
+
+
+@pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r"])
+def test_summary_csv_cells_a_spreadsheet_would_run_are_neutralised(start):
+    """summary.csv's text cells (file, query, error) starting as a formula would are prefixed with
+    a quote (OWASP's CSV injection guidance); results.parquet keeps the text as it was."""
+    from arrcoc.service.host.interface import StepOutputs
+    from arrcoc.service.jobs.results import step_table, write_summary
+
+    text = f"{start}HYPERLINK(\"http://x\")"
+    table = step_table([(0, f"{text}.jpg", text), (1, "plain.jpg", "a query")], StepOutputs.failed(2, 32, 2),
+                       [text, "fine"], [None, None])  # fmt: skip
+    out = io.BytesIO()
+    write_summary(table, out, header=True)
+    rows = list(csv.DictReader(io.StringIO(out.getvalue().decode())))
+    assert [rows[0][k] for k in ("file", "query", "error")] == [f"'{text}.jpg", f"'{text}", f"'{text}"]
+    assert (rows[1]["file"], rows[1]["query"]) == ("plain.jpg", "a query")
+    assert table["file"][0].as_py() == f"{text}.jpg"
