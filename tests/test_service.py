@@ -662,3 +662,20 @@ def test_summary_csv_cells_a_spreadsheet_would_run_are_neutralised(start):
     assert [rows[0][k] for k in ("file", "query", "error")] == [f"'{text}.jpg", f"'{text}", f"'{text}"]
     assert (rows[1]["file"], rows[1]["query"]) == ("plain.jpg", "a query")
     assert table["file"][0].as_py() == f"{text}.jpg"
+
+
+def test_a_first_step_whose_items_all_failed_leaves_results_parquet_whole(inprocess):
+    """A step whose items all failed knows neither K nor the grid: results.parquet still has the
+    job's schema (the maps' width from the steps that ran), its rows first, one row group a step."""
+    from arrcoc.service.jobs import batch as jobs
+
+    step = jobs.step_items(inprocess.runtime)
+    files = {f"a{i:02d}.png": b"\x89PNG broken" for i in range(step)} | {f"b{i}.png": png_bytes(i) for i in range(2)}
+    job = inprocess.submit_batch(make_zip(files), "the sky")
+    st = wait_finished(inprocess, job)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, 2, step), st
+    with zipfile.ZipFile(inprocess.batch_results(job)) as zf:
+        f = pq.ParquetFile(io.BytesIO(zf.read("results.parquet")))
+    assert f.num_row_groups == 2 and f.schema_arrow.field("relevance").type.list_size == 32 * 32
+    table = f.read()
+    assert table["status"].to_pylist() == ["failed"] * step + ["ok"] * 2 and table["relevance"].null_count == step

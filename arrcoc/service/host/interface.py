@@ -57,7 +57,7 @@ class StepOutputs:
         return int(self.ok.shape[0])
 
     @classmethod
-    def failed(cls, n: int, grid: int = 1, k: int = 0) -> StepOutputs:
+    def failed(cls, n: int, grid: int = 1, k: int = 1) -> StepOutputs:
         """n items none of which ran."""
         maps = np.zeros((n, grid, grid), np.float32)
         pair = np.zeros((n, 3), np.float32)

@@ -99,24 +99,46 @@ def from_bytes(data: bytes, columns: list[str] | None = None) -> pa.Table:
 
 
 class ResultsWriter:
-    """results.parquet being written: each `add` one row group."""
+    """results.parquet being written: each `add` one row group. The file's schema is that of the
+    first step with a result (a step whose items all failed knows neither K nor the grid): steps
+    before it wait, small as they are, and are written first in its schema."""
 
     def __init__(self, path: Path):
         self.path = path
         self._writer: pq.ParquetWriter | None = None
+        self._waiting: list[pa.Table] = []
         self.rows = 0
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
         if self._writer is None:
+            if not pc.any(pc.equal(table["status"], "ok")).as_py():
+                self._waiting.append(table)
+                return
             self._writer = pq.ParquetWriter(self.path, table.schema, compression=COMPRESSION)
-        elif table.schema != self._writer.schema:  # one job, one K and grid: only a part of an older version differs
-            table = table.cast(self._writer.schema)
+            for waiting in self._waiting:
+                self._write(waiting)
+            self._waiting = []
+        self._write(table)
+
+    def _write(self, table: pa.Table) -> None:
+        assert self._writer is not None
+        schema = self._writer.schema
+        if not table.schema.equals(schema):  # rows without results: nulls of the file's types
+            n = table.num_rows
+            table = pa.table([table[f.name] if table.schema.field(f.name).type == f.type else
+                              pa.nulls(n, f.type) if table[f.name].null_count == n else table[f.name].cast(f.type)
+                              for f in schema], schema=schema)  # fmt: skip
         self._writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
 
     def close(self) -> None:
+        if self._writer is None and self._waiting:  # no item of the job ran
+            self._writer = pq.ParquetWriter(self.path, self._waiting[0].schema, compression=COMPRESSION)
+            for waiting in self._waiting:
+                self._write(waiting)
+            self._waiting = []
         if self._writer is None:  # a job with no rows still has a (empty) file
             pq.write_table(pa.table({"index": pa.array([], pa.int32())}).replace_schema_metadata(_metadata()), self.path)
         else:
@@ -128,6 +150,7 @@ class ResultsWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        self._waiting = []
         self.path.unlink(missing_ok=True)
 
 
