@@ -81,7 +81,7 @@ def _key(it: Item) -> ItemKey:
 
 def _fail_items(jd: Path, store: JobStore, job_id: str, failed: list[tuple[Item, str]]) -> None:
     if failed:
-        _, marks = write_part(jd, [_key(it) for it, _ in failed], StepOutputs.failed(len(failed)),
+        _, marks, _ = write_part(jd, [_key(it) for it, _ in failed], StepOutputs.failed(len(failed)),
                               [message for _, message in failed], [None] * len(failed), "")  # fmt: skip
         store.mark_items(job_id, marks)
 
@@ -187,11 +187,11 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
             for name, ms in batch.stage_ms.items():
                 stages[name] = stages.get(name, 0.0) + ms
             t1 = time.perf_counter()
-            part, marks = write_part(jd, [_key(it) for it in step], batch.outputs, batch.errors, batch.overlays, ext)
+            part, marks, rows = write_part(jd, [_key(it) for it in step], batch.outputs, batch.errors, batch.overlays, ext)
             store.mark_items(job_id, marks)  # recorded once its part is on disk
             _add(stages, "write", t1)
             if streamed is not None:
-                streamed.add_part(part)
+                streamed.add_part(part, rows)
             ran += len(step)
     return ran
 

@@ -51,9 +51,9 @@ def stored_data_start(header: bytes | memoryview, at: int = 0) -> int | None:
 
 
 def write_part(jd: Path, keys: Sequence[ItemKey], outputs, errors: Sequence[str | None],
-               overlays: Sequence[bytes | None], ext: str) -> tuple[Path, list[Mark]]:  # fmt: skip
+               overlays: Sequence[bytes | None], ext: str) -> tuple[Path, list[Mark], pa.Table]:  # fmt: skip
     """A step's results (`outputs`: StepOutputs over `keys`' items; `overlays` encoded, `ext`
-    their extension, "" for none) as a part; its path and what to record of its items."""
+    their extension, "" for none) as a part; its path, what to record of its items and its rows."""
     names = [zip_name(key[0], key[1], ext) if ext and data is not None and ok else None
              for key, data, ok in zip(keys, overlays, outputs.ok, strict=True)]  # fmt: skip
     table = step_table(keys, outputs, errors, names)
@@ -66,7 +66,7 @@ def write_part(jd: Path, keys: Sequence[ItemKey], outputs, errors: Sequence[str 
         zf.writestr(ROWS, to_bytes(table))
     os.replace(tmp, jd / "results" / name)
     marks = [(key[0], None if ok else (err or "The item failed.")) for key, ok, err in zip(keys, outputs.ok, errors, strict=True)]
-    return jd / "results" / name, marks
+    return jd / "results" / name, marks, table
 
 
 def part_table(path: Path, columns: list[str] | None = None) -> pa.Table:

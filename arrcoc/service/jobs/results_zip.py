@@ -45,13 +45,14 @@ class ResultsZip:
         self._parquet.add(rows)
         write_summary(rows, self._summary, header=self._summary.tell() == 0)
 
-    def add_part(self, path: Path) -> None:
-        """A part just written, whole: added if its rows are the next ones in index order;
-        otherwise (items failed apart, a part rewritten) the zip is given up."""
+    def add_part(self, path: Path, rows: pa.Table | None = None) -> None:
+        """A part just written, whole (`rows`: its rows, when the caller has them): added if its
+        rows are the next ones in index order; otherwise (items failed apart, a part rewritten)
+        the zip is given up."""
         if self.abandoned:
             return
         t0 = time.perf_counter()
-        rows = part_table(path)
+        rows = part_table(path) if rows is None else rows
         index = rows["index"].to_numpy()
         if not contiguous(index, self.next_index):
             self.abandon()
