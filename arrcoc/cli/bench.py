@@ -97,7 +97,8 @@ def merge(reports: list[dict]) -> dict:
 
 
 def run(args) -> int:
-    _quiet_libraries()  # before torch and the exporters are imported: some warn on import
+    if not args.render:
+        _quiet_libraries()  # before torch and the exporters are imported: some warn on import
     from ..bench.report import markdown_table, write_all
 
     if args.render:
@@ -171,6 +172,7 @@ def _quiet_libraries() -> None:
         warnings.filterwarnings("ignore", category=category)
     warnings.filterwarnings("ignore", module=r"torchvision(\.|$)")
     warnings.filterwarnings("ignore", message=r".*torchvision.*")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch\.onnx|onnxscript)")  # exporter chatter
     for name in ("torch.onnx", "onnxscript", "torch._dynamo", "torch._inductor"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
