@@ -2,7 +2,7 @@
 
 Writes DIR/<name>.json (the report), .md (table), .html (interactive, inline SVG) and .png.
 `arrcoc bench --render report.json [more.json ...]` merges reports and renders them again.
-What it runs by default suits the device (arrcoc.bench.device_defaults): a few seconds on a CPU,
+What it runs by default suits the device (arrcoc.bench.device_defaults): a short run on a CPU,
 the full set on a GPU; any flag given is used as given. On a terminal it draws a progress bar;
 piped or redirected, one plain line per step.
 """
