@@ -1,9 +1,11 @@
 """Batch-job overlays: the relevance map blended over the image, a step at a time, where the pixels are.
 
-The pictures of a step are drawn together as tensors (arrcoc.render.blend_overlays), on the GPU
-when the engine is there. On a GPU with torchvision, JPEGs are encoded there in one batched
-`encode_jpeg` call and come to the host in one copy; otherwise (a CPU worker, or PNG) the pictures
-come to the host in one copy and Pillow encodes them in a thread pool (it lets go of the GIL).
+On a GPU the step's pictures are drawn together as tensors (arrcoc.render.blend_overlays); JPEGs
+are encoded there in one batched `encode_jpeg` call and come to the host in one copy, PNGs come to
+the host in one copy and Pillow encodes them. On a CPU worker Pillow draws (arrcoc.render.overlay)
+and encodes each picture in a thread pool: its C code lets go of the GIL, so the step's pictures
+use every core, where the same tensor operations run several times slower. Both draw the same
+picture (to one level of rounding: tests/test_decode.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .render import blend_overlays
+from .render import blend_overlays, overlay
 
 JPEG_QUALITY = 90
 
@@ -27,20 +29,22 @@ def encode(views: Sequence[torch.Tensor], maps: np.ndarray, fmt: str, pool: Exec
     `quality` JPEG's."""
     if not len(views):
         return []
-    pictures = blend_overlays(views, maps)
-    if pictures[0].is_cuda and fmt == "jpeg":
-        from torchvision.io import encode_jpeg
+    if views[0].is_cuda:
+        pictures = blend_overlays(views, maps)
+        if fmt == "jpeg":
+            from torchvision.io import encode_jpeg
 
-        return _to_host_bytes(encode_jpeg(pictures, quality=quality))
-    hosts = to_host(pictures)
-    work = lambda a: _save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality)  # noqa: E731
-    return list(pool.map(work, hosts)) if pool is not None else [work(a) for a in hosts]
+            return _to_host_bytes(encode_jpeg(pictures, quality=quality))
+        work = lambda a: _save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality)  # noqa: E731
+        items = to_host(pictures)
+    else:
+        work = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)  # noqa: E731
+        items = list(zip(views, maps, strict=True))
+    return list(pool.map(work, items)) if pool is not None else [work(x) for x in items]
 
 
 def to_host(pictures: Sequence[torch.Tensor]) -> list[np.ndarray]:
-    """(3, h, w) uint8 tensors -> numpy arrays on the host, in one copy for the step."""
-    if not pictures[0].is_cuda:
-        return [p.numpy() for p in pictures]
+    """(3, h, w) uint8 tensors on the device -> numpy arrays on the host, in one copy for the step."""
     flat = torch.cat([p.reshape(-1) for p in pictures]).cpu().numpy()
     ends = np.cumsum([p.numel() for p in pictures])
     return [flat[end - p.numel() : end].reshape(p.shape) for p, end in zip(pictures, ends, strict=True)]
