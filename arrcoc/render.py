@@ -1,4 +1,4 @@
-"""Heatmap rendering, shared by the CLI, the demo and batch jobs. numpy + Pillow only."""
+"""Heatmap rendering, shared by the CLI, the demo and batch jobs. numpy + Pillow (torch only inside blend_overlays: a batch step's drawing on the GPU)."""
 
 from __future__ import annotations
 
