@@ -652,7 +652,7 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
                     cancel = gr.Button("Cancel", variant="stop", scale=1)
                 bar = gr.HTML(jobs.progress_html(None), elem_id="batch-progress")
                 status = gr.Markdown("No job yet.", elem_id="batch-status")
-                file = gr.File(label="results (.zip: overlays, results.jsonl, summary.csv)", interactive=False, elem_id="batch-results")
+                file = gr.File(label="results (.zip: overlays, results.parquet, summary.csv)", interactive=False, elem_id="batch-results")
         gr.Markdown("**Results**: each overlay with its file, query, match score and most relevant cell; failed items "
                     "are listed under it with their reason.", elem_classes="arr-caption")  # fmt: skip
         gallery = gr.HTML(elem_id="batch-gallery")

@@ -646,6 +646,25 @@ def test_list_settings_read_from_the_environment_as_commas_or_json(monkeypatch):
         Settings()
 
 
+def test_results_jsonl_is_in_the_zip_when_asked_with_the_parquet_files_rows(settings, tmp_path):
+    """ARRCOC_RESULTS_JSONL=1: results.jsonl beside results.parquet, the same rows in the same order."""
+    from arrcoc.service.client.inprocess import InProcessExecutor
+
+    ex = InProcessExecutor(settings.model_copy(update={"results_jsonl": True, "overlay_format": "none",
+                                                       "data_dir": tmp_path}))  # fmt: skip
+    try:
+        job = ex.submit_batch(make_zip({f"img{i}.png": png_bytes(i) for i in range(3)} | {"x.png": b"no"}), "the sky")
+        assert wait_finished(ex, job).state == JobState.DONE
+        with zipfile.ZipFile(ex.batch_results(job)) as zf:
+            lines = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+            table = pq.read_table(io.BytesIO(zf.read("results.parquet")))
+        assert [x["file"] for x in lines] == table["file"].to_pylist() and len(lines) == 4
+        ok = next(x for x in lines if x["status"] == "ok")
+        assert np.asarray(ok["relevance"]).shape == (32, 32) and len(ok["selected"]) == ok["k"]
+    finally:
+        ex.close()
+
+
 @pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r"])
 def test_summary_csv_cells_a_spreadsheet_would_run_are_neutralised(start):
     """summary.csv's text cells (file, query, error) starting as a formula would are prefixed with

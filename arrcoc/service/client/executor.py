@@ -71,7 +71,7 @@ class Executor(ABC):
         return self.store.status(job_id)
 
     def batch_results(self, job_id: str, owner: str | None = None) -> Path:
-        """Path of the results zip (overlay PNGs, results.jsonl, summary.csv) of a batch job."""
+        """Path of the results zip (overlays, results.parquet, summary.csv) of a batch job."""
         return batch.results_zip(self._job(job_id, owner), self.store, self.settings)
 
     def bench_report(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
