@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -102,6 +103,12 @@ class Settings(BaseSettings):
     # per client (token, browser or address) and minute, on the demo; 0: no limit
     rate_limit_infer_per_min: int = 60
     rate_limit_jobs_per_min: int = 6
+    # every other call (job status, cancel, the page's own follow-up events and polls): one open
+    # page polls once a second, so this leaves room for a few tabs
+    rate_limit_status_per_min: int = 300
+    # addresses or networks of the reverse proxies in front of the demo (e.g. "10.0.0.0/8,127.0.0.1"):
+    # X-Forwarded-For is believed only from these; empty: the peer's address is the client's
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ()
     # the reaper: expired job folders and the demo's temporary files are removed this often
     reap_interval_s: int = 600
     temp_max_age_s: int = 3600
@@ -125,7 +132,7 @@ class Settings(BaseSettings):
     # per request in flight
     engine_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
-    @field_validator("backends", "buckets", "token_scope", "engine_group", mode="before")
+    @field_validator("backends", "buckets", "token_scope", "engine_group", "trusted_proxies", mode="before")
     @classmethod
     def _list_from_env(cls, v: object) -> object:
         if isinstance(v, str):
@@ -159,6 +166,16 @@ class Settings(BaseSettings):
     def _known_scope(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if any(k not in ("batch", "bench") for k in v):
             raise ValueError("ARRCOC_TOKEN_SCOPE must name some of batch, bench, e.g. bench")
+        return tuple(v)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for p in v:
+            try:
+                ipaddress.ip_network(p, strict=False)
+            except ValueError:
+                raise ValueError(f"ARRCOC_TRUSTED_PROXIES: {p!r} is not an address or network, e.g. 10.0.0.0/8") from None
         return tuple(v)
 
     @field_validator("api_token")

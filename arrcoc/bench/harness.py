@@ -57,15 +57,17 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
     backends = ("eager",) + tuple(b for b in config.backends if b != "eager")
     startup_jobs = [(v, b) for v in config.variants for b in backends if b != "eager"] if config.startup else []
     total = len(config.variants) * (len(backends) + len(config.buckets)) + len(startup_jobs)
-    done = 0
+    done, doing = 0, "timing"
 
-    def step(msg: str | None) -> None:
-        """One more step done (msg None: a timed iteration, progress only). The callback may raise
-        to stop the run (a cancelled job's JobCancelled): that error is let through."""
-        nonlocal done
-        done += msg is not None
+    def step(msg: str | None, advance: bool = True) -> None:
+        """One more step done (msg None: a timed iteration, progress only; advance False: what the
+        next step is doing). The callback may raise to stop the run (a cancelled job's
+        JobCancelled): that error is let through."""
+        nonlocal done, doing
+        done += msg is not None and advance
+        doing = msg if msg is not None and not advance else doing
         if progress is not None:
-            progress(done / total, msg or "timing")
+            progress(done / total, msg or doing)
 
     report = {"schema": SCHEMA, "env": collect_env(device), "config": config.to_json(), "results": [],
               "startup": [], "warmup": [], "errors": [], "recompiles_after_warmup": 0}  # fmt: skip
@@ -108,11 +110,13 @@ def _warm(name: str, model, device, config, dtype, cache: Path) -> tuple[Backend
 
 def _bench_variant(variant, backends, config: BenchConfig, device, dtype, cache: Path, report: dict, step) -> None:
     torch.manual_seed(0)
+    step(f"{variant}: loading the model", advance=False)
     model = create_model(variant, bench_weights(variant, config.weights), device)
     v = get_variant(variant)
     ready: dict[str, Backend] = {}
     warm_info: dict[str, dict] = {}
     for name in backends:
+        step(f"{variant}: preparing {name} (building and warming up)", advance=False)
         try:
             ready[name], warm_info[name] = _warm(name, model, device, config, dtype, cache)
             report["warmup"].append({"variant": variant, **warm_info[name]})
@@ -128,6 +132,7 @@ def _bench_variant(variant, backends, config: BenchConfig, device, dtype, cache:
     compiles0 = compile_count()
     rows = []
     for bucket in config.buckets:
+        step(f"{variant}: timing batches of {bucket}", advance=False)
         rows += _bench_bucket(variant, v.benchmark_only, bucket, ready, reference, warm_info, model, config, device,
                               tick=lambda: step(None))  # fmt: skip
         step(f"{variant}: bucket {bucket}")

@@ -363,7 +363,7 @@ class Runtime(EngineHost):
 
         with self.exclusive() as note:
             if progress:
-                progress(0.0, "starting")
+                progress(0.0, "starting: loading the benchmark harness")
             report = run_benchmark(request, self.settings, progress)
         return report, note
 
