@@ -22,7 +22,6 @@ balancer starts from equal weights (see ArrcocClip.__init__).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,58 +30,19 @@ from torch import Tensor, nn
 
 from .attending import TokenAllocator
 from .balancing import TensionBalancer
+from .configs import CLIP_HUB_ID, ClipModelConfig  # noqa: F401 -- their home is configs.py
 from .encoders import CachedTextEncoder
 from .errors import WeightsError
 from .knowing import cell_index_map, luminance_entropy, salience
 from .model import ArrcocTexture
 from .texture import TextureConstants, texture_from_float
-from .vit import CLIPVisionTower, TowerConfig, interpolate_positions
+from .vit import CLIPVisionTower, interpolate_positions
 
-CLIP_HUB_ID = "openai/clip-vit-base-patch16"
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIPImageProcessor's image_mean
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 # What "nothing in particular" looks like to CLIP: the query must beat these at a patch to score there.
 NEUTRAL_PROMPTS = ("a photo.", "the background.", "an object.", "a thing.", "a texture.", "a surface.")
 OFFLINE_VARIANT = "arrcoc-texture"  # the variant that needs nothing from the hub
-
-
-@dataclass(frozen=True)
-class ClipModelConfig:
-    image_size: int = 224  # S; 448 runs the tower on a 28 x 28 grid, positions interpolated at load
-    cell: int = 16  # CLIP ViT-B/16's patch: one patch per relevance cell
-    hidden: int = 768
-    heads: int = 12
-    layers: int = 12
-    mlp: int = 3072
-    query_dim: int = 512  # CLIP's joint space (projection_dim): the text tower's output
-    text_hidden: int = 512  # text tower shape: only used to build random weights (benchmarks)
-    text_layers: int = 12
-    text_heads: int = 8
-    text_mlp: int = 2048
-    pretrained_size: int = 224  # the checkpoint's image size (its position grid is 14 x 14)
-    weights: str = CLIP_HUB_ID  # default source: a Hugging Face id or a local directory
-    resample: str = "bicubic"  # CLIPImageProcessor's resize
-    k: int = 40  # of 196 cells: about the same fraction as texture's 200 of 1024
-    token_budget: int = 5120  # 128 tokens per selected cell on average
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.cell
-
-    @property
-    def tower(self) -> TowerConfig:
-        return TowerConfig(self.image_size, self.cell, self.hidden, self.heads, self.layers, self.mlp)
-
-    def hf_config(self):
-        """transformers' CLIPConfig of the same shapes, at the checkpoint's image size."""
-        from transformers import CLIPConfig
-
-        vision = dict(hidden_size=self.hidden, intermediate_size=self.mlp, num_hidden_layers=self.layers,
-                      num_attention_heads=self.heads, image_size=self.pretrained_size, patch_size=self.cell,
-                      projection_dim=self.query_dim)  # fmt: skip
-        text = dict(hidden_size=self.text_hidden, intermediate_size=self.text_mlp, num_hidden_layers=self.text_layers,
-                    num_attention_heads=self.text_heads, projection_dim=self.query_dim)  # fmt: skip
-        return CLIPConfig(text_config=text, vision_config=vision, projection_dim=self.query_dim)
 
 
 def to_clip_tensor(img, size: int = 224) -> Tensor:

@@ -6,7 +6,6 @@ eagerly, under torch.compile(fullgraph=True), inside a CUDA graph and as an ONNX
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -14,6 +13,7 @@ from torch import Tensor, nn
 
 from .attending import TokenAllocator
 from .balancing import TensionBalancer
+from .configs import TextureModelConfig  # noqa: F401 -- its home is configs.py
 from .knowing import ParticipatoryScorer, cell_index_map, channel_softmax_entropy, luminance_entropy, salience
 from .texture import CHANNELS, TextureConstants, texture_from_float
 
@@ -36,23 +36,6 @@ class ModelOutput(NamedTuple):
     # `match_score` (arrcoc.result.WEAK_MATCH says when it is weak). Last, so positional
     # unpacking of the fields above is unchanged.
     match: Tensor
-
-
-@dataclass(frozen=True)
-class TextureModelConfig:
-    image_size: int = 512  # S: images are resized to S x S
-    cell: int = 16  # pixels per cell side; G = S / cell = 32
-    compat: bool = False  # arr-coc-0-1's texture channels 11-12 and bilinear sampling
-    information: str = "entropy"  # "entropy" (luminance histogram) | "softmax" (arr-coc-0-1)
-    hidden: int = 64  # participatory conv width (the grid is only 32 x 32; 32 was too narrow for shapes)
-    embed_dim: int = 64  # joint cell/query space
-    query_dim: int = 384  # all-MiniLM-L6-v2
-    k: int = 200  # cells selected by default (of 1024)
-    token_budget: int = 25600  # default total: 128 tokens per selected cell on average
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.cell
 
 
 class ArrcocTexture(nn.Module):

@@ -6,14 +6,15 @@ The built-in catalogue is arrcoc/variants.py; `register_variant` adds more (a pl
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from . import variants
 from .errors import UnknownVariantError
 from .variant import Variant
-from .weights import load_weights
+
+if TYPE_CHECKING:  # names, configs and weight paths read without torch; create_model loads it
+    import torch
+    from torch import nn
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
@@ -57,6 +58,8 @@ def create_model(
 
     The returned module carries `weights_version` ("untrained" when none were loaded).
     """
+    from .weights import load_weights
+
     variant = get_variant(name)
     if variant.load is not None:
         model = variant.load(variant.config, weights)

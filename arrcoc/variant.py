@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from torch import nn
+if TYPE_CHECKING:  # the catalogue reads without torch; only building a model needs it
+    from torch import nn
 
 
 class VariantConfig(Protocol):

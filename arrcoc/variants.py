@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
-from .clip import ArrcocClip, ClipModelConfig, build_clip
-from .model import ArrcocTexture, TextureModelConfig
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from .configs import ClipModelConfig, TextureModelConfig
 from .variant import Variant
+
+
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """A builder imported on its first call: the catalogue (names, configs) reads without torch."""
+
+    def call(*args: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args)
+
+    call.__qualname__ = call.__name__ = f"{module}.{name}"
+    return call
+
+
+ArrcocTexture = _lazy("arrcoc.model", "ArrcocTexture")
+ArrcocClip = _lazy("arrcoc.clip", "ArrcocClip")
+build_clip = _lazy("arrcoc.clip", "build_clip")
 
 BUILTIN: tuple[Variant, ...] = (
     Variant(

@@ -10,26 +10,11 @@ position embeddings are sized for the tower's own grid (interpolated once, at lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-@dataclass(frozen=True)
-class TowerConfig:
-    image_size: int = 224  # S: CLIP ViT-B/16 is trained at 224; 448 interpolates its positions
-    patch: int = 16  # one patch per relevance cell
-    hidden: int = 768
-    heads: int = 12
-    layers: int = 12
-    mlp: int = 3072
-    eps: float = 1e-5  # CLIP's layer_norm_eps
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.patch
+from .configs import TowerConfig
 
 
 def quick_gelu(x: Tensor) -> Tensor:

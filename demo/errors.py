@@ -4,14 +4,45 @@ words, a fault's traceback once in our log and a plain message."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 import gradio as gr
 
 from arrcoc.errors import ArrcocError
 
-from .guard import RefusalLog
-
 log = logging.getLogger("arrcoc.demo")
+
+
+class RefusalLog:
+    """One log line per refusal, at most `per_key` lines per client every `window_s` seconds; the
+    rest are counted and said in the next line that gets through, so a flood cannot fill the log."""
+
+    def __init__(self, per_key: int = 3, window_s: float = 60.0, max_keys: int = 10_000):
+        self.per_key, self.window_s, self.max_keys = per_key, window_s, max_keys
+        self._lock = threading.Lock()
+        self._seen: dict[str, list[float]] = {}  # key -> [window start, lines, suppressed]
+
+    def refused(self, key: str, message: str) -> bool:
+        """Log one `refused:` line unless this client's lines are over budget; True when logged."""
+        now = time.monotonic()
+        with self._lock:
+            entry = self._seen.get(key)
+            if entry is None or now - entry[0] >= self.window_s:
+                if len(self._seen) >= self.max_keys:
+                    self._seen.clear()
+                suppressed = int(entry[2]) if entry else 0
+                entry = self._seen[key] = [now, 0, suppressed]
+            if entry[1] >= self.per_key:
+                entry[2] += 1
+                return False
+            entry[1] += 1
+            suppressed, entry[2] = int(entry[2]), 0
+        more = f" ({suppressed} more from this client not logged)" if suppressed else ""
+        log.info("refused: %s%s", message, more)
+        return True
+
+
 # users' mistakes (bad input, no token, unknown job): one line each, at most 30 a minute in all
 REFUSALS = RefusalLog(per_key=30, window_s=60.0)
 

@@ -12,7 +12,6 @@ import ipaddress
 import json
 import logging
 import threading
-import time
 from functools import lru_cache
 from typing import Any
 
@@ -20,6 +19,7 @@ from arrcoc.errors import AccessDenied
 from arrcoc.service.access import RateLimiter, anonymous_owner, check_token, token_owner
 from arrcoc.settings import get_settings
 
+from .errors import RefusalLog
 from .inputs import text_field
 
 log = logging.getLogger("arrcoc.demo")
@@ -129,36 +129,7 @@ def reset_limits() -> None:
         _limits.clear()
 
 
-class RefusalLog:
-    """One log line per refusal, at most `per_key` lines per client every `window_s` seconds; the
-    rest are counted and said in the next line that gets through, so a flood cannot fill the log."""
-
-    def __init__(self, per_key: int = 3, window_s: float = 60.0, max_keys: int = 10_000):
-        self.per_key, self.window_s, self.max_keys = per_key, window_s, max_keys
-        self._lock = threading.Lock()
-        self._seen: dict[str, list[float]] = {}  # key -> [window start, lines, suppressed]
-
-    def refused(self, key: str, message: str) -> bool:
-        """Log one `refused:` line unless this client's lines are over budget; True when logged."""
-        now = time.monotonic()
-        with self._lock:
-            entry = self._seen.get(key)
-            if entry is None or now - entry[0] >= self.window_s:
-                if len(self._seen) >= self.max_keys:
-                    self._seen.clear()
-                suppressed = int(entry[2]) if entry else 0
-                entry = self._seen[key] = [now, 0, suppressed]
-            if entry[1] >= self.per_key:
-                entry[2] += 1
-                return False
-            entry[1] += 1
-            suppressed, entry[2] = int(entry[2]), 0
-        more = f" ({suppressed} more from this client not logged)" if suppressed else ""
-        log.info("refused: %s%s", message, more)
-        return True
-
-
-REFUSALS = RefusalLog()
+REFUSALS = RefusalLog()  # rate-limit refusals: a few lines per client a minute
 
 
 def limit_key(token: str, address: str) -> str:

@@ -66,7 +66,8 @@ def model_note(variant: Variant) -> str:
         f"({c.grid}×{c.grid} cells; a cell is 1/{c.grid} of the photo's width and height, so a 600×400 photo's "
         f"cell is {600 / c.grid:.3g}×{400 / c.grid:.3g} px).\n\n{what}\n\n"
         "The **match score** (0–1) says how well the query matched this photo at its best cell, comparable across "
-        f"photos; below {WEAK_MATCH:.2f} is a weak match: the map is then mostly noise, however bright its peak (every "
-        "map is scaled to its own peak). It is not yet calibrated on real photos: read it as higher = better. The full model card — training data, what each variant grounds, evaluation — is `docs/model.md` in "
+        f"photos; below {WEAK_MATCH:.2f} is a weak match: no cell resembles the query closely. The map still ranks "
+        "the cells against each other (every map is scaled to its own peak), so its bright cells are the photo's best "
+        "candidates, not a confirmed find. It is not yet calibrated on real photos: read it as higher = better. The full model card — training data, what each variant grounds, evaluation — is `docs/model.md` in "
         "the repository."
     )
