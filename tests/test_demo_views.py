@@ -315,3 +315,20 @@ def test_progress_says_what_is_happening(monkeypatch):
     assert "compiling" in infer.progress_note("compiled") and "first run" in infer.progress_note("eager").lower()
     monkeypatch.setattr(service, "is_ready", lambda backend: True)
     assert infer.progress_note("onnx") == "Running the model (onnx)"
+
+
+def test_a_benchmark_says_what_it_is_doing_before_each_step():
+    """A job said only "0%: starting" while the model loaded and eager warmed up: now each step's
+    note comes before it starts."""
+    from arrcoc.bench.harness import BenchConfig, run_benchmark
+
+    notes: list[tuple[float, str]] = []
+    config = BenchConfig(variants=("arrcoc-texture",), backends=("eager",), buckets=(1,), iters=2, warmup_iters=1,
+                         device="cpu", weights=None, input_sets=1)  # fmt: skip
+    run_benchmark(config, progress=lambda f, m: notes.append((f, m)))
+    said = [m for _, m in notes]
+    first = {m: said.index(m) for m in dict.fromkeys(said)}
+    assert said[0] == "arrcoc-texture: loading the model" and notes[0][0] == 0.0
+    assert first["arrcoc-texture: preparing eager (building and warming up)"] < first["arrcoc-texture: eager ready"]
+    assert first["arrcoc-texture: timing batches of 1"] < first["arrcoc-texture: bucket 1"]
+    assert "timing" not in said  # every note names its step
