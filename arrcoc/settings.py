@@ -107,8 +107,9 @@ class Settings(BaseSettings):
     # page polls once a second, so this leaves room for a few tabs
     rate_limit_status_per_min: int = 300
     # addresses or networks of the reverse proxies in front of the demo (e.g. "10.0.0.0/8,127.0.0.1"):
-    # X-Forwarded-For is believed only from these; empty: the peer's address is the client's
-    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ()
+    # X-Forwarded-For is believed only from these; from anyone else the peer's address is the
+    # client's. Loopback by default: a proxy on the same host (nginx, Gradio's server-side renderer)
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ("127.0.0.1", "::1")
     # the reaper: expired job folders and the demo's temporary files are removed this often
     reap_interval_s: int = 600
     temp_max_age_s: int = 3600

@@ -68,6 +68,9 @@ def build_demo() -> gr.Blocks:
 def launch(demo: gr.Blocks | None = None, **kwargs: Any) -> tuple:
     """Launch with the product's theme, CSS, limits and rate gate (Gradio 6 takes them in launch())."""
     demo = demo or build_demo()
+    # uvicorn rewrites the client's address from X-Forwarded-For for the peers it trusts: the same
+    # proxies as ours (its default would be loopback, whatever ARRCOC_TRUSTED_PROXIES says)
+    os.environ["FORWARDED_ALLOW_IPS"] = guard.uvicorn_proxies(get_settings().trusted_proxies)
     start_housekeeping()  # expired jobs' files and old temp files, on a schedule
     demo.queue(default_concurrency_limit=2)
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})

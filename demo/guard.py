@@ -74,6 +74,11 @@ def _trusted(address: str, proxies: tuple[str, ...]) -> bool:
     return any(ip in net for net in _networks(proxies))
 
 
+def uvicorn_proxies(proxies: tuple[str, ...]) -> str:
+    """The trusted proxies as uvicorn's FORWARDED_ALLOW_IPS (networks in their canonical form)."""
+    return ",".join(str(net) for net in _networks(proxies))
+
+
 def address_of(peer: str, forwarded_for: str, proxies: tuple[str, ...]) -> str:
     """The client's address. `X-Forwarded-For` counts only when the peer is one of our proxies
     (ARRCOC_TRUSTED_PROXIES): then the rightmost hop that is not a proxy of ours is the client (the
