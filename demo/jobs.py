@@ -14,7 +14,7 @@ from typing import Any
 from arrcoc.errors import InvalidInputError
 from arrcoc.request import Controls
 from arrcoc.service.jobs import archive as archive_checks
-from arrcoc.service.jobs.types import BenchRequest, JobState, JobStatus
+from arrcoc.service.jobs.types import BenchRequest, JobKind, JobState, JobStatus
 from arrcoc.settings import get_settings
 
 from . import service
@@ -93,7 +93,7 @@ def cancel(job_id: object, owner: str | None = None) -> JobStatus:
 def status_markdown(st: JobStatus) -> str:
     dot = f"<span style='color:{STATE_COLOUR.get(st.state, '#888')}'>●</span>"
     lines = [f"{dot} **{st.state.value}** — {st.kind.value} job `{st.job_id}`"]
-    if st.total:
+    if st.total and st.kind == JobKind.BATCH:  # a benchmark is one item: its note says how far it is
         lines.append(f"{st.done} of {st.total} done" + (f", {st.failed} failed" if st.failed else ""))
     if st.state == JobState.PENDING and st.queue_position is not None:
         lines.append(f"queue position: {st.queue_position} job(s) ahead")

@@ -51,7 +51,7 @@ def default_job(settings: Settings) -> tuple[list[str], list[str], int]:
         backends = list(dict.fromkeys(["eager", *settings.backends]))
     small = [b for b in settings.buckets if b <= 8]
     buckets = [str(b) for b in (small[:1] + small[-1:] if len(small) > 1 else settings.buckets[:2])]
-    return backends, list(dict.fromkeys(buckets)), 10 if on_cpu else 50
+    return backends, list(dict.fromkeys(buckets)), 5 if on_cpu else 50
 
 
 def gpu_note(settings: Settings) -> str:
