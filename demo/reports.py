@@ -60,11 +60,11 @@ def matches(report: dict[str, Any], server: Machine) -> bool:
 
 
 def report_label(name: str, report: dict[str, Any]) -> str:
-    """A dropdown label that says what the report is: variants · device · date (the file name after)."""
-    env = report.get("env") or {}
+    """A dropdown label that says what the report is: variants · device — the file name (which
+    carries the date), short enough to be read whole beside the job's controls."""
     device = report_device(report)
-    device = "CPU" if device == "cpu" else device.removeprefix("NVIDIA ")
-    return f"{', '.join(report_variants(report))} · {device} · {str(env.get('date', ''))[:10]} — {name}"
+    device = "CPU" if device == "cpu" else (device.removeprefix("NVIDIA ").split() or ["GPU"])[0]
+    return f"{', '.join(report_variants(report))} · {device} — {name}"
 
 
 def stored_reports(folder: Path | None = None) -> list[str]:

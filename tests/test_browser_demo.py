@@ -322,7 +322,7 @@ def test_benchmark_tab_shows_what_the_server_runs_and_names_a_new_jobs_report(pa
     chosen = page.locator("#bench-stored input").input_value()
     if title.startswith("Stored report"):
         assert "device cpu" in title and "H100" not in title, title  # the test server runs arrcoc-texture on a CPU
-        assert chosen.startswith("arrcoc-texture · CPU ·") and chosen.endswith(".json"), chosen
+        assert chosen.startswith("arrcoc-texture · CPU — ") and chosen.endswith(".json"), chosen
         box = page.locator("#bench-stored input")
         assert box.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the report's name is cut off"
     else:

@@ -124,8 +124,8 @@ def load_matching_report() -> tuple:
     report, name = reports.matching_report(server)
     choices = stored_choices()
     if report is None:
-        others = "Pick one below to see it (measured elsewhere), or run" if choices else "Run"
-        empty = (f"**No stored report matches this server** ({server.words()}). {others} a benchmark above "
+        others = "Pick one in the list above to see it (measured elsewhere), or run" if choices else "Run"
+        empty = (f"**No stored report matches this server** ({server.words()}). {others} a benchmark "
                  "to measure this machine.")  # fmt: skip
         return (gr.Dropdown(choices=choices, value=None), *report_outputs(None, "", empty))
     return (gr.Dropdown(choices=choices, value=name), *report_outputs(report, f"Stored report: benchmarks/{name}"))
@@ -164,9 +164,10 @@ def build_bench_tab(settings: Settings) -> tuple:
                 job = gr.Textbox(label="benchmark job id", placeholder="paste a benchmark job id to see it again",
                                  elem_id="bench-job")  # fmt: skip
                 status = gr.Markdown("No benchmark job yet.", elem_id="bench-status")
-        stored = gr.Dropdown([], label="stored reports (benchmarks/*.json, newest first) and this page's jobs",
-                             elem_id="bench-stored")  # fmt: skip
-        title = gr.Markdown(elem_id="bench-report-title")
+                # in view on load, beside the job's controls: which report the charts below show
+                stored = gr.Dropdown([], label="report shown below: stored (benchmarks/*.json, newest first) or this "
+                                     "page's job", elem_id="bench-stored")  # fmt: skip
+                title = gr.Markdown(elem_id="bench-report-title")
         with gr.Column(visible=False) as results:
             table = gr.DataFrame(label="results", interactive=False, elem_id="bench-table", wrap=True)
             lat = gr.Plot(show_label=False, label="p50 latency by bucket", elem_id="bench-latency")
