@@ -34,7 +34,7 @@ SET_CLIENT_COOKIE_JS = (
 )
 # Which limit each endpoint counts against (by api_name); every other call (the page's own
 # follow-up events: drawing views, polls) counts against "status".
-LIMIT_KIND = {"run": "infer", "infer": "infer", "batch_submit": "jobs", "bench_submit": "jobs",
+LIMIT_KIND = {"run": "infer", "infer": "infer", "run_without_query": "infer", "batch_submit": "jobs", "bench_submit": "jobs",
               "page_batch_submit": "jobs", "page_bench_submit": "jobs"}  # fmt: skip
 WHAT = {"infer": "requests", "jobs": "job submissions", "status": "status requests"}
 MAX_BODY = 1 << 20  # a call's JSON (files travel by /upload): larger bodies are not parsed for the endpoint
