@@ -1,6 +1,6 @@
 """ONNX Runtime's own op-by-op profile of the exported model (static batch), by operator type.
 
-    python scripts/ort_profile.py --batch 8 [--device cuda] [--threads 1] [--runs 5] [--warmup 1]
+    python tools/ort_profile.py --batch 8 [--device cuda] [--threads 1] [--runs 5] [--warmup 1]
                                   [--cudnn-conv-algo-search HEURISTIC] [--fusions none]
 
 Exports the forward at one batch size with arrcoc's exporter (arrcoc.engine.onnx.export_onnx),

@@ -2,7 +2,7 @@
 Celery worker process, the engine process and redis-server, in CPU ms per request, under load
 from concurrent clients. Real redis-server and `arrcoc worker --processes N` started here.
 
-    python scripts/celery_cost.py [--clients 16] [--requests 800] [--processes 1] [--device cpu]
+    python tools/celery_cost.py [--clients 16] [--requests 800] [--processes 1] [--device cpu]
 
 On the CPU the engine process's share includes the model; the other shares are what Celery,
 Redis and the wire cost, whatever the device. `--canned` puts a stand-in engine process in the

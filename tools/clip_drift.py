@@ -1,7 +1,7 @@
 """Where arrcoc-clip-b16's ONNX Runtime output drifts from eager at bucket 64 (issue 14), layer by
 layer, each against a float64 reference of the same weights and inputs.
 
-    python scripts/clip_drift.py [--buckets 8 64] [--json out.json]
+    python tools/clip_drift.py [--buckets 8 64] [--json out.json]
 
 Exports a probe of the image tower (every layer's hidden state, the dense features, the unit
 patch embeddings and the participatory probability) once per bucket, runs it with ONNX Runtime's

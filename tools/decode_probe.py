@@ -7,7 +7,7 @@ same photos saved progressive (nvJPEG's software path: Huffman on the host), the
 of `finish`; and, with `--backend`, the decode stage and the engine run together in two threads, as the batcher
 runs them, against each alone.
 
-    python scripts/decode_probe.py [--batch 16 32 64] [--backend compiled] [--json out.json]
+    python tools/decode_probe.py [--batch 16 32 64] [--backend compiled] [--json out.json]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 benchmark's client processes, Celery processes, engine processes, redis-server, the driver), and
 each role's busiest threads, read from /proc at the window's two ends (no sampling, no pausing).
 
-    python scripts/host_cpu.py --after LOGFILE "interactive through Celery: 32" --busy "engine processes" --wait 1 --window 3
+    python tools/host_cpu.py --after LOGFILE "interactive through Celery: 32" --busy "engine processes" --wait 1 --window 3
 
 waits until LOGFILE holds the line and (--busy) the engine processes work, then `--wait` s, then
 measures `--window` s.

@@ -3,7 +3,7 @@ Runtime's CUDA provider) and of compiled + graph, recorded by CUPTI (torch.profi
 kernel in the process, ORT's too), summed per call into GEMM, convolution, attention and
 everything else (elementwise, reductions, copies), with how many kernels each call launches.
 
-    python scripts/kernel_split.py --variant arrcoc-clip-b16 --buckets 1 8 [--backends compiled onnx]
+    python tools/kernel_split.py --variant arrcoc-clip-b16 --buckets 1 8 [--backends compiled onnx]
                                    [--onnx-fusions default none]
 
 What it answers (issue 14): whether ONNX Runtime's gap to compiled is in the big kernels (the

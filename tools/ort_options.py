@@ -4,7 +4,7 @@ each checked against eager and timed with its CUDA graphs, beside compiled + gra
 process (issue 14: arrcoc-clip-b16 at bucket 64 drifted 1.35e-3 on the participatory map; ORT's
 CPU provider matches to 5.7e-6).
 
-    python scripts/ort_options.py --variant arrcoc-clip-b16 --buckets 1 8 64 [--configs ...]
+    python tools/ort_options.py --variant arrcoc-clip-b16 --buckets 1 8 64 [--configs ...]
 
 One line per config and bucket: worst max |onnx - eager| over every map (and which map), top-K
 agreement, p50 ms, and p50 over compiled's. A config ORT refuses is reported, not fatal.
@@ -135,7 +135,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     best = pick(rows, args.configs)
-    if best:  # for `arrcoc bench --onnx-options` (scripts/gpu_engines.sh ortopt)
+    if best:  # for `arrcoc bench --onnx-options` (tools/gpu_engines.sh ortopt)
         options, disabled, env, fusions = CONFIGS[best]
         print(f"BEST {best}")
         print("BEST_OPTIONS " + json.dumps({"provider_options": options, "disabled_optimizers": disabled}

@@ -2,7 +2,7 @@
 data dir's file system, then the batch job's own write stage (part files) and results.zip build,
 profiled, for 2,048 real items (one CPU-made step of 64 results written 32 times).
 
-    python scripts/io_probe.py [--dirs /tmp /dev/shm]
+    python tools/io_probe.py [--dirs /tmp /dev/shm]
 """
 
 from __future__ import annotations

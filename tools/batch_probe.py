@@ -2,9 +2,9 @@
 variants of the pipeline, one warm engine, each variant's images/s, CPU cores used (process CPU
 time over wall: ~1 means one thread at a time, the GIL) and per-item stages.
 
-    python scripts/batch_probe.py [--items 2048] [--configs gpu-jpeg pool-jpeg none ...]
+    python tools/batch_probe.py [--items 2048] [--configs gpu-jpeg pool-jpeg none ...]
 
-Where the GIL's time goes: run it under `py-spy record --gil` (scripts/gpu_bench.sh probe does).
+Where the GIL's time goes: run it under `py-spy record --gil` (tools/gpu_probe.sh does).
 
 Variants: how overlays are encoded (nvJPEG on the GPU, or blended on the GPU and encoded by
 Pillow in the render pool, or none), how many engine-host calls run at once, how many steps are handed to it and how

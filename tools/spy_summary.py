@@ -1,9 +1,9 @@
 """Where the GIL's time went in an interactive run or a batch job: a `py-spy record --gil --format raw` file of
-scripts/interactive_probe.py, scripts/batch_probe.py or of a worker group's engine or Celery process, by thread role
+tools/interactive_probe.py, tools/batch_probe.py or of a worker group's engine or Celery process, by thread role
 (callers, the batcher's decode and engine threads, the engine process's connection threads,
 Celery's consumer and task threads) and by function (inclusive), as shares of those samples.
 
-    python scripts/spy_summary.py spy-interactive.txt [--top 40]
+    python tools/spy_summary.py spy-interactive.txt [--top 40]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 ROLES = (("client", "_drive"), ("engine", "_engine_loop"), ("batcher", "DynamicBatcher._loop"),
          ("batcher", "DynamicBatcher._pipelined_loop"),  # the one-thread batcher (issue 12's fifth session on)
          ("connection", "EngineServer._serve"), ("celery task", "fast_trace_task"), ("celery consumer", "asynloop"),
-         # a batch job in-process (scripts/batch_probe.py): the engine-host call's thread, the job's own, its reader,
+         # a batch job in-process (tools/batch_probe.py): the engine-host call's thread, the job's own, its reader,
          # results.zip's, the part writer's feeder (pickling each step for the child) and the benchmark's poll
          ("job engine", "Runtime.process"), ("results zip", "ResultsZip._add_part"),
          ("job reader", "_read (arrcoc/service/jobs/batch.py"), ("writer feeder", "_feed"), ("job", "_run_group"),

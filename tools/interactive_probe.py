@@ -1,9 +1,9 @@
 """Where an interactive request's CPU goes, in-process: N callers (threads) through the project's
 InProcessExecutor, timed for each batcher size asked for on one warm engine, after the batcher's
 two stages (decode, engine) are timed alone per batch size. For where the GIL's time goes run it
-under `py-spy record --gil` (scripts/gpu_bench.sh probe does).
+under `py-spy record --gil` (tools/gpu_probe.sh does).
 
-    python scripts/interactive_probe.py [--device cuda] [--clients 32] [--requests 4096]
+    python tools/interactive_probe.py [--device cuda] [--clients 32] [--requests 4096]
 """
 
 from __future__ import annotations

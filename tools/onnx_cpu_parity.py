@@ -1,6 +1,6 @@
 """ONNX export vs eager on ONNX Runtime's CPU provider, per output map, at static batch sizes.
 
-    python scripts/onnx_cpu_parity.py [--variant arrcoc-clip-b16] 8 64
+    python tools/onnx_cpu_parity.py [--variant arrcoc-clip-b16] 8 64
 
 Separates the exported graph from the CUDA provider: if the CPU provider matches eager at a batch
 where the GPU run does not, the graph is right and the drift is the provider's. Random weights for
