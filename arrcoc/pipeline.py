@@ -27,6 +27,7 @@ from .query import query_encoder_for
 from .registry import create_model, get_variant
 from .request import MAX_QUERY_CHARS, Controls, validate_query
 from .result import RelevanceResult
+from .settings import DEFAULT_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class RelevancePipeline:
         device: str = "auto",
         query_encoder: TextEncoder | None = None,
         limits: ImageLimits = ImageLimits(),
-        buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         cache_dir: Path | None = None,
         dtype: torch.dtype = torch.float32,
         query_source: str | None = None,  # with no query_encoder: all-MiniLM's HF id or path (settings.query_encoder)

@@ -17,7 +17,7 @@ from ..engine.base import Backend, example_inputs, parse_dtype
 from ..engine.compiled import compile_count
 from ..errors import EngineError, JobCancelled
 from ..registry import create_model, get_variant
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DEFAULT_BUCKETS
 from .env import collect_env
 from .parity import MIN_OVERLAP_BF16, TOL, compare, photo_batch, random_queries
 from .startup import bench_weights, measure_startup
@@ -32,7 +32,7 @@ Progress = Callable[[float, str], None]
 class BenchConfig:
     variants: tuple[str, ...] = ("arrcoc-texture", "arrcoc-clip-b16")
     backends: tuple[str, ...] = BACKENDS
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
     iters: int = 100  # timed iterations per backend and bucket
     warmup_iters: int = 10  # untimed calls per backend and bucket before timing
     device: str = "auto"

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..errors import EngineError
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DEFAULT_BUCKETS
 from .base import Backend
 
 
@@ -33,7 +33,7 @@ def create_backend(
     name: str,
     model: nn.Module,
     device: str | torch.device = "auto",
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     dtype: torch.dtype = torch.float32,
     cache_dir: Path | None = None,
     **options: object,
