@@ -21,12 +21,16 @@ TEST_REDIS_ENV = "ARRCOC_TEST_REDIS_URL"
 TEST_REDIS_DEFAULT = "redis://127.0.0.1:6379/13"
 
 # The quick lane (`pytest -m quick`, `./scripts/test.sh --quick`): modules that need no worker
-# process, browser, compiler or training run; their tests marked `slow` stay out.
+# process, browser, compiler, benchmark run or training, less their tests marked `slow` and the few
+# below that start a subprocess or run every backend.
 QUICK_MODULES = frozenset({
     "test_images", "test_texture", "test_model", "test_layout", "test_compose", "test_weights",
-    "test_fuzz", "test_service", "test_abuse", "test_decode", "test_demo_views", "test_engine",
-    "test_vit", "test_bench", "test_cli_infer",
+    "test_fuzz", "test_service", "test_abuse", "test_decode", "test_demo_views", "test_engine", "test_vit",
 })  # fmt: skip
+QUICK_EXCLUDED = frozenset({
+    "test_inprocess_serves_each_backend_it_is_allowed",  # compiles and exports
+    "test_16bit_png_through_arrcoc_infer_at_bounded_memory",  # a CLI subprocess on a large image
+})
 
 
 def _redis_answers(url: str) -> bool:
@@ -69,7 +73,8 @@ _REDIS = pytest.StashKey[tuple]()
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.stem in QUICK_MODULES and item.get_closest_marker("slow") is None:
+        name = getattr(item, "originalname", item.name)
+        if item.path.stem in QUICK_MODULES and name not in QUICK_EXCLUDED and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.quick)
 
 
