@@ -174,7 +174,7 @@ class RelevancePipeline:
             # what the thread did in between)
             model_ms = launched_ms + (time.perf_counter() - t1) * 1e3
             # this thread's CPU for the batch, shared out: with the server's own CPU per request it
-            # shows where a worker's CPU goes (scripts/batching_bench.py)
+            # shows where a worker's CPU goes (`arrcoc submit loadtest` reports it: arrcoc/bench/load.py)
             cpu_ms = (launch_cpu + time.thread_time() - cpu1) * 1e3 / len(requests)
             # what every item of the batch shares, looked up once
             shared = {"variant": self.variant.name, "weights_version": self.weights_version,

@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     batch_idle_wait: bool = False
     # 16, not 32: with 32 callers on the H100 two batches then take turns, one decoding while the
     # other runs: 2,497 / 2,324 against 2,168 / 2,255 req/s at 32, interleaved in one
-    # scripts/interactive_probe.py run at 1288376 (the one-thread pipelined batcher); 2,771 against
+    # tools/interactive_probe.py run at 1288376 (the one-thread pipelined batcher); 2,771 against
     # 2,546 at 32 and 2,472 at 8 with the former two-thread batcher at c924697
     batch_max_size: int = 16
     task_time_limit_s: int = 600

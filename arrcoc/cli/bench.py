@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--render", nargs="+", type=Path, default=None, help="merge and re-render these JSON reports")
     p.add_argument("--onnx-options", type=json.loads, default=None, metavar="JSON",
                    help='the onnx backend\'s settings, e.g. \'{"provider_options": {"cudnn_conv_algo_search":'
-                        ' "DEFAULT"}, "disabled_optimizers": ["AttentionFusion"]}\' (scripts/ort_options.py)')
+                        ' "DEFAULT"}, "disabled_optimizers": ["AttentionFusion"]}\' (tools/ort_options.py)')
     p.set_defaults(func=run)
     suites = p.add_subparsers(dest="suite", metavar="e2e", help="`arrcoc bench e2e`: the system end to end")
     e = suites.add_parser("e2e", help="batch jobs and interactive requests end to end, in-process and through Celery")
