@@ -7,7 +7,8 @@ Two rankings, chosen per image (Controls.selection): "top" ranks by relevance al
 re-ranks the most relevant cells so that a cell much like a more relevant one (near it and of
 its colour) steps back and the peaks of other regions come forward — the relevance-weighted
 max-min of density-peak clustering (Rodriguez & Laio, Science 2014): a cell keeps its relevance
-in full only when no more relevant cell is within DIVERSE_RADIUS of it in (position, colour).
+in full only when no more relevant cell is within DIVERSE_RADIUS of it in (position, colour),
+and DIVERSE_FLOOR of it when one is right beside it.
 Every more relevant cell of a candidate is itself a candidate, so the distances among the
 DIVERSE_CANDIDATES best cells are exact; cells past them keep their relevance order.
 """
@@ -55,8 +56,10 @@ def diverse_order(scores: Tensor, order: Tensor, features: Tensor, candidates: i
     d2 = (sq.unsqueeze(2) + sq.unsqueeze(1) - 2.0 * torch.bmm(f, f.transpose(1, 2))).clamp_min(0.0)  # (B, C, C)
     rank = torch.arange(c, device=order.device)
     earlier = rank.view(1, c) < rank.view(c, 1)  # [i, j]: j ranks above i
-    nearest = torch.where(earlier, d2, torch.full_like(d2, 4.0 * DIVERSE_RADIUS**2)).amin(dim=2).sqrt()
-    apart = (nearest / DIVERSE_RADIUS).clamp(max=1.0)
+    # squared distance over the radius squared: a cell a step or two from a better look-alike keeps
+    # little more than the floor, so a noisy plateau does not read as many peaks
+    nearest2 = torch.where(earlier, d2, torch.full_like(d2, DIVERSE_RADIUS**2)).amin(dim=2)
+    apart = (nearest2 / DIVERSE_RADIUS**2).clamp(max=1.0)
     weighted = scores[:, :c] * (DIVERSE_FLOOR + (1.0 - DIVERSE_FLOOR) * apart)
     _, pick = torch.topk(weighted, c, dim=1)
     return torch.cat((cand.gather(1, pick), order[:, c:]), dim=1)
