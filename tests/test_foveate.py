@@ -138,3 +138,29 @@ def test_cli_writes_the_foveated_view_and_boxes(tmp_path) -> None:
         sel[y0:y1, x0:x1] = True
     err_in, err_out = np.abs(a - v)[sel].mean(), np.abs(a - v)[~sel].mean()
     assert err_in < 0.5 and err_out > 3, (err_in, err_out)  # a PNG: the photo inside, blurred outside
+
+
+def test_demo_view_is_sharp_on_selected_cells() -> None:
+    """demo.views.foveated_view: the displayed photo with only the selected cells sharp, and words
+    that name the cells, tokens and the base level."""
+    from PIL import Image
+
+    from arrcoc.result import RelevanceResult
+    from demo.views import Run, foveated_view
+
+    g = 32
+    photo = Image.fromarray(_photo(320, 640)[0].permute(1, 2, 0).numpy())
+    budget_map = np.zeros((g, g))
+    budget_map[0, :4] = 400
+    rel = np.zeros((g, g))
+    result = RelevanceResult(
+        variant="arrcoc-texture", weights_version="v", backend="eager", query="the red one", relevance=rel,
+        information=rel, perspectival=rel, participatory=rel, balance=np.full(3, 1 / 3), tensions=np.zeros(3),
+        selected=np.arange(4), budgets=np.full(4, 400), budget_map=budget_map, texture=np.zeros((13, g, g)),
+        image_size=(1280, 640), token_budget=1600)  # fmt: skip
+    view, md = foveated_view(Run(photo, result))
+    assert view.size == photo.size
+    a, v = np.asarray(photo, dtype=np.float64), np.asarray(view, dtype=np.float64)
+    assert np.abs(a[:10, :80] - v[:10, :80]).max() == 0, "selected cells: the photo's pixels"
+    assert np.abs(a[40:, :] - v[40:, :]).mean() > 10, "the rest: blurred"
+    assert "4 selected cells" in md and "1,600 tokens" in md and "4 of them afford every pixel" in md
