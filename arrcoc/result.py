@@ -58,7 +58,7 @@ class RelevanceResult:
     participatory: np.ndarray  # (G, G)
     balance: np.ndarray  # (3,) information, perspectival, participatory; sums to 1
     tensions: np.ndarray  # (3,) TENSION_NAMES order
-    selected: np.ndarray  # (K,) row-major cell indices, most relevant first
+    selected: np.ndarray  # (K,) row-major cell indices in selection order (most relevant first for "top")
     budgets: np.ndarray  # (K,) tokens per selected cell, in [64, 400]
     budget_map: np.ndarray  # (G, G) tokens per cell, 0 where not selected
     texture: np.ndarray  # (13, G, G)
