@@ -128,7 +128,7 @@ def foveated_image(image, budget_map, patch: int = DEFAULT_PATCH, base_side: int
     import numpy as np
     from PIL import Image
 
-    arr = torch.from_numpy(np.asarray(image.convert("RGB"))).permute(2, 0, 1).unsqueeze(0).contiguous()
+    arr = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).unsqueeze(0).contiguous()
     bm = torch.as_tensor(np.asarray(budget_map), dtype=torch.float32).unsqueeze(0)
     out = foveate(arr, bm, patch, base_side)[0].permute(1, 2, 0).contiguous().numpy()
     return Image.fromarray(out)
