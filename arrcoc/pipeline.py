@@ -1,7 +1,7 @@
 """The library's front door: images + queries -> RelevanceResult, on any backend.
 
     pipe = RelevancePipeline("arrcoc-texture", backend="eager")
-    [result] = pipe.infer(["photo.jpg"], "the red mug")
+    [result] = pipe.infer(["arrcoc/examples/coffee.jpg"], "the red one")
 
 Executors (in-process and Celery) and the CLI all call this, so every path gives the same result.
 """

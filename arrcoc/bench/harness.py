@@ -50,6 +50,18 @@ class BenchConfig:
         return d
 
 
+# What `arrcoc bench` runs on a CPU unless told otherwise: a run of seconds that still compares two
+# backends. compiled and aot spend minutes building their programs on a CPU, and the full matrix
+# (two variants, seven buckets, 100 iterations) is a GPU's workload; flags still ask for any of it.
+CPU_DEFAULTS = BenchConfig(variants=("arrcoc-texture",), backends=("eager", "onnx"), buckets=(1, 4), iters=10,
+                           warmup_iters=2)  # fmt: skip
+
+
+def device_defaults(device_type: str) -> BenchConfig:
+    """The benchmark a device gets when nothing is asked for: the full set, or CPU_DEFAULTS on a CPU."""
+    return CPU_DEFAULTS if device_type == "cpu" else BenchConfig()
+
+
 def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict:
     """Run the benchmark; return the JSON-safe report (see SCHEMA and BENCHMARKS.md)."""
     device = resolve_device(config.device)
