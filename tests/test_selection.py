@@ -113,3 +113,26 @@ def test_diverse_exports_to_onnx_and_runs_in_onnxruntime(tmp_path) -> None:
     feeds = {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args, strict=True)}
     order, budgets, _ = sess.run(None, feeds)
     assert (order == ref.order.numpy()).all() and (budgets == ref.budgets.numpy()).all()
+
+
+@pytest.mark.slow
+def test_engine_onnx_backend_serves_diverse_like_eager(trained, tmp_path) -> None:
+    """The engine's own ONNX path (dynamo export of the whole forward, ONNX Runtime CPU) gives the
+    "diverse" rows the cells eager gives them, beside a "top" row in the same batch."""
+    from arrcoc.engine import create_backend
+    from arrcoc.engine.base import example_inputs
+
+    cpu = torch.device("cpu")
+    eager = create_backend("eager", trained, cpu, (2,))
+    onnx = create_backend("onnx", trained, cpu, (2,), cache_dir=tmp_path)
+    eager.warmup()
+    onnx.warmup()
+    images, query, controls = example_inputs(trained, 2, cpu, seed=4)
+    controls[:, 3] = 40
+    controls[0, 5] = 1.0  # row 0 diverse, row 1 top
+    ref, got = eager.run(images, query, controls), onnx.run(images, query, controls)
+    for i in range(2):
+        assert set(ref.order[i, :40].tolist()) == set(got.order[i, :40].tolist()), i
+    assert not torch.equal(ref.order[0, :40].sort().values, trained(images[:1], query[:1], controls[1:2].clone()
+                           ).order[0, :40].sort().values), "row 0 really was diverse"  # fmt: skip
+    onnx.close()
