@@ -171,8 +171,9 @@ class RateGate:
                 name = str(getattr(fn, "api_name", "") or "")
             except (ValueError, AttributeError, TypeError):
                 name = ""
-        else:
-            name = path.rstrip("/").split("/")[3] if path.count("/") >= 3 else ""
+        else:  # /gradio_api/{call,run,api}/[v2/]{api_name}[/...]
+            parts = [p for p in path.split("/")[3:] if p]
+            name = parts[1] if parts[:1] == ["v2"] and len(parts) > 1 else (parts[0] if parts else "")
         return LIMIT_KIND.get(name, "status")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
