@@ -87,6 +87,17 @@ class Settings(BaseSettings):
     max_unpacked_bytes: int = 2 * 1024 * 1024 * 1024
     max_archive_entries: int = 4096  # files + folders in a batch zip (junk such as __MACOSX included)
     max_manifest_bytes: int = 8 * 1024 * 1024
+    # a batch job's work: its items' pixels as they are decoded, summed (a JPEG counted at the
+    # reduced size it is decoded at, anything else at full size), in millions; checked at
+    # submission from the images' headers: 2,000 items of 16 MP
+    max_job_megapixels: float = Field(32_000.0, gt=0)
+    # the data store's disk (inputs and results of every batch job): in all, and per owner (a
+    # token, a browser, a session); a job reserves what it may write before writing; 0: no limit
+    max_data_bytes: int = Field(50 * 1024**3, ge=0)
+    max_owner_bytes: int = Field(10 * 1024**3, ge=0)
+    # in-process: how long a batch job runs before the job thread turns to another owner's waiting
+    # job (jobs of different owners take turns; Celery workers interleave jobs by chunk)
+    job_slice_s: float = Field(5.0, gt=0)
     # Benchmark jobs: caps on what one job may ask for, and how long it may hold the device
     max_bench_iterations: int = 1000
     max_bench_warmup: int = 100

@@ -22,7 +22,11 @@ from arrcoc.result import RelevanceResult
 from arrcoc.service.codec import error_to_frame, error_to_wire, result_to_frame, result_to_wire
 from arrcoc.service.host.interface import EngineHost
 from arrcoc.service.jobs import batch, bench
+from arrcoc.service.jobs.budget import release
+from arrcoc.service.jobs.files import job_dir
+from arrcoc.service.jobs.guard import TRANSPORT_ERRORS, fail_unrecorded, reason_for
 from arrcoc.service.jobs.store import RedisJobStore, redis_client
+from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,41 @@ def _riding_out_redis(fn, waits: tuple[float, ...] = (0.5, 1, 2, 4, 8, 15)):
             time.sleep(wait)
 
 
+class FairGate:
+    """One batch chunk (or benchmark) at a time in this process, owners in turn: when the gate
+    frees, the waiting chunk whose owner was served longest ago goes next (arrival order among
+    equals). Threads of a worker hold chunks it prefetched; a FIFO gate would run every chunk of a
+    big job before the first chunk of a small job that came after it."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._busy = False
+        self._waiting: list[tuple[int, str]] = []  # (arrival, owner)
+        self._served: dict[str, float] = {}  # owner: when its last chunk started
+        self._seq = 0
+
+    @contextlib.contextmanager
+    def turn(self, owner: str):
+        with self._cv:
+            self._seq += 1
+            me = (self._seq, owner)
+            self._waiting.append(me)
+            while self._busy or min(self._waiting, key=lambda w: (self._served.get(w[1], 0.0), w[0])) != me:
+                self._cv.wait()
+            self._waiting.remove(me)
+            self._busy = True
+            self._served[owner] = time.monotonic()
+            if len(self._served) > 10_000:  # bounded: the oldest owners are forgotten
+                for old in sorted(self._served, key=self._served.get)[:5_000]:
+                    del self._served[old]
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+
 class WorkerState:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -55,7 +94,7 @@ class WorkerState:
         self._host: EngineHost | None = None
         self._store: RedisJobStore | None = None
         self._raw = None
-        self.chunk_gate = threading.Semaphore(1)  # one batch chunk at a time; interactive work interleaves
+        self.chunk_gate = FairGate()  # one batch chunk at a time, owners in turn; interactive work interleaves
 
     def host(self) -> EngineHost:
         """The engine in this process, or the group's engine process (`arrcoc worker --processes N`)."""
@@ -89,10 +128,11 @@ class WorkerState:
         """Once per worker: the reaper of expired jobs' files, and the API token's hash where
         `arrcoc submit/job` checks tokens (arrcoc.service.access)."""
         from arrcoc.service.access import publish_token
-        from arrcoc.service.jobs.files import Reaper
+        from arrcoc.service.jobs.files import Reaper, sweep_unreachable
 
         if getattr(self, "_reaper", None) is None:
-            self._reaper = Reaper(self.settings).start()
+            # expired jobs' files, and those of jobs nobody can fetch (Redis lost their records)
+            self._reaper = Reaper(self.settings, [lambda: sweep_unreachable(self.settings, self.store(), False)]).start()
         try:
             publish_token(self.store().r, self.settings)
         except Exception as e:  # noqa: BLE001 -- Redis not up yet: the worker still starts
@@ -168,12 +208,37 @@ class WorkerState:
         pipe.execute()
         return None
 
+    def _owner(self, job_id: str) -> str:
+        """Whose job this is (the fair gate's key); the job itself when the store does not say."""
+        try:
+            return self.store().record(job_id).get("owner") or job_id
+        except Exception:  # noqa: BLE001 -- Redis blinked or the job is gone: the chunk says so itself
+            return job_id
+
     def batch_chunk(self, job_id: str, start: int, stop: int) -> dict[str, Any]:
         s = self.settings
-        deadline = time.monotonic() + s.task_time_limit_s
-        with self.chunk_gate:
-            return _riding_out_redis(lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s,
-                                                             deadline))  # fmt: skip
+        with self.chunk_gate.turn(self._owner(job_id)):
+            deadline = time.monotonic() + s.task_time_limit_s  # from its turn: waiting is not working
+            try:
+                out = _riding_out_redis(lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s,
+                                                                deadline))  # fmt: skip
+            except TRANSPORT_ERRORS:
+                raise  # Redis or the engine process gone: the chunk is tried again
+            except Exception as e:  # noqa: BLE001 -- never a job left "running": its items fail with the reason
+                log.exception("batch job %s, items %d-%d: the chunk failed", job_id, start, stop)
+                reason = reason_for(e)
+                _riding_out_redis(lambda: fail_unrecorded(job_id, start, stop, self.store(), s, reason))
+                try:
+                    batch.maybe_finalize(job_id, self.store(), s)
+                except Exception as again:  # noqa: BLE001 -- e.g. the disk still full: the job still ends
+                    log.warning("batch job %s: could not finish its results (%s)", job_id, again)
+                    self.store().set_state(job_id, JobState.FAILED, reason_for(again),
+                                           expect=(JobState.PENDING, JobState.RUNNING))  # fmt: skip
+                out = {"job_id": job_id, "error": reason}
+            with contextlib.suppress(Exception):
+                if JobState(self.store().record(job_id)["state"]).finished:
+                    release(job_dir(s, job_id))  # over: its inputs go, its reservation shrinks to its results
+            return out
 
     def bench(self, job_id: str) -> dict[str, Any]:
         s = self.settings
@@ -191,5 +256,5 @@ class WorkerState:
                 with contextlib.suppress(Exception):
                     lock.release()
 
-        with self.chunk_gate:
+        with self.chunk_gate.turn(self._owner(job_id)):
             return _riding_out_redis(lambda: bench.run_bench_job(job_id, self.host(), store, s, device_lock))

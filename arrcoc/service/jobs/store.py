@@ -116,9 +116,10 @@ class JobStore(ABC):
         done, failed = self.counts(job_id) if state != JobState.EXPIRED else (0, 0)
         kind, created = JobKind(f.get("kind", "batch")), float(f.get("created_at", 0))
         position = self.jobs_ahead(job_id, kind, created) if state == JobState.PENDING else None
+        message = " ".join(m for m in (f.get("message", ""), f.get("skipped", "")) if m)
         return JobStatus(
             job_id=job_id, kind=kind, state=state,
-            total=int(f.get("total", 0)), done=done, failed=failed, message=f.get("message", ""),
+            total=int(f.get("total", 0)), done=done, failed=failed, message=message,
             queue_position=position, created_at=created, updated_at=float(f.get("updated_at", 0)),
         )  # fmt: skip
 
