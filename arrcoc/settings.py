@@ -77,7 +77,9 @@ class Settings(BaseSettings):
     batch_max_size: int = 16
     task_time_limit_s: int = 600
     max_redeliveries: int = 3
-    visibility_timeout_s: int = 3600  # an unacked task is redelivered after this (worker died)
+    # an unacked task is redelivered after this (its worker died); a live worker renews it for the
+    # tasks it holds every quarter of it, so a long chunk is not delivered twice
+    visibility_timeout_s: int = Field(60, ge=4)
     redis_prefix: str = "arrcoc"  # job store and image keys
     redis_timeout_s: float = 5.0  # socket timeouts: no client call hangs on a dead Redis
     max_archive_bytes: int = 1024 * 1024 * 1024  # batch zip upload

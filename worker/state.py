@@ -19,6 +19,7 @@ from typing import Any
 from arrcoc.errors import ArrcocError, ServiceUnavailableError
 from arrcoc.request import Controls
 from arrcoc.result import RelevanceResult
+from arrcoc.service.client.queue import UNACKED_INDEX
 from arrcoc.service.codec import error_to_frame, error_to_wire, result_to_frame, result_to_wire
 from arrcoc.service.host.interface import EngineHost
 from arrcoc.service.jobs import batch, bench
@@ -79,10 +80,82 @@ class FairGate:
                 self._cv.notify_all()
 
 
+class Heartbeat:
+    """What this worker holds, kept alive while it holds it: every `every_s` (a quarter of the
+    visibility timeout) the delivery times of the messages it received and has not acknowledged are
+    renewed in the broker (a dead worker's stop being renewed, and come back within the timeout),
+    and each chunk it runs is marked alive in the job store (a job whose chunk's marks stop says
+    "a worker was lost, resuming" until another worker takes the chunk up)."""
+
+    def __init__(self, state: WorkerState):
+        self.state = state
+        self._lock = threading.Lock()
+        self._messages: dict[str, Any] = {}  # delivery tag: kombu message
+        self._chunks: set[tuple[str, int, int]] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def every_s(self) -> float:
+        return max(1.0, self.state.settings.visibility_timeout_s / 4)
+
+    @property
+    def resume_s(self) -> float:
+        """How long a lost chunk waits to be delivered again, at most (timeout, then a restore scan)."""
+        vt = self.state.settings.visibility_timeout_s
+        return vt + max(1, min(10, vt // 4))
+
+    def hold(self, message: Any) -> None:
+        tag = getattr(message, "delivery_tag", None)
+        if tag is not None:
+            with self._lock:
+                self._messages[str(tag)] = message
+
+    @contextlib.contextmanager
+    def chunk(self, job_id: str, start: int, stop: int):
+        with self._lock:
+            self._chunks.add((job_id, start, stop))
+        with contextlib.suppress(Exception):
+            self.state.store().chunk_alive(job_id, start, stop, self.every_s, self.resume_s)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._chunks.discard((job_id, start, stop))
+            with contextlib.suppress(Exception):
+                self.state.store().chunk_over(job_id, start, stop)
+
+    def beat(self) -> None:
+        with self._lock:
+            for tag in [t for t, m in self._messages.items() if getattr(m, "acknowledged", False)]:
+                del self._messages[tag]
+            tags, chunks = list(self._messages), list(self._chunks)
+        if tags:  # XX: only what is still unacknowledged there (a restored message is not re-added)
+            self.state.raw.zadd(UNACKED_INDEX, dict.fromkeys(tags, time.time()), xx=True)
+        for job_id, start, stop in chunks:
+            self.state.store().chunk_alive(job_id, start, stop, self.every_s, self.resume_s)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="arrcoc-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.beat()
+            except Exception as e:  # noqa: BLE001 -- Redis blinked: the next beat tries again
+                log.warning("heartbeat failed: %s", e)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 class WorkerState:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.settings: Settings | None = None
+        self.heartbeat = Heartbeat(self)
         self.reset()
 
     def configure(self, settings: Settings) -> None:
@@ -130,6 +203,7 @@ class WorkerState:
         from arrcoc.service.access import publish_token
         from arrcoc.service.jobs.files import Reaper, sweep_unreachable
 
+        self.heartbeat.start()
         if getattr(self, "_reaper", None) is None:
             # expired jobs' files, and those of jobs nobody can fetch (Redis lost their records)
             self._reaper = Reaper(self.settings, [lambda: sweep_unreachable(self.settings, self.store(), False)]).start()
@@ -139,6 +213,7 @@ class WorkerState:
             log.warning("could not publish the API token's hash: %s", e)
 
     def close(self) -> None:
+        self.heartbeat.stop()
         if getattr(self, "_reaper", None) is not None:
             self._reaper.stop()
         if self._host is not None:
@@ -220,8 +295,9 @@ class WorkerState:
         with self.chunk_gate.turn(self._owner(job_id)):
             deadline = time.monotonic() + s.task_time_limit_s  # from its turn: waiting is not working
             try:
-                out = _riding_out_redis(lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s,
-                                                                deadline))  # fmt: skip
+                with self.heartbeat.chunk(job_id, start, stop):
+                    out = _riding_out_redis(lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s,
+                                                                    deadline))  # fmt: skip
             except TRANSPORT_ERRORS:
                 raise  # Redis or the engine process gone: the chunk is tried again
             except Exception as e:  # noqa: BLE001 -- never a job left "running": its items fail with the reason
