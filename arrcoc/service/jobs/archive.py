@@ -279,6 +279,9 @@ def parse_manifest(raw: str, name: str, default_query: str | None, max_query_cha
             query = default_query
         if not isinstance(query, str):  # a number or a list is not turned into text
             raise InvalidInputError(f"{name} row {n} ({file.strip()!r}): the query must be text, got {type(query).__name__}.")
+        if any(unicodedata.category(ch) == "Cs" for ch in query):  # not text the tokenizer (or a row) can hold
+            raise InvalidInputError(f"{name} row {n} ({file.strip()!r}): the query {ascii(query)} holds a lone surrogate,"
+                                    " which is not valid UTF-8 text; fix the manifest.")  # fmt: skip
         # a query the model refuses (too long, control characters) fails its item only, with the reason
         out.append((file.strip(), query.strip()))
     if not out:

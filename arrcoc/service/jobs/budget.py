@@ -116,7 +116,8 @@ def reserve(settings: Settings, job_dir: Path, owner: str | None, nbytes: int) -
 
 
 def folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+    """What a job's folder holds, its reservation left out."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and f.name != RESERVED) if path.exists() else 0
 
 
 def release(job_dir: Path) -> None:

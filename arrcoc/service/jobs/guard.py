@@ -78,7 +78,7 @@ def fail_unrecorded(job_id: str, start: int, stop: int, store: JobStore, setting
     try:
         (jd / "results").mkdir(exist_ok=True)
         write_part(jd, [(item_row((it.index, it.file, it.query), False, reason), None, "") for it in left])
-    except OSError as e:  # a full disk: the store still records them, so the job ends
+    except Exception as e:  # noqa: BLE001 -- a full disk, a row that cannot be written: the store still records them
         log.warning("job %s: could not write the failed items' rows (%s)", job_id, e)
     store.mark_items(job_id, [(it.index, reason) for it in left])
     return len(left)
