@@ -70,15 +70,19 @@ def fail_unrecorded(job_id: str, start: int, stop: int, store: JobStore, setting
     """Record items [start, stop) that are not recorded yet as failed with `reason`; how many.
     Their rows go in a part when the disk takes it, else the job store alone records them."""
     jd = job_dir(settings, job_id)
-    items = load_items(jd)[start:stop]
-    recorded = store.finished_items(job_id, [it.index for it in items])
-    left = [it for it in items if it.index not in recorded]
+    try:
+        keys = [(it.index, it.file, it.query) for it in load_items(jd)[start:stop]]
+    except Exception as e:  # noqa: BLE001 -- the job's files are what failed: the items by index alone
+        log.warning("job %s: its items cannot be read (%s)", job_id, e)
+        keys = [(i, "", "") for i in range(start, stop)]
+    recorded = store.finished_items(job_id, [k[0] for k in keys])
+    left = [k for k in keys if k[0] not in recorded]
     if not left:
         return 0
     try:
         (jd / "results").mkdir(exist_ok=True)
-        write_part(jd, [(item_row((it.index, it.file, it.query), False, reason), None, "") for it in left])
+        write_part(jd, [(item_row(k, False, reason), None, "") for k in left])
     except Exception as e:  # noqa: BLE001 -- a full disk, a row that cannot be written: the store still records them
         log.warning("job %s: could not write the failed items' rows (%s)", job_id, e)
-    store.mark_items(job_id, [(it.index, reason) for it in left])
+    store.mark_items(job_id, [(k[0], reason) for k in left])
     return len(left)
