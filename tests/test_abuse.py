@@ -910,3 +910,24 @@ def test_jobs_of_different_owners_take_turns_in_process(tmp_path, pipeline):
         assert [r["index"] for r in rows] == list(range(300))
     finally:
         ex.close()
+
+
+def test_images_past_pillows_own_limit_quote_ours():
+    """Past ~179 MP Pillow refused first, and its own limit (178,956,970) was the message."""
+    with pytest.raises(ImageError) as e:
+        validate_image(png_header(20000, 20000), default_settings())
+    assert str(e.value) == "The image has 400,000,000 pixels; the limit is 40,000,000 pixels. Downscale it first."
+
+
+def test_a_float_tiff_holding_nan_is_said_as_such():
+    """It was "corrupt or truncated: cannot convert float NaN to integer"."""
+    import numpy as np
+    from PIL import Image
+
+    arr = np.full((64, 64), np.nan, np.float32)
+    arr[:32] = 0.5
+    buf = io.BytesIO()
+    Image.fromarray(arr, mode="F").save(buf, "TIFF")
+    with pytest.raises(ImageError, match="NaN \\(not-a-number\\) or infinite values") as e:
+        validate_image(buf.getvalue(), default_settings())
+    assert "corrupt" not in str(e.value)
