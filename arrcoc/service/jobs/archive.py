@@ -345,7 +345,8 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings,
         pairs = [(_clean(f) or f, q) for f, q in pairs]  # as the zip's entries are named in by_name
         missing = [f for f, _ in pairs if f not in by_name]
         if missing:
-            raise InvalidInputError(f"The manifest names files the zip lacks: {_listing(missing)}.")
+            raise InvalidInputError(f"The manifest names files the zip lacks: {', '.join(missing[:5])}"
+                                    + (f" and {len(missing) - 5} more." if len(missing) > 5 else "."))  # fmt: skip
     else:
         if not query:
             raise InvalidInputError("Give a query for all images, or put a manifest.csv (file,query) in the zip.")
