@@ -931,3 +931,22 @@ def test_a_float_tiff_holding_nan_is_said_as_such():
     with pytest.raises(ImageError, match="NaN \\(not-a-number\\) or infinite values") as e:
         validate_image(buf.getvalue(), default_settings())
     assert "corrupt" not in str(e.value)
+
+
+def test_cli_submit_batch_refusals_of_the_second_pass_are_one_line(tmp_path, cli):
+    """`arrcoc submit batch` (no worker needed: refused before anything is queued): a lone
+    surrogate in a manifest query, a job over the disk budget, a job over the work bound."""
+    env = {"ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13", "ARRCOC_DATA_DIR": str(tmp_path / "data"),
+           "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{uuid.uuid4().hex[:8]}"}  # fmt: skip
+    rows = "\n".join(json.dumps({"file": "a.png", "query": q}) for q in ("the sky", "\ud800"))
+    cases = [
+        (make_zip({"a.png": png_bytes(), "manifest.jsonl": rows.encode()}), {}, "holds a lone surrogate"),
+        (compressible_zip(4, 5 * MIB), {"ARRCOC_MAX_DATA_BYTES": "10000000"}, "ARRCOC_MAX_DATA_BYTES"),
+        (make_zip({"a.png": png_bytes(), "manifest.csv": b"file,query\n" + b"a.png,the sky\n" * 50}),
+         {"ARRCOC_MAX_JOB_MEGAPIXELS": "0.01"}, "ARRCOC_MAX_JOB_MEGAPIXELS"),
+    ]  # fmt: skip
+    for i, (data, extra, message) in enumerate(cases):
+        path = tmp_path / f"{i}.zip"
+        path.write_bytes(data)
+        assert_one_line_error(cli("submit", "batch", str(path), "-q", "the sky", env=env | extra), message)
+    assert du(tmp_path / "data") == 0
