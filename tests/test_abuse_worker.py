@@ -251,3 +251,28 @@ def test_a_chunk_whose_worker_was_killed_resumes_within_a_minute(tmp_path):
             for w in (first, second):
                 if w is not None:
                     w.stop()
+
+
+def test_a_small_job_of_another_owner_overtakes_a_big_one_on_a_worker(env, worker):
+    """A worker ran every chunk of a big job it had taken before the first chunk of a small job that
+    came after it. Owner A's 10 chunks, then owner B's one: B is done while A has most left."""
+    from arrcoc.service.client.celery_executor import CeleryExecutor
+
+    root, s = env
+    fields = {k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "max_bench_iterations")}
+    ex8 = CeleryExecutor(default_settings(**fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data",
+                                          batch_chunk_items=8))  # fmt: skip
+    a_owner, b_owner = "client:" + "a" * 32, "client:" + "b" * 32
+    try:
+        manifest = "file,query\n" + "a.png,the sky\n" * 80
+        a = ex8.submit_batch(make_zip({"a.png": png_bytes(48), "manifest.csv": manifest.encode()}), owner=a_owner)
+        wait(lambda: ex8.status(a, a_owner).done >= 1, 120, "A started")
+        b = ex8.submit_batch(make_zip({f"{i}.png": png_bytes(48, seed=i) for i in range(8)}), "the sky", owner=b_owner)
+        sb = wait(lambda: (x := ex8.status(b, b_owner)).state.finished and x, 180, "B finished")
+        sa = ex8.status(a, a_owner)
+        assert sb.state == JobState.DONE and sb.done == 8, sb
+        assert sa.done <= 40, f"B finished when A had done {sa.done} of 80"
+        sa = wait(lambda: (x := ex8.status(a, a_owner)).state.finished and x, 300, "A finished")
+        assert (sa.state, sa.done) == (JobState.DONE, 80), sa
+    finally:
+        ex8.close()
