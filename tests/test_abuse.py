@@ -950,3 +950,29 @@ def test_cli_submit_batch_refusals_of_the_second_pass_are_one_line(tmp_path, cli
         path.write_bytes(data)
         assert_one_line_error(cli("submit", "batch", str(path), "-q", "the sky", env=env | extra), message)
     assert du(tmp_path / "data") == 0
+
+
+def test_results_nobody_can_fetch_are_swept_before_their_ttl(settings):
+    """A restarted in-process executor forgot its jobs (its store is memory) and a flushed Redis
+    forgets them too: their folders stayed the whole TTL (7 days). The reaper removes them."""
+    from arrcoc.service.jobs.files import sweep_unreachable
+    from arrcoc.service.jobs.types import JobKind
+
+    root = Path(settings.data_dir) / "jobs"
+    store = MemoryJobStore()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folders = {}
+    for name, pid in (("forgotten", dead.pid), ("alive", os.getpid()), ("known", dead.pid), ("young", dead.pid)):
+        jd = folders[name] = root / f"batch-{uuid.uuid4().hex[:16]}"
+        (jd / "inputs").mkdir(parents=True)
+        (jd / "job.json").write_text(json.dumps({"expires_at": time.time() + 86400}))
+        (jd / "reserved.json").write_text(json.dumps({"owner": "", "bytes": 1, "host": os.uname().nodename, "pid": pid}))
+        if name != "young":
+            os.utime(jd / "job.json", (time.time() - 3600,) * 2)
+    store.create(folders["known"].name, JobKind.BATCH, 1, 3600, {})
+    assert sweep_unreachable(settings, store, in_memory=True) == 1
+    assert not folders["forgotten"].exists()  # its process is gone: nobody can fetch it
+    assert all(folders[n].exists() for n in ("alive", "known", "young"))  # another live executor's, known, being made
+    assert sweep_unreachable(settings, MemoryJobStore(), in_memory=False) == 2  # a store that forgot: all but young
+    assert folders["young"].exists()
