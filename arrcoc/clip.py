@@ -4,14 +4,17 @@ The seed documents' benchmark configuration (224 x 224, 16-px patches, 196 patch
 12 heads, 12 layers) is exactly CLIP ViT-B/16's vision tower, so the tower loads CLIP's weights
 (`openai/clip-vit-base-patch16`, or a local directory) with `transformers`.
 
-Dense features: MaskCLIP (Zhou, Loy, Dai, "Extract Free Dense Labels from CLIP", ECCV 2022).
-CLIP's last block pools every token into the class token through attention; its value path
-(v_proj then out_proj, with the residual and the MLP skipped), then post_layernorm and the visual
-projection, gives each patch an embedding in the text space without any training. Chosen over
-ClearCLIP's / SCLIP's attention changes because it is the simplest training-free formulation,
-needs no attention at all in the last block (a per-patch linear map: cheapest, exports to ONNX
-as plain matmuls), and ClearCLIP's analysis shows that removing the residual and the MLP is what
-matters most. docs/model.md says more.
+Dense features: CLIP's last block pools every token into the class token through attention, so
+its per-patch outputs are not aligned with the text space. Two training-free changes to that
+block alone, selected by `dense` (both skip its residual and MLP, then post_layernorm and the
+visual projection give each patch an embedding in the text space):
+- "naclip" (the default): NACLIP (Hajimiri, Ben Ayed, Dolz, "Pay Attention to Your Neighbours",
+  WACV 2025): attention logits from key-key similarity plus a Gaussian prior on the distance
+  between patches, so a patch gathers its similar neighbours. Checked against the authors' own
+  last-block function by tools/naclip_parity.py.
+- "maskclip": MaskCLIP (Zhou, Loy, Dai, ECCV 2022): the value path alone (v_proj, out_proj per
+  patch: no attention at all, the cheapest).
+The authors' benchmark figures, and why NACLIP is the default, are in docs/model.md.
 
 Scorers on the G x G patch grid: participatory = per patch, the probability of the query against
 a few neutral prompts ("a photo", "the background", ...) at CLIP's own logit scale (MaskCLIP
@@ -63,6 +66,8 @@ class ClipModelConfig:
     weights: str = CLIP_HUB_ID  # default source: a Hugging Face id or a local directory
     resample: str = "bicubic"  # CLIPImageProcessor's resize
     k: int = 40  # of 196 cells: about the same fraction as texture's 200 of 1024
+    dense: str = "naclip"  # the last block's dense formulation (arrcoc.vit.DENSE_METHODS)
+    neighbourhood_std: float = 5.0  # NACLIP's Gaussian prior in patches: the authors' setting
     token_budget: int = 5120  # 128 tokens per selected cell on average
 
     @property
@@ -71,7 +76,8 @@ class ClipModelConfig:
 
     @property
     def tower(self) -> TowerConfig:
-        return TowerConfig(self.image_size, self.cell, self.hidden, self.heads, self.layers, self.mlp)
+        return TowerConfig(self.image_size, self.cell, self.hidden, self.heads, self.layers, self.mlp,
+                           dense=self.dense, neighbourhood_std=self.neighbourhood_std)  # fmt: skip
 
     def hf_config(self):
         """transformers' CLIPConfig of the same shapes, at the checkpoint's image size."""

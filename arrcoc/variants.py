@@ -6,6 +6,8 @@ from .clip import ArrcocClip, ClipModelConfig, build_clip
 from .model import ArrcocTexture, TextureModelConfig
 from .variant import Variant
 
+DENSE_NAMES = {"naclip": "NACLIP's neighbourhood attention", "maskclip": "MaskCLIP's value path"}
+
 BUILTIN: tuple[Variant, ...] = (
     Variant(
         name="arrcoc-texture",
@@ -26,12 +28,13 @@ BUILTIN: tuple[Variant, ...] = (
             build=ArrcocClip,
             load=build_clip,
             # 4x the cells at 448: K and the budget keep the same share of them
-            config=ClipModelConfig(image_size=size, k=40 * (size // 224) ** 2, token_budget=5120 * (size // 224) ** 2),
+            config=ClipModelConfig(image_size=size, k=40 * (size // 224) ** 2, token_budget=5120 * (size // 224) ** 2,
+                                   dense=dense),  # fmt: skip
             description=f"CLIP ViT-B/16 ({size} px, {(size // 16) ** 2} patches, 768 hidden, 12x12): dense"
-            " patch-text similarity (MaskCLIP) with CLIP's text tower; weights from the hub"
+            f" patch-text similarity ({DENSE_NAMES[dense]}) with CLIP's text tower; weights from the hub"
             " (openai/clip-vit-base-patch16) or a local directory",
             tags=("clip", "hub"),
         )
-        for size, suffix in ((224, ""), (448, "-448"))
+        for size, suffix, dense in ((224, "", "naclip"), (448, "-448", "naclip"), (224, "-maskclip", "maskclip"))
     ),
 )
