@@ -34,6 +34,9 @@ BUILTIN: tuple[Variant, ...] = (
             f" patch-text similarity ({DENSE_NAMES[dense]}) with CLIP's text tower; weights from the hub"
             " (openai/clip-vit-base-patch16) or a local directory",
             tags=("clip", "hub"),
+            # a 12-layer ViT is matmul-bound: bfloat16 tensor cores; the tower alone runs in
+            # bfloat16, its outputs and every map in float32 (ArrcocClip.forward)
+            gpu_dtype="bfloat16",
         )
         for size, suffix, dense in ((224, "", "naclip"), (448, "-448", "naclip"), (224, "-maskclip", "maskclip"))
     ),
