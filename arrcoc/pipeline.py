@@ -66,7 +66,7 @@ class RelevancePipeline:
             self.model = backend.model
         else:
             self.model = create_model(variant, weights, self.device)
-            dtype = serving_dtype(dtype, self.device, self.variant.gpu_dtype)
+            dtype = serving_dtype(dtype, self.device, self.variant.gpu_dtype, backend)
             self.backend = create_backend(backend, self.model, self.device, buckets, dtype, cache_dir)
         # the variant's own (CLIP's text tower), else all-MiniLM-L6-v2
         self.encoder = query_encoder or query_encoder_for(self.model, query_source, query_cache_size, max_query_chars)

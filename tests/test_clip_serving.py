@@ -40,6 +40,8 @@ def test_clip_serves_bfloat16_on_a_gpu_float32_on_a_cpu_and_float32_on_request()
     assert serving_dtype("auto", CPU, clip.gpu_dtype) == torch.float32  # bfloat16 on a CPU only when asked
     assert serving_dtype("float32", gpu, clip.gpu_dtype) == torch.float32  # the setting to serve float32
     assert serving_dtype("bfloat16", CPU, texture.gpu_dtype) == torch.bfloat16
+    assert serving_dtype("auto", gpu, clip.gpu_dtype, "onnx") == torch.float32  # ONNX Runtime: float32 only
+    assert serving_dtype("auto", gpu, clip.gpu_dtype, "compiled") == torch.bfloat16
     with pytest.raises(EngineError, match="float32 or bfloat16"):
         serving_dtype("float16", CPU)
 

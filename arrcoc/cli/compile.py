@@ -43,7 +43,7 @@ def run(args) -> int:
     model = create_model(variant, None if args.weights == "none" else args.weights, device)
     cache_dir = args.cache_dir or settings.cache_dir
     backend = create_backend(args.backend, model, device, tuple(args.buckets or settings.buckets),
-                             serving_dtype(args.dtype or settings.dtype, device, get_variant(variant).gpu_dtype),
+                             serving_dtype(args.dtype or settings.dtype, device, get_variant(variant).gpu_dtype, args.backend),
                              cache_dir)  # fmt: skip
     if args.processes is not None and hasattr(backend, "processes"):
         backend.processes = args.processes

@@ -21,6 +21,7 @@ import torch
 
 from ... import overlays
 from ...engine import create_backend, resolve_device
+from ...engine.base import serving_dtype
 from ...errors import ArrcocError, DeadlineExceeded
 from ...images import ImageLike
 from ...pipeline import PreparedRequest, RelevancePipeline
@@ -97,7 +98,8 @@ class Runtime(EngineHost):
                 query_source=s.query_encoder, query_cache_size=s.query_cache_size, max_query_chars=s.max_query_chars,
             )  # fmt: skip
         else:  # another backend over the same model and query encoder
-            engine = create_backend(backend, first.model, first.device, buckets, first.backend.dtype, s.cache_dir)
+            dtype = serving_dtype(s.dtype, first.device, first.variant.gpu_dtype, backend)
+            engine = create_backend(backend, first.model, first.device, buckets, dtype, s.cache_dir)
             pipe = RelevancePipeline(s.variant, backend=engine, device=str(first.device),
                                      query_encoder=first.encoder, limits=image_limits(s))  # fmt: skip
         pipe.warmup()
