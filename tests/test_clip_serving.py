@@ -145,3 +145,18 @@ def test_end_to_end_benchmark_of_a_named_variant_on_random_weights(tiny_variant,
     assert f"**{tiny_variant} with random weights of its real shapes**" in text
     assert f"relevance max |Δ| {par['relevance_max_abs_diff']}" in text
     assert write(report, tmp_path / "e2e")[0].is_file()
+
+
+@pytest.mark.slow
+def test_bfloat16_forward_is_one_graph_and_exports(model):
+    """What the compiled and aot backends capture in bfloat16 (ForwardFn under autocast, with the
+    model's own float32 region inside): one graph, no breaks; torch.export gives the same outputs."""
+    fn = ForwardFn(model, "cpu", torch.bfloat16).eval()
+    images, query = photo_batch(224, 2, CPU), random_queries(2, TINY.query_dim, CPU)
+    args = (images, query, model.default_controls(2))
+    explained = torch._dynamo.explain(fn)(*args)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    with torch.inference_mode():
+        ref = fn(*args)
+    exported = torch.export.export(fn, args).module()(*args)
+    assert all(torch.equal(a, b) for a, b in zip(ref, exported, strict=True))
