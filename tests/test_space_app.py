@@ -66,3 +66,64 @@ def test_space_app_runs_its_model_work_through_the_gpu_functions(tmp_path):
     assert got["weights_version"] == "random" and got["benchmark_only"]
     assert got["error"] is not None and got["error"][0] == "ImageError", got["error"]
     assert got["title"].startswith("ARR-COC")
+
+
+TINY_VARIANT = "arrcoc-clip-tiny-space-test"
+
+
+@pytest.fixture()
+def zero_gpu_settings(tmp_path):
+    """Settings of a small CLIP variant (random weights), as the GPU side of a ZeroGPU Space sees them."""
+    from arrcoc.clip import ClipModelConfig, build_clip
+    from arrcoc.registry import get_variant, register_variant
+    from arrcoc.settings import default_settings
+    from arrcoc.variant import Variant
+
+    try:
+        get_variant(TINY_VARIANT)
+    except Exception:
+        register_variant(Variant(name=TINY_VARIANT, build=lambda c: None, load=build_clip, description="test",
+                                 config=ClipModelConfig(hidden=64, heads=2, layers=2, mlp=128, query_dim=32),
+                                 tags=("clip", "hub"), gpu_dtype="bfloat16"))  # fmt: skip
+    return default_settings(variant=TINY_VARIANT, weights="random", device="cpu", backend="eager", backends=("eager",),
+                            data_dir=tmp_path / "data", cache_dir=tmp_path / "cache", broker_url=None)  # fmt: skip
+
+
+def _in_forked_worker(queue, image: bytes, query: str) -> None:
+    """What a ZeroGPU worker does with a call: run the function in a process forked from the app's
+    and send its value back pickled."""
+    from arrcoc.request import Controls
+    from arrcoc.service.client import zerogpu
+
+    queue.put(zerogpu.gpu_infer(image, query, Controls(), 60.0, None))
+
+
+def test_on_zero_gpu_requests_run_in_a_forked_worker_and_come_back_pickled(zero_gpu_settings, monkeypatch):
+    """ZeroGPU's shape without its platform: SPACES_ZERO_GPU set, the app's own Runtime is eager on
+    the CPU (batch and benchmark jobs), and a request's gpu_infer runs in a forked process that
+    builds its Runtime from the app's settings; the result, or a user's error, comes back pickled."""
+    import multiprocessing
+
+    from arrcoc.errors import ImageError
+    from arrcoc.service.client import zerogpu
+
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    ex = zerogpu.SpacesExecutor(zero_gpu_settings.model_copy(update={"device": "auto"}))
+    try:
+        assert zerogpu.on_zero_gpu() and zerogpu._runtime is None  # the GPU side's Runtime: built where it runs
+        assert (ex.settings.device, ex.settings.backend) == ("cpu", "eager")  # the app's own: jobs on the CPU
+        photo = (ROOT / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        results = []
+        for image in (photo, b"not an image"):
+            child = ctx.Process(target=_in_forked_worker, args=(queue, image, "the red cup"))
+            child.start()
+            results.append(queue.get(timeout=300))
+            child.join(60)
+        ok, bad = results
+        assert ok.variant == TINY_VARIANT and ok.grid == 14 and ok.weights_version == "random"
+        assert isinstance(bad, ImageError)
+        assert zerogpu._runtime is None  # the forked worker's Runtime stayed there
+    finally:
+        ex.close()
