@@ -36,7 +36,11 @@ COPY arrcoc ./arrcoc
 COPY worker ./worker
 COPY demo ./demo
 COPY docker/healthcheck.py /usr/local/bin/arrcoc-healthcheck
+# the stored benchmark reports (JSON only, .dockerignore) that the demo's Benchmark tab lists: it
+# reads them beside the installed demo package (demo/jobs.py, BENCH_DIR; -I: that one, not ./demo)
+COPY benchmarks ./benchmarks
 RUN pip install --no-deps . \
+ && ln -s /app/benchmarks "$(python -I -c 'import demo, pathlib; print(pathlib.Path(demo.__file__).parent.parent)')/benchmarks" \
  && useradd --create-home --uid 1000 arrcoc \
  && mkdir -p /cache /data \
  && chown arrcoc:arrcoc /cache /data

@@ -1,13 +1,18 @@
 """ARR-COC: query-aware visual relevance, compiled for the GPU.
 
+    from pathlib import Path
+
     import arrcoc
 
     pipe = arrcoc.RelevancePipeline("arrcoc-texture", backend="eager")
-    [result] = pipe.infer(["photo.jpg"], "the red mug")
-    print(result.match_score, result.selected[:5])  # how well it matched; the top cells
+    [result] = pipe.infer(["arrcoc/examples/coffee.jpg"], "the red one")
+    print(result.match_score, result.weak_match, result.selected[:5])  # how well it matched; the top cells
 
     ex = arrcoc.create_executor()  # in-process, or Celery when ARRCOC_BROKER_URL is set
-    result = ex.infer(open("photo.jpg", "rb").read(), "the red mug", arrcoc.Controls(k=50))
+    result = ex.infer(Path("arrcoc/examples/chelsea.jpg").read_bytes(), "the black one", arrcoc.Controls(k=50))
+
+The default model grounds colours, positions, text and simple shapes, not object categories on
+photos ("the red mug" scores a weak match where "the red one" matches): docs/model.md.
 
 The names below are imported on first use, so `import arrcoc` loads neither torch nor a model.
 """

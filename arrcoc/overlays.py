@@ -55,7 +55,7 @@ def _to_host_bytes(encoded: Sequence[torch.Tensor]) -> list[bytes]:
 
 
 # nvJPEG encodes one picture after another on a CUDA worker (torchvision's encode_jpeg): measured
-# against Pillow in the render pool by scripts/batch_probe.py
+# against Pillow in the render pool by tools/batch_probe.py
 JPEG_ON_GPU = True
 
 

@@ -1,7 +1,7 @@
 """The library's front door: images + queries -> RelevanceResult, on any backend.
 
     pipe = RelevancePipeline("arrcoc-texture", backend="eager")
-    [result] = pipe.infer(["photo.jpg"], "the red mug")
+    [result] = pipe.infer(["arrcoc/examples/coffee.jpg"], "the red one")
 
 Executors (in-process and Celery) and the CLI all call this, so every path gives the same result.
 """
@@ -28,6 +28,7 @@ from .query import query_encoder_for
 from .registry import create_model, get_variant
 from .request import MAX_QUERY_CHARS, Controls, validate_query
 from .result import RelevanceResult
+from .settings import DEFAULT_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class RelevancePipeline:
         device: str = "auto",
         query_encoder: TextEncoder | None = None,
         limits: ImageLimits = ImageLimits(),
-        buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         cache_dir: Path | None = None,
         dtype: torch.dtype | str = torch.float32,  # or "auto": the variant's own on a GPU (serving_dtype)
         query_source: str | None = None,  # with no query_encoder: all-MiniLM's HF id or path (settings.query_encoder)
@@ -175,7 +176,7 @@ class RelevancePipeline:
             # what the thread did in between)
             model_ms = launched_ms + (time.perf_counter() - t1) * 1e3
             # this thread's CPU for the batch, shared out: with the server's own CPU per request it
-            # shows where a worker's CPU goes (scripts/batching_bench.py)
+            # shows where a worker's CPU goes (`arrcoc submit loadtest` reports it: arrcoc/bench/load.py)
             cpu_ms = (launch_cpu + time.thread_time() - cpu1) * 1e3 / len(requests)
             # what every item of the batch shares, looked up once
             shared = {"variant": self.variant.name, "weights_version": self.weights_version,

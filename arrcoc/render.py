@@ -94,3 +94,65 @@ def tint_cells(
     col = up(colour.astype(np.uint8)).astype(np.float32)
     out = np.where(keep, base * (1 - alpha) + col * alpha, base * dim)
     return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))
+
+
+CAPTION_BG = (24, 24, 32)  # the caption strip's background: dark, so the colour scale reads on it
+CAPTION_MIN_WIDTH = 360  # narrower images get a wider canvas, so the caption stays legible
+
+
+def _font(size: int):
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)  # a scalable font where Pillow has FreeType
+    except (TypeError, OSError):
+        return ImageFont.load_default()
+
+
+def _fit(draw, text: str, font, width: float) -> str:
+    """text, shortened with an ellipsis until it fits `width` pixels."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    while text and draw.textlength(text + "…", font=font) > width:
+        text = text[:-1]
+    return text + "…"
+
+
+def captioned(image: Image.Image, query: str, match_score: float | None, weak: bool) -> Image.Image:
+    """The image above a caption strip: the query, its match score ("weak" when weak) and the
+    colour scale of the map (low to high, each map scaled to its own peak)."""
+    from PIL import ImageDraw
+
+    base = image.convert("RGB")
+    w, h = base.size
+    width = max(w, CAPTION_MIN_WIDTH)
+    fs = max(12, min(22, width // 36))  # font size follows the width, within legible bounds
+    pad, bar_h = fs // 2, max(8, fs * 2 // 3)
+    strip_h = pad * 4 + fs * 2 + bar_h
+    out = Image.new("RGB", (width, h + strip_h), CAPTION_BG)
+    out.paste(base, ((width - w) // 2, 0))
+    draw = ImageDraw.Draw(out)
+    font = _font(fs)
+    y = h + pad
+    if match_score is None:
+        score, colour = "match score: n/a", (200, 200, 210)
+    else:
+        score = f"match {match_score:.2f}" + (" · weak match" if weak else "")
+        colour = (255, 170, 60) if weak else (140, 220, 140)
+    score_w = draw.textlength(score, font=font)
+    draw.text((pad, y), _fit(draw, f"“{query}”", font, width - score_w - 3 * pad), fill=(240, 240, 245), font=font)
+    draw.text((width - pad - score_w, y), score, fill=colour, font=font)
+    # the colour scale: low on the left, high on the right, labelled at both ends
+    y = h + pad * 3 + fs
+    low, high = "low", "high relevance (this image's peak)"
+    x0 = pad + draw.textlength(low, font=font) + pad
+    x1 = width - pad - draw.textlength(high, font=font) - pad
+    if x1 - x0 < 16:  # too narrow for words: the bar alone
+        x0, x1, low, high = pad, width - pad, "", ""
+    ramp = np.broadcast_to(_LUT[np.linspace(0, 255, max(1, int(x1 - x0))).astype(int)][None], (bar_h, max(1, int(x1 - x0)), 3))
+    bx, by = int(x0), int(y + (fs - bar_h) // 2)
+    out.paste(Image.fromarray(np.ascontiguousarray(ramp)), (bx, by))
+    draw.rectangle((bx - 1, by - 1, bx + ramp.shape[1], by + bar_h), outline=(110, 110, 125))  # the dark end shows
+    draw.text((pad, y), low, fill=(200, 200, 210), font=font)
+    draw.text((x1 + pad, y), high, fill=(200, 200, 210), font=font)
+    return out

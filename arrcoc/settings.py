@@ -15,6 +15,9 @@ from .errors import InvalidInputError
 # The engine backends, in one place: the engine's factory, the CLI, the demo and the validators
 # below all read this.
 BACKENDS = ("eager", "compiled", "onnx", "aot")
+# The batch sizes an engine compiles and captures a graph for, unless told otherwise: the settings,
+# the pipeline, the backends and the benchmark harness all default to this.
+DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 # Where `arrcoc worker`, `arrcoc submit` and the Celery executor look for Redis when no
 # ARRCOC_BROKER_URL is given (the in-process executor needs none).
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
@@ -37,7 +40,7 @@ class Settings(BaseSettings):
     backend: str = "eager"  # eager | compiled | onnx: what interactive requests use
     # lists: "eager,onnx" or JSON '["eager","onnx"]'
     backends: Annotated[tuple[str, ...], NoDecode] = BACKENDS  # what a worker may serve
-    buckets: Annotated[tuple[int, ...], NoDecode] = (1, 2, 4, 8, 16, 32, 64)
+    buckets: Annotated[tuple[int, ...], NoDecode] = DEFAULT_BUCKETS
     # auto | float32 | bfloat16. auto: each variant's own dtype on a GPU (Variant.gpu_dtype:
     # bfloat16 for the CLIP variants, float32 for the texture ones) and float32 on a CPU;
     # float32 serves float32 everywhere
@@ -77,7 +80,7 @@ class Settings(BaseSettings):
     batch_idle_wait: bool = False
     # 16, not 32: with 32 callers on the H100 two batches then take turns, one decoding while the
     # other runs: 2,497 / 2,324 against 2,168 / 2,255 req/s at 32, interleaved in one
-    # scripts/interactive_probe.py run at 1288376 (the one-thread pipelined batcher); 2,771 against
+    # tools/interactive_probe.py run at 1288376 (the one-thread pipelined batcher); 2,771 against
     # 2,546 at 32 and 2,472 at 8 with the former two-thread batcher at c924697
     batch_max_size: int = 16
     task_time_limit_s: int = 600
@@ -215,4 +218,5 @@ def default_settings(**overrides: object) -> Settings:
     return get_settings().model_copy(update=overrides)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BROKER_URL", "DTYPES", "Settings", "get_settings", "default_settings"]
+__all__ = ["BACKENDS", "DEFAULT_BUCKETS", "DEFAULT_BROKER_URL", "DTYPES", "Settings", "get_settings",
+           "default_settings"]  # fmt: skip

@@ -27,7 +27,7 @@ from abuse_inputs import (
     png_bytes,
     png_header,
 )
-from helpers import make_zip
+from helpers import BROKER, make_zip
 
 from arrcoc.errors import AccessDenied, ImageError, InvalidInputError, JobError
 from arrcoc.request import Controls, validate_image, validate_query
@@ -475,7 +475,7 @@ def test_cli_user_errors_are_one_line(tmp_path, cli):
         (["infer", str(tmp_path / "nope.png"), "-q", "x"], "No such image file"),
     ]
     for args, message in cases:
-        assert_one_line_error(cli(*args, env={"ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13"}), message)
+        assert_one_line_error(cli(*args, env={"ARRCOC_BROKER_URL": BROKER}), message)
     for bad in ("nan", "inf", "-1", "0", "soon"):
         code, _, err = cli("submit", "infer", image, "-q", "x", "--timeout", bad)
         assert code == 2 and "--timeout" in err and "Traceback" not in err, err
@@ -485,7 +485,7 @@ def test_cli_submit_batch_without_a_worker_times_out_in_words(tmp_path, cli):
     import redis
 
     tag = uuid.uuid4().hex[:8]
-    env = {"ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13", "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{tag}",
+    env = {"ARRCOC_BROKER_URL": BROKER, "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{tag}",
            "ARRCOC_QUEUE_GPU": f"nobody-{tag}", "ARRCOC_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
     zipped = tmp_path / "in.zip"
     zipped.write_bytes(make_zip({"a.png": png_bytes()}))
@@ -497,7 +497,7 @@ def test_cli_submit_batch_without_a_worker_times_out_in_words(tmp_path, cli):
         assert "did not finish within 2 s" in err.splitlines()[-1], err
         assert out.strip().startswith("batch-")  # the id was printed: the job can be followed later
     finally:
-        r = redis.Redis.from_url("redis://127.0.0.1:6379/13")
+        r = redis.Redis.from_url(BROKER)
         keys = [k for pat in (f"arrcoc-abuse-{tag}:*", f"*nobody-{tag}*") for k in r.scan_iter(pat)]
         if keys:
             r.delete(*keys)
@@ -511,9 +511,9 @@ def test_cli_job_commands_need_the_deployments_token(cli):
     tag = uuid.uuid4().hex[:8]
     token = uuid.uuid4().hex
     s = default_settings(redis_prefix=f"arrcoc-abuse-{tag}", api_token=token)
-    r = redis.Redis.from_url("redis://127.0.0.1:6379/13")
+    r = redis.Redis.from_url(BROKER)
     publish_token(r, s)  # what a worker started with ARRCOC_API_TOKEN does
-    env = {"ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13", "ARRCOC_REDIS_PREFIX": s.redis_prefix}
+    env = {"ARRCOC_BROKER_URL": BROKER, "ARRCOC_REDIS_PREFIX": s.redis_prefix}
     try:
         assert_one_line_error(cli("job", "status", "batch-0123456789abcdef", env=env), "requires its API token")
         assert_one_line_error(cli("job", "status", "batch-0123456789abcdef", "--token", "y" * 32, env=env),

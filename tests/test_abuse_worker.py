@@ -1,4 +1,4 @@
-"""Abuse through a real Celery worker (`arrcoc worker`, Redis at 127.0.0.1:6379 db 13, a prefix and
+"""Abuse through a real Celery worker (`arrcoc worker`, the tests' Redis from conftest.py, a prefix and
 queues of our own): hostile items fail alone and nothing is lost; a cancelled benchmark frees the
 device at once; the API token reaches `arrcoc job` through Redis; owners are kept apart."""
 

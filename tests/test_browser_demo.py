@@ -284,7 +284,7 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     assert "eager" in legend and "·" not in legend, legend  # one entry per backend, this report's
     page.locator("#bench-latency").scroll_into_view_if_needed()
     shot(page, "06-benchmark-charts", full=False)
-    for name in ("2026-11-22-h100-texture-e7cbf7c.json", "2026-11-22-cpu-2core.json"):  # other reports: their own charts
+    for name in ("2026-11-23-h100-texture-onnx-8eb1671.json", "2026-11-22-cpu-2core.json"):  # other reports: their own charts
         if name not in page.locator("#bench-stored").inner_text() and not (Path(__file__).parent.parent / "benchmarks" / name).exists():
             continue
         page.locator("#bench-stored input").click()

@@ -60,10 +60,52 @@ def test_json_values_are_in_range(infer_run) -> None:
     assert all(isinstance(b, int) and 64 <= b <= 400 for b in budgets) and sum(budgets) <= doc["token_budget"]
 
 
-def test_png_is_the_heatmap_at_the_original_size(infer_run) -> None:
+def test_summary_shows_the_match_score_and_says_what_it_means(infer_run) -> None:
+    doc, _, proc = infer_run
+    assert f"match {doc['match_score']:.2f}" in proc.stdout
+    # "the cup" is an object category, which the texture model does not ground on photos
+    assert doc["weak_match"] and "WEAK MATCH (below 0.50)" in proc.stdout
+
+
+def test_png_is_the_heatmap_at_the_original_size_above_a_caption(infer_run) -> None:
     _, png, _ = infer_run
     with Image.open(png) as im:
-        assert im.format == "PNG" and im.size == (600, 400) and im.mode == "RGB"
+        assert im.format == "PNG" and im.mode == "RGB"
+        assert im.width == 600 and im.height > 400, "the photo at its own size, a caption strip below"
+        pixels = np.asarray(im, dtype=np.int16)
+    photo, strip = pixels[:400], pixels[400:]
+    assert photo.std() > 20, "the overlay is there"
+    assert strip.std() > 20, "the caption strip is not blank"
+    assert _has_colour_scale(strip)
+
+
+def _has_colour_scale(strip: np.ndarray) -> bool:
+    """A row of the strip runs from the colour map's low end (near black purple) to its high end
+    (pale yellow) left to right: the legend."""
+    from arrcoc.render import colorize
+
+    lo, hi = colorize(np.array([0.02])).astype(np.int16)[0], colorize(np.array([0.98])).astype(np.int16)[0]
+    for row in strip:
+        near_lo = np.flatnonzero(np.abs(row - lo).max(axis=1) < 12)
+        near_hi = np.flatnonzero(np.abs(row - hi).max(axis=1) < 12)
+        if near_lo.size and near_hi.size and near_lo.min() < near_hi.max():
+            return True
+    return False
+
+
+@pytest.mark.parametrize(("score", "weak"), [(0.67, False), (0.07, True), (None, False)])
+def test_caption_names_the_query_and_score_for_any_width(score, weak) -> None:
+    from arrcoc.render import captioned
+
+    for size in ((600, 400), (64, 48), (1024, 200)):
+        photo = Image.new("RGB", size, (90, 140, 60))
+        out = captioned(photo, "the red one " * 8, score, weak)  # a long query is shortened, not cut off wildly
+        assert out.width >= size[0] and out.height > size[1]
+        strip = np.asarray(out, dtype=np.int16)[size[1]:]
+        assert strip.std() > 20 and _has_colour_scale(strip), size
+    weak_px = np.asarray(captioned(photo, "q", 0.07, True), dtype=np.int16)[200:]
+    ok_px = np.asarray(captioned(photo, "q", 0.07, False), dtype=np.int16)[200:]
+    assert (weak_px != ok_px).any(), "a weak match is written differently"
 
 
 @pytest.mark.parametrize(

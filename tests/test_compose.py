@@ -51,3 +51,70 @@ def test_the_gpu_image_installs_the_gpu_extra():
 
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(d.startswith("onnxruntime-gpu") for d in extras["gpu"])
+
+
+def _targets(service: dict) -> dict[str, str]:
+    """Mount target -> volume name of a service's named volumes."""
+    out = {}
+    for v in service.get("volumes", []):
+        source, target = (v.split(":")[:2] if isinstance(v, str) else (v.get("source"), v["target"]))
+        out[target] = source
+    return out
+
+
+@pytest.mark.parametrize(("demo", "worker", "profile"), [("demo", "worker", "gpu"), ("demo-cpu", "worker-cpu", "cpu")])
+def test_the_demo_waits_for_a_healthy_worker_and_mounts_the_hub_cache(demo, worker, profile):
+    services = config()["services"]
+    d, w = services[demo], services[worker]
+    assert d["profiles"] == w["profiles"] == [profile], "each profile starts its own worker and demo"
+    assert d["depends_on"] == {"redis": {"condition": "service_healthy"}, worker: {"condition": "service_healthy"}}
+    assert w["healthcheck"]["test"]
+    for s in (d, w):  # HF_HOME lies on the cache volume: hub files survive a restart, offline runs find them
+        hf_home = s["environment"]["HF_HOME"]
+        mounts = _targets(s)
+        assert any(hf_home.startswith(t.rstrip("/") + "/") and mounts[t] == "cache" for t in mounts), (hf_home, mounts)
+        assert mounts.get("/data") == "data"
+    assert d["command"][-2:] == ["--port", d["environment"]["GRADIO_SERVER_PORT"]]
+
+
+def test_the_worker_healthcheck_expects_as_many_nodes_as_compose_starts():
+    w = config(ARRCOC_WORKER_PROCESSES="4", ARRCOC_ENGINE_PROCESSES="1")["services"]["worker"]["environment"]
+    assert w["ARRCOC_WORKER_PROCESSES"] == "4" and w["ARRCOC_ENGINE_PROCESSES"] == "1"
+    assert 'os.environ.get("ARRCOC_WORKER_PROCESSES"' in (REPO / "docker" / "healthcheck.py").read_text()
+
+
+def _docker_ignored(path: str) -> bool:
+    """Docker's .dockerignore rule for the patterns we use: the last matching line wins, `!` keeps."""
+    import fnmatch
+
+    ignored = False
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        keep = line.startswith("!")
+        pattern = line.lstrip("!").rstrip("/")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]  # a pattern naming a folder covers it
+        if any(fnmatch.fnmatchcase(p, pattern) or fnmatch.fnmatchcase(p, pattern.replace("**/", "")) for p in prefixes):
+            ignored = not keep
+    return ignored
+
+
+def test_the_image_carries_the_stored_benchmark_reports():
+    reports = sorted(p.name for p in (REPO / "benchmarks").glob("*.json"))
+    assert reports, "the repo has stored reports"
+    assert not any(_docker_ignored(f"benchmarks/{name}") for name in reports)
+    assert _docker_ignored("benchmarks/2026-11-22-h100-texture-e7cbf7c.png") and _docker_ignored("tests/test_compose.py")
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "COPY benchmarks ./benchmarks" in dockerfile and "ln -s /app/benchmarks" in dockerfile
+
+
+def test_the_readme_says_what_compose_starts():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Serving with Redis and GPU workers"):]
+    section = section[: section.index("\n## ", 3)]
+    for fact in ("arrcoc-clip-b16", "14×14", "arrcoc-texture", "NVIDIA Container Toolkit", "HF_HUB_OFFLINE",
+                 "HF_HOME", "ARRCOC_WORKER_PROCESSES", "ARRCOC_ENGINE_PROCESSES", "16-core", "not measured here",
+                 "GRADIO_SERVER_PORT", "--port"):  # fmt: skip
+        assert fact in section, fact

@@ -7,6 +7,6 @@ The report is a JSON-safe dict (schema SCHEMA); arrcoc.bench.report renders it a
 HTML (inline SVG) and PNG plots.
 """
 
-from .harness import SCHEMA, BenchConfig, run_benchmark
+from .harness import CPU_DEFAULTS, SCHEMA, BenchConfig, device_defaults, run_benchmark
 
-__all__ = ["SCHEMA", "BenchConfig", "run_benchmark"]
+__all__ = ["CPU_DEFAULTS", "SCHEMA", "BenchConfig", "device_defaults", "run_benchmark"]

@@ -179,7 +179,7 @@ def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "th
 def repeated_job(ex, archive: bytes, n: int, device: torch.device, rounds: int = 1) -> dict[str, Any]:
     """The job once, then `rounds` times: the figure is the timed job of median images/s, the first
     beside it (the first large job after start-up ran up to ~30% slower on the H100: 655 vs 907
-    images/s, the same job at the start and the end of one scripts/batch_probe.py run), and every
+    images/s, the same job at the start and the end of one tools/batch_probe.py run), and every
     timed job's images/s and GPU busy under `rounds` (on one H100 the same code's job moved between
     1,270 and 1,343 images/s and 0.289 and 0.307 GPU busy from one run to the next)."""
     first = batch_job(ex, archive, n, device)

@@ -17,7 +17,7 @@ from ..engine.base import Backend, example_inputs, parse_dtype
 from ..engine.compiled import compile_count
 from ..errors import EngineError, JobCancelled
 from ..registry import create_model, get_variant
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DEFAULT_BUCKETS
 from .env import collect_env
 from .parity import MIN_OVERLAP_BF16, TOL, compare, photo_batch, random_queries
 from .startup import bench_weights, measure_startup
@@ -32,7 +32,7 @@ Progress = Callable[[float, str], None]
 class BenchConfig:
     variants: tuple[str, ...] = ("arrcoc-texture", "arrcoc-clip-b16")
     backends: tuple[str, ...] = BACKENDS
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
     iters: int = 100  # timed iterations per backend and bucket
     warmup_iters: int = 10  # untimed calls per backend and bucket before timing
     device: str = "auto"
@@ -48,6 +48,18 @@ class BenchConfig:
         d = asdict(self)
         d["cache_dir"] = str(self.cache_dir) if self.cache_dir else None
         return d
+
+
+# What `arrcoc bench` runs on a CPU unless told otherwise: a run of seconds that still compares two
+# backends. compiled and aot spend minutes building their programs on a CPU, and the full matrix
+# (two variants, seven buckets, 100 iterations) is a GPU's workload; flags still ask for any of it.
+CPU_DEFAULTS = BenchConfig(variants=("arrcoc-texture",), backends=("eager", "onnx"), buckets=(1, 4), iters=10,
+                           warmup_iters=2)  # fmt: skip
+
+
+def device_defaults(device_type: str) -> BenchConfig:
+    """The benchmark a device gets when nothing is asked for: the full set, or CPU_DEFAULTS on a CPU."""
+    return CPU_DEFAULTS if device_type == "cpu" else BenchConfig()
 
 
 def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict:

@@ -143,7 +143,7 @@ def _startup_html(report: dict) -> str:
 
 
 def write_png(report: dict, path: Path) -> bool:
-    """Latency and speedup by bucket per variant (needs matplotlib: pip install 'arrcoc[plots]')."""
+    """Latency and speedup by bucket per variant (needs matplotlib: in `arrcoc[plots]` and `[dev]`)."""
     try:
         import matplotlib
 
@@ -178,7 +178,10 @@ def write_png(report: dict, path: Path) -> bool:
                 ax.set_xscale("log", base=2)
             ax.set_title(f"{v}: {label}")
             ax.set_xlabel("batch (bucket)")
-            ax.legend()
+            if names := [n for n in series if key == "p50_ms" or n != "eager"]:
+                ax.legend()
+            else:  # eager alone: nothing to compare it with
+                ax.text(0.5, 0.5, "only eager: nothing to compare", ha="center", va="center", transform=ax.transAxes)
             ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -122,3 +122,24 @@ def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False, timeout: flo
                 f" `arrcoc worker` running on this broker? The job stays queued: `arrcoc job status {job_id}`."
             )  # fmt: skip
         time.sleep(poll)
+
+
+def match_line(result) -> str:
+    """The match score in a few words: what it measures, and what a weak one means for the map."""
+    from ..result import WEAK_MATCH
+
+    if result.match_score is None:
+        return "  match score: not reported"
+    if result.weak_match:
+        return (f"  match {result.match_score:.2f}: WEAK MATCH (below {WEAK_MATCH:.2f}): little here resembles the"
+                " query as this model knows it; the map still shows its best guesses, scaled to their own peak")
+    return (f"  match {result.match_score:.2f}: a match (how well the query matched this image, comparable"
+            f" across images; below {WEAK_MATCH:.2f} is weak)")  # fmt: skip
+
+
+def save_overlay(path: Path, source, result) -> None:
+    """The heatmap over the image with a caption: the query, the match score and the colour scale."""
+    from ..render import captioned, overlay, overlay_base
+
+    pic = overlay(overlay_base(source), result.relevance)
+    captioned(pic, result.query, result.match_score, result.weak_match).save(path)

@@ -2,6 +2,9 @@
 
 Writes DIR/<name>.json (the report), .md (table), .html (interactive, inline SVG) and .png.
 `arrcoc bench --render report.json [more.json ...]` merges reports and renders them again.
+What it runs by default suits the device (arrcoc.bench.device_defaults): a short run on a CPU,
+the full set on a GPU; any flag given is used as given. On a terminal it draws a progress bar;
+piped or redirected, one plain line per step.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from ..settings import BACKENDS, DTYPES
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark eager vs compiled (+CUDA graphs) vs ONNX Runtime vs AOTInductor")
-    p.add_argument("--variants", nargs="+", default=["arrcoc-texture", "arrcoc-clip-b16"])
-    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
-    p.add_argument("--buckets", nargs="+", type=int, default=None, help="default: settings (1 2 4 ... 64)")
-    p.add_argument("--iters", type=int, default=100, help="timed iterations per backend and bucket")
-    p.add_argument("--warmup-iters", type=int, default=10)
+    p.add_argument("--variants", nargs="+", default=None,
+                   help="default: arrcoc-texture arrcoc-clip-b16 (on a CPU: arrcoc-texture)")
+    p.add_argument("--backends", nargs="+", default=None, choices=BACKENDS,
+                   help=f"default: {' '.join(BACKENDS)} (on a CPU: eager onnx; compiled and aot take minutes to build there)")
+    p.add_argument("--buckets", nargs="+", type=int, default=None, help="default: settings (1 2 4 ... 64; on a CPU: 1 4)")
+    p.add_argument("--iters", type=int, default=None, help="timed iterations per backend and bucket (100; on a CPU 10)")
+    p.add_argument("--warmup-iters", type=int, default=None, help="untimed calls first (10; on a CPU 2)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--weights", default="default",
@@ -34,7 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--render", nargs="+", type=Path, default=None, help="merge and re-render these JSON reports")
     p.add_argument("--onnx-options", type=json.loads, default=None, metavar="JSON",
                    help='the onnx backend\'s settings, e.g. \'{"provider_options": {"cudnn_conv_algo_search":'
-                        ' "DEFAULT"}, "disabled_optimizers": ["AttentionFusion"]}\' (scripts/ort_options.py)')
+                        ' "DEFAULT"}, "disabled_optimizers": ["AttentionFusion"]}\' (tools/ort_options.py)')
     p.set_defaults(func=run)
     suites = p.add_subparsers(dest="suite", metavar="e2e", help="`arrcoc bench e2e`: the system end to end")
     e = suites.add_parser("e2e", help="batch jobs and interactive requests end to end, in-process and through Celery")
@@ -97,6 +102,8 @@ def merge(reports: list[dict]) -> dict:
 
 
 def run(args) -> int:
+    if not args.render:
+        _quiet_libraries()  # before torch and the exporters are imported: some warn on import
     from ..bench.report import markdown_table, write_all
 
     if args.render:
@@ -111,27 +118,93 @@ def run(args) -> int:
     return 0 if not report.get("errors") else 1
 
 
-def _measure(args) -> dict:
-    from tqdm import tqdm
+def _resolve(args, device) -> None:
+    """Fill the flags not given with the defaults for this device (in place) and say what was chosen."""
+    from ..bench import device_defaults
+    from ..settings import get_settings
 
+    base = device_defaults(device.type)
+    chosen = []
+    for flag, value in (("variants", base.variants), ("backends", base.backends), ("iters", base.iters),
+                        ("warmup_iters", base.warmup_iters), ("buckets", base.buckets)):  # fmt: skip
+        if getattr(args, flag) is None:
+            if flag == "buckets" and device.type != "cpu":
+                value = get_settings().buckets
+            setattr(args, flag, list(value) if isinstance(value, tuple) else value)
+            chosen.append(f"--{flag.replace('_', '-')} {' '.join(map(str, getattr(args, flag)))}"
+                          if isinstance(value, tuple) else f"--{flag.replace('_', '-')} {value}")  # fmt: skip
+    if chosen:
+        print(f"arrcoc bench on {device.type}: defaults for this device: {' '.join(chosen)} (name a flag to change it)",
+              flush=True)  # fmt: skip
+
+
+class _Progress:
+    """A tqdm bar on a terminal; elsewhere (a pipe, a file, CI) one plain line per step."""
+
+    def __init__(self, desc: str = ""):
+        import sys
+        import time
+
+        self.interactive = sys.stdout.isatty() and sys.stderr.isatty()
+        self.desc, self.last, self.t0, self.clock = desc, None, time.perf_counter(), time.perf_counter
+        self.bar = None
+        if self.interactive:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=1.0, unit="", desc=desc or None, bar_format="{l_bar}{bar}| {elapsed} {postfix}")
+
+    def __call__(self, frac: float, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.n = round(frac, 4)
+            self.bar.set_postfix_str(msg)
+            self.bar.refresh()
+        elif msg != self.last and msg != "timing":  # "timing": one timed iteration, not a step
+            self.last = msg
+            print(f"[{frac:4.0%} {self.clock() - self.t0:6.1f} s] {msg}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _quiet_libraries() -> None:
+    """Warnings the user cannot act on (deprecations inside torch, onnxscript, torchvision) stay
+    out of the benchmark's output; errors still show."""
+    import logging
+    import warnings
+
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+    warnings.filterwarnings("ignore", module=r"torchvision(\.|$)")
+    warnings.filterwarnings("ignore", message=r".*torchvision.*")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch\.onnx|onnxscript)")  # exporter chatter
+    for name in ("torch.onnx", "onnxscript", "torch._dynamo", "torch._inductor"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _measure(args) -> dict:
     from ..bench import BenchConfig, run_benchmark
     from ..bench.env import collect_env
     from ..bench.startup import measure_startup
     from ..engine import resolve_device
-    from ..settings import get_settings
 
-    buckets = tuple(args.buckets or get_settings().buckets)
+    device = resolve_device(args.device)
+    _resolve(args, device)
+    buckets = tuple(args.buckets)
     weights = None if args.weights == "none" or args.random_weights else args.weights
     if args.startup_only:
-        device = resolve_device(args.device)
         report = {"schema": "arrcoc-bench/1", "env": collect_env(device), "results": [], "startup": [],
                   "errors": [], "recompiles_after_warmup": 0}  # fmt: skip
         jobs = [(v, b) for v in args.variants for b in args.backends if b != "eager"]
-        for v, b in tqdm(jobs, desc="startup", unit="backend"):
+        progress = _Progress("startup")
+        for i, (v, b) in enumerate(jobs):
+            progress(i / max(1, len(jobs)), f"startup {v} {b}")
             try:
                 report["startup"].append(measure_startup(v, b, buckets, str(device), weights))
             except Exception as e:
                 report["errors"].append({"variant": v, "backend": b, "stage": "startup", "error": str(e)[-2000:]})
+        progress(1.0, "startup done")
+        progress.close()
         return report
     config = BenchConfig(
         variants=tuple(args.variants), backends=tuple(args.backends), buckets=buckets, iters=args.iters,
@@ -139,11 +212,8 @@ def _measure(args) -> dict:
         cache_dir=args.cache_dir, startup=args.startup,
         backend_options={"onnx": args.onnx_options} if args.onnx_options else {},
     )  # fmt: skip
-    with tqdm(total=1.0, unit="", bar_format="{l_bar}{bar}| {elapsed} {postfix}") as bar:
-
-        def progress(frac: float, msg: str) -> None:
-            bar.n = round(frac, 4)
-            bar.set_postfix_str(msg)
-            bar.refresh()
-
+    progress = _Progress()
+    try:
         return run_benchmark(config, progress)
+    finally:
+        progress.close()

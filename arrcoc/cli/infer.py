@@ -22,16 +22,15 @@ def add_parser(sub) -> None:
     p.add_argument("--k", type=int, default=None, help="cells to select (default 200)")
     p.add_argument("--token-budget", type=int, default=None)
     p.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
-    p.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here")
+    p.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here (captioned: query, match score, colour scale)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..pipeline import RelevancePipeline
-    from ..render import overlay, overlay_base
     from ..request import Controls
     from ..settings import get_settings
-    from ._client import check_output, read_input
+    from ._client import check_output, match_line, read_input, save_overlay
 
     data = read_input(args.image, "image file")  # a missing file or a folder: one line, before the model loads
     check_output(args.json_out)
@@ -55,11 +54,12 @@ def run(args) -> int:
         else:
             args.json_out.write_text(text)
     if args.png_out is not None:
-        overlay(overlay_base(data), result.relevance).save(args.png_out)
+        save_overlay(args.png_out, data, result)
     if args.json_out is None or str(args.json_out) != "-":
         top = ", ".join(f"({i // result.grid},{i % result.grid})" for i in result.selected[:5])
         bal = " ".join(f"{n}={w:.2f}" for n, w in zip(doc["balance_names"], doc["balance"], strict=True))
         print(f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]")
+        print(match_line(result))
         print(f"  top cells (row,col): {top}   weights: {bal}")
         print(f"  {result.k} cells, {doc['tokens_used']} tokens; model {result.timings_ms['model_ms']:.1f} ms (after one warm-up run)")
     return 0

@@ -74,8 +74,7 @@ def _controls(args):
 
 
 def run_infer(args) -> int:
-    from ..render import overlay, overlay_base
-    from ._client import check_output, executor, read_input
+    from ._client import check_output, executor, match_line, read_input, save_overlay
 
     image = read_input(args.image, "image file")
     check_output(args.json_out)
@@ -91,10 +90,11 @@ def run_infer(args) -> int:
     elif args.json_out is not None:
         args.json_out.write_text(json.dumps(doc))
     if args.png_out is not None:
-        overlay(overlay_base(args.image), result.relevance).save(args.png_out)
+        save_overlay(args.png_out, args.image, result)
     if args.json_out is None:
         print(f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]"
               f" bucket {result.bucket}; {result.k} cells, {doc['tokens_used']} tokens")  # fmt: skip
+        print(match_line(result))
     return 0
 
 

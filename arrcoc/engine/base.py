@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from ..errors import EngineError
 from ..model import ModelOutput
+from ..settings import DEFAULT_BUCKETS
 from .buckets import BucketTable
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class Backend(ABC):
         self,
         model: nn.Module,
         device: torch.device,
-        buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         dtype: torch.dtype = torch.float32,
         cache_dir: Path | None = None,
     ):

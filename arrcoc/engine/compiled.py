@@ -4,7 +4,9 @@ stance, so a stray shape is an EngineError, not a compile.
 
 Programs: by default two, not one per bucket (start-up was 7 compiles of the same graph): bucket
 1 specialised, and one program with a dynamic batch dimension (2..largest) for the others; a
-CUDA graph per bucket is captured over them as before. `dynamic_batch=False` compiles one
+CUDA graph per bucket is captured over them as before. On a CPU the dynamic program can split
+where a kernel choice depends on the batch size (see `_marked`): warmup runs every bucket, so
+each part is compiled there, never while serving. `dynamic_batch=False` compiles one
 specialised program per bucket. The first warmup on a cache dir saves PyTorch's portable
 cache artefacts (Inductor, Triton, AOTAutograd, autotuning) to <cache_dir>/compiled/<key>.bin;
 a process on another cache dir holding only that file (a new host) loads it first and starts
@@ -98,6 +100,7 @@ class CompiledBackend(Backend):
         self.stats["artefacts_load_s"] = time.perf_counter() - t_load
         t0 = time.perf_counter()
         before = _phase_totals()
+        compiles0 = compile_count()
         first: dict[str, float] = {}  # each program's first call: trace, compile or cache load, first run
         with torch.inference_mode():
             for bucket in self._compile_buckets():
@@ -106,12 +109,20 @@ class CompiledBackend(Backend):
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 first[f"b{bucket}"] = time.perf_counter() - t
+            # every other bucket once, compiles allowed: where the shared program's guards leave a
+            # bucket out (a CPU's conv backend depends on the batch size), its program is built here
+            for bucket in sorted(set(self.buckets) - set(self._compile_buckets()), reverse=True):
+                t = time.perf_counter()
+                n = compile_count()
+                self._fn(*self._marked(example_inputs(self.model, bucket, self.device)))
+                if compile_count() > n:
+                    first[f"b{bucket}"] = time.perf_counter() - t
         self.stats["compile_s"] = time.perf_counter() - t0
         self.stats["first_call_s"] = first
         t_post = time.perf_counter()
         self.phases = {k: v - before.get(k, 0.0) for k, v in _phase_totals().items() if v - before.get(k, 0.0) > 0.05}
         self.stats["compile_phases"] = self.phases
-        self.stats["programs"] = float(len(self._compile_buckets()))
+        self.stats["programs"] = float(compile_count() - compiles0)
         self.stats["artefacts_saved"] = float(not local and _save_artefacts(artefacts))
         if marker is not None and not local:
             marker.touch()
@@ -139,13 +150,21 @@ class CompiledBackend(Backend):
         return sorted({b for b in self.buckets if b == 1} | {max(self.buckets)}, reverse=True)
 
     def _marked(self, inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        """Mark the batch dim of every input dynamic (2..largest bucket) for the shared program.
+        """Mark the batch dim of every input dynamic for the shared program.
 
         Bucket 1 stays specialised: Dynamo treats a size of 1 as a constant anyway, and batch 1
-        is the latency that matters most."""
+        is the latency that matters most. On CUDA the range is declared (2..largest bucket):
+        Inductor proves 32-bit indexing from the bound, and no kernel choice there depends on the
+        batch size. On a CPU the convolution's backend (oneDNN or not) is chosen by batch size,
+        so the traced program guards on it (e.g. 16 <= batch) and a declared range would be a
+        ConstraintViolationError: there the dim is only hinted dynamic, and warmup builds a
+        program for each range the buckets fall in."""
         if self.dynamic_batch and inputs[0].shape[0] > 1:
             for t in inputs:
-                torch._dynamo.mark_dynamic(t, 0, min=2, max=max(self.buckets))
+                if self.device.type == "cuda":
+                    torch._dynamo.mark_dynamic(t, 0, min=2, max=max(self.buckets))
+                else:
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
         return inputs
 
     def _artefacts_path(self):
@@ -160,6 +179,11 @@ class CompiledBackend(Backend):
         return example_inputs(self.model, bucket, self.device, seed=1000)
 
     def _guarded(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        # only the buckets warmup ran are served: a CPU's dynamic program has no declared upper
+        # bound (see _marked), so its guards alone would let another batch size through
+        if inputs[0].shape[0] not in self.buckets:
+            raise EngineError(f"The compiled backend was asked for batch {inputs[0].shape[0]}, which is not one of the"
+                              f" buckets it compiled ({', '.join(map(str, self.buckets))})")  # fmt: skip
         with no_recompile():
             return self._fn(*inputs)
 

@@ -1,0 +1,94 @@
+"""`arrcoc bench` as a user meets it: defaults that suit the device, plain lines when piped, plots
+from the install the README uses."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parsed(*argv: str):
+    import argparse
+
+    from arrcoc.cli import bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    return bench, parser.parse_args(["bench", *argv])
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_defaults_suit_the_device(device, capsys):
+    import torch
+
+    from arrcoc.settings import BACKENDS, get_settings
+
+    bench, args = parsed()
+    bench._resolve(args, torch.device(device))
+    said = capsys.readouterr().out
+    if device == "cpu":  # seconds, not the GPU's matrix: compiled and aot take minutes to build on a CPU
+        assert args.variants == ["arrcoc-texture"] and args.backends == ["eager", "onnx"]
+        assert args.buckets == [1, 4] and args.iters == 10 and args.warmup_iters == 2
+    else:
+        assert args.variants == ["arrcoc-texture", "arrcoc-clip-b16"] and args.backends == list(BACKENDS)
+        assert tuple(args.buckets) == get_settings().buckets and args.iters == 100
+    assert f"on {device}" in said and "--backends" in said, said
+    # what is asked for is what runs, on any device
+    bench, args = parsed("--backends", "eager", "compiled", "--buckets", "1", "8", "64", "--iters", "3")
+    bench._resolve(args, torch.device("cpu"))
+    assert args.backends == ["eager", "compiled"] and args.buckets == [1, 8, 64] and args.iters == 3
+    assert "--backends" not in capsys.readouterr().out
+
+
+def test_piped_output_is_one_plain_line_per_step(tmp_path):
+    """Not a terminal: no progress-bar frames ('\\r'), no library warnings, one line per step."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONWARNINGS": "default"}  # fmt: skip -- warnings on, as a user's shell may have them
+    proc = subprocess.run(
+        [sys.executable, "-m", "arrcoc", "bench", "--variants", "arrcoc-texture", "--backends", "eager",
+         "--buckets", "1", "2", "--iters", "2", "--warmup-iters", "1", "--out", str(tmp_path), "--name", "piped"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for stream in (proc.stdout, proc.stderr):
+        assert "\r" not in stream and "it/s" not in stream
+        assert "Warning" not in stream, stream[-2000:]
+    steps = [line for line in proc.stdout.splitlines() if re.match(r"\[\s*\d+%\s+[\d.]+ s\] ", line)]
+    assert [s.split("] ", 1)[1] for s in steps] == [
+        "arrcoc-texture: eager ready", "arrcoc-texture: bucket 1", "arrcoc-texture: bucket 2"]  # fmt: skip
+    assert steps[-1].startswith("[100%")
+    report = json.loads((tmp_path / "piped.json").read_text())
+    assert {(r["backend"], r["bucket"]) for r in report["results"]} == {("eager", 1), ("eager", 2)}
+    assert (tmp_path / "piped.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_the_readme_install_brings_the_plots():
+    """scripts/setup.sh installs `.[dev]`; the README promises plots from `arrcoc bench`: the dev
+    extra pulls matplotlib in (through `plots`)."""
+    assert '-e ".[dev]"' in (ROOT / "scripts" / "setup.sh").read_text()
+    assert "plots" in (ROOT / "README.md").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def closure(name: str, seen: set[str]) -> list[str]:
+        seen.add(name)
+        out = []
+        for dep in extras[name]:
+            m = re.fullmatch(r"arrcoc\[([^\]]+)\].*", dep.split(";")[0].strip())
+            if m:
+                out += [d for sub in m.group(1).split(",") if sub not in seen for d in closure(sub.strip(), seen)]
+            else:
+                out.append(dep)
+        return out
+
+    assert any(d.startswith("matplotlib") for d in closure("dev", set()))
