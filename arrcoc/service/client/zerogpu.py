@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ...errors import ArrcocError
 from ...request import Controls
 from ...result import RelevanceResult
@@ -64,6 +66,11 @@ _runtime: Runtime | None = None
 def _gpu_runtime() -> Runtime:
     global _runtime
     if _runtime is None:
+        if on_zero_gpu():
+            # a worker forked from the app's process, whose OpenMP pool may have run (its CPU jobs):
+            # a parallel region here could wait forever on threads that were not forked. One CPU
+            # thread, as PyTorch's DataLoader workers do; the GPU does the work.
+            torch.set_num_threads(1)
         _runtime = Runtime(_settings or get_settings())
     return _runtime
 
