@@ -159,6 +159,26 @@ def summary_markdown(r: RelevanceResult) -> str:
     )
 
 
+def foveated_view(run: Run, patch: int = 14) -> tuple[Image.Image, str]:
+    """What a vision-language model would be given under this result's budgets (arrcoc.foveate):
+    selected cells as sharp as their tokens afford, the rest at 4 x 4 pixels a cell; beside the
+    "vs uniform" view. Drawn on the displayed photo (torch is imported here, not with the demo)."""
+    from arrcoc.foveate import DEFAULT_BASE_SIDE, foveated_image
+
+    r = run.result
+    w, h = r.image_size
+    side = np.floor(np.sqrt(np.asarray(r.budgets, dtype=np.float64))) * patch
+    full = int(np.sum((side >= h / r.grid) & (side >= w / r.grid)))
+    md = (
+        f"The picture a VLM with {patch}-px patches would get: {r.k} selected cells, {int(r.budgets.sum()):,} tokens "
+        f"({MIN_CELL_TOKENS}–{MAX_CELL_TOKENS} a cell, ⌊√tokens⌋² patches); {full} of them afford every pixel of "
+        f"their {w / r.grid:.0f}×{h / r.grid:.0f}-px cell in the {w}×{h} photo. The other cells are kept at "
+        f"{DEFAULT_BASE_SIDE}×{DEFAULT_BASE_SIDE} pixels. `selected_boxes` in the JSON lists the same cells in the "
+        "photo's pixels with their tokens."
+    )
+    return foveated_image(run.image, r.budget_map, patch), md
+
+
 # ---- homunculus, three ways, overlays ----------------------------------------------------------
 
 

@@ -41,7 +41,8 @@ def add_parser(sub) -> None:
                    help='the onnx backend\'s settings, e.g. \'{"provider_options": {"cudnn_conv_algo_search":'
                         ' "DEFAULT"}, "disabled_optimizers": ["AttentionFusion"]}\' (tools/ort_options.py)')
     p.set_defaults(func=run)
-    suites = p.add_subparsers(dest="suite", metavar="e2e", help="`arrcoc bench e2e`: the system end to end")
+    suites = p.add_subparsers(dest="suite", metavar="e2e|selection",
+                              help="`arrcoc bench e2e`: the system end to end; `arrcoc bench selection`: foveated view and diverse selection")  # fmt: skip
     e = suites.add_parser("e2e", help="batch jobs and interactive requests end to end, in-process and through Celery")
     # defaults: E2EConfig's (arrcoc.bench.e2e, not imported here: it loads torch)
     e.add_argument("--device")
@@ -65,6 +66,22 @@ def add_parser(sub) -> None:
     e.add_argument("--out", type=Path, default=Path("benchmarks"))
     e.add_argument("--name", default=None, help="file stem (default: e2e-<date>-<device>-<backend>)")
     e.set_defaults(func=run_e2e)
+    s = suites.add_parser("selection", help="the foveated view and the diverse selection beside a compiled step")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--batch", type=int, default=64)
+    s.add_argument("--iters", type=int, default=50)
+    s.add_argument("--out", type=Path, default=None, help="write the report JSON here")
+    s.set_defaults(func=run_selection)
+
+
+def run_selection(args) -> int:
+    from ..bench.selection import bench_selection, markdown
+
+    report = bench_selection(args.device, args.batch, args.iters)
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=1))
+    print(markdown(report))
+    return 0
 
 
 def run_e2e(args) -> int:

@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
     p.add_argument("--token-budget", type=int, default=None)
     p.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
     p.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here (captioned: query, match score, colour scale)")
+    p.add_argument("--foveated", dest="foveated_out", type=Path,
+                   help="write the foveated view (what a VLM would be given under the budgets) here, at the photo's size")
     p.set_defaults(func=run)
 
 
@@ -35,6 +37,7 @@ def run(args) -> int:
     data = read_input(args.image, "image file")  # a missing file or a folder: one line, before the model loads
     check_output(args.json_out)
     check_output(args.png_out)
+    check_output(args.foveated_out)
     settings = get_settings()
     weights = None if args.weights == "none" else args.weights
     pipe = RelevancePipeline(
@@ -55,6 +58,11 @@ def run(args) -> int:
             args.json_out.write_text(text)
     if args.png_out is not None:
         save_overlay(args.png_out, data, result)
+    if args.foveated_out is not None:
+        from ..foveate import foveated_image
+        from ..images import load_image
+
+        foveated_image(load_image(data), result.budget_map).save(args.foveated_out)
     if args.json_out is None or str(args.json_out) != "-":
         top = ", ".join(f"({i // result.grid},{i % result.grid})" for i in result.selected[:5])
         bal = " ".join(f"{n}={w:.2f}" for n, w in zip(doc["balance_names"], doc["balance"], strict=True))

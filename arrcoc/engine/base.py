@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import EngineError
-from ..model import ModelOutput
+from ..model import CONTROL_FIELDS, ModelOutput
 from ..settings import DEFAULT_BUCKETS
 from .buckets import BucketTable
 
@@ -76,7 +76,7 @@ def example_inputs(model: nn.Module, batch: int, device: torch.device, seed: int
 class Backend(ABC):
     """warmup() once, then run() many times, then close().
 
-    run() takes uint8 images (B, 3, S, S), query embeddings (B, Dq) and controls (B, 5) on any
+    run() takes uint8 images (B, 3, S, S), query embeddings (B, Dq) and controls (B, 6) on any
     device, and returns a ModelOutput on the backend's device that the caller owns (never a
     view of a buffer the next call overwrites). Any B works: batches are padded up to the next
     bucket, or split across the largest one.
@@ -168,8 +168,8 @@ class Backend(ABC):
         if tuple(query.shape) != (b, cfg.query_dim):
             raise EngineError(f"query embeddings must be ({b}, {cfg.query_dim}), got {tuple(query.shape)}.")
         controls = self._controls(controls, b, move)
-        if tuple(controls.shape) != (b, 5):
-            raise EngineError(f"controls must be ({b}, 5), got {tuple(controls.shape)}.")
+        if tuple(controls.shape) != (b, len(CONTROL_FIELDS)):
+            raise EngineError(f"controls must be ({b}, {len(CONTROL_FIELDS)}), got {tuple(controls.shape)}.")
         if not move:
             return images, query, controls
         images = images.to(self.device, non_blocking=True)
