@@ -6,19 +6,21 @@ eagerly, under torch.compile(fullgraph=True), inside a CUDA graph and as an ONNX
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from .attending import TokenAllocator
+from .attending import TokenAllocator, cell_features
 from .balancing import TensionBalancer
+from .configs import TextureModelConfig  # noqa: F401 -- its home is configs.py
 from .knowing import ParticipatoryScorer, cell_index_map, channel_softmax_entropy, luminance_entropy, salience
+from .request import DEFAULT_SELECTION, SELECTION_MODES
 from .texture import CHANNELS, TextureConstants, texture_from_float
 
-# controls (B, 5): scorer scales (information, perspectival, participatory), K, total tokens
-CONTROL_FIELDS = ("scale_information", "scale_perspectival", "scale_participatory", "k", "token_budget")
+# controls (B, 6): scorer scales (information, perspectival, participatory), K, total tokens,
+# selection (the index of the mode in arrcoc.request.SELECTION_MODES: 0 top, 1 diverse)
+CONTROL_FIELDS = ("scale_information", "scale_perspectival", "scale_participatory", "k", "token_budget", "selection")
 
 
 class ModelOutput(NamedTuple):
@@ -28,31 +30,14 @@ class ModelOutput(NamedTuple):
     participatory: Tensor  # (B, G, G)
     balance: Tensor  # (B, 3) effective scorer weights, sum to 1
     tensions: Tensor  # (B, 3) in (0, 1)
-    order: Tensor  # (B, N) int64 cells by relevance, highest first
-    budgets: Tensor  # (B, N) tokens per rank, 0 past K
+    order: Tensor  # (B, N) int64 cells in selection order (by relevance for "top"), first selected first
+    budgets: Tensor  # (B, N) tokens per rank, 0 past K (ranks follow `order`, by relevance only for "top")
     budget_map: Tensor  # (B, G, G)
     texture: Tensor  # (B, 13, G, G)
     # (B,) absolute query-image match, before any per-image normalisation: the variant's
     # `match_score` (arrcoc.result.WEAK_MATCH says when it is weak). Last, so positional
     # unpacking of the fields above is unchanged.
     match: Tensor
-
-
-@dataclass(frozen=True)
-class TextureModelConfig:
-    image_size: int = 512  # S: images are resized to S x S
-    cell: int = 16  # pixels per cell side; G = S / cell = 32
-    compat: bool = False  # arr-coc-0-1's texture channels 11-12 and bilinear sampling
-    information: str = "entropy"  # "entropy" (luminance histogram) | "softmax" (arr-coc-0-1)
-    hidden: int = 64  # participatory conv width (the grid is only 32 x 32; 32 was too narrow for shapes)
-    embed_dim: int = 64  # joint cell/query space
-    query_dim: int = 384  # all-MiniLM-L6-v2
-    k: int = 200  # cells selected by default (of 1024)
-    token_budget: int = 25600  # default total: 128 tokens per selected cell on average
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.cell
 
 
 class ArrcocTexture(nn.Module):
@@ -68,7 +53,8 @@ class ArrcocTexture(nn.Module):
 
     def default_controls(self, batch: int, device: torch.device | None = None) -> Tensor:
         c = self.config
-        row = torch.tensor([1.0, 1.0, 1.0, float(c.k), float(c.token_budget)], device=device)
+        row = torch.tensor([1.0, 1.0, 1.0, float(c.k), float(c.token_budget),
+                            float(SELECTION_MODES.index(DEFAULT_SELECTION))], device=device)  # fmt: skip
         return row.expand(batch, -1).contiguous()
 
     def fixed_maps(self, images: Tensor) -> tuple[Tensor, Tensor]:
@@ -104,10 +90,14 @@ class ArrcocTexture(nn.Module):
         return (2.0 * maps[:, 2].flatten(1).amax(dim=-1) - 1.0).clamp(0.0, 1.0)
 
     def forward(self, images: Tensor, query: Tensor, controls: Tensor) -> ModelOutput:
-        """images uint8 (B, 3, S, S); query (B, 384); controls (B, 5) see CONTROL_FIELDS."""
+        """images uint8 (B, 3, S, S); query (B, 384); controls (B, 6) see CONTROL_FIELDS."""
         maps, texture = self.scorer_maps(images, query)
+        return self.outputs(maps, texture, query, controls)
+
+    def outputs(self, maps: Tensor, texture: Tensor, query: Tensor, controls: Tensor) -> ModelOutput:
+        """The scorer maps (B, 3, G, G) balanced, allocated and packed into the ModelOutput."""
         balanced = self.balancer(maps, query, controls[:, 0:3])
-        alloc = self.allocator(balanced.relevance, controls[:, 3], controls[:, 4])
+        alloc = self.allocator(balanced.relevance, controls[:, 3], controls[:, 4], controls[:, 5], cell_features(texture))
         return ModelOutput(
             balanced.relevance, maps[:, 0], maps[:, 1], maps[:, 2], balanced.weights,
             balanced.tensions, alloc.order, alloc.budgets, alloc.budget_map, texture, self.match_score(maps),

@@ -19,6 +19,7 @@ import torch
 
 from .encoders import TextEncoder
 from .engine import Backend, create_backend, resolve_device
+from .engine.base import serving_dtype
 from .errors import ArrcocError, InvalidInputError
 from .images import ImageLike, ImageLimits, load_decoded, read_bytes
 from .model import ModelOutput
@@ -27,6 +28,7 @@ from .query import query_encoder_for
 from .registry import create_model, get_variant
 from .request import MAX_QUERY_CHARS, Controls, validate_query
 from .result import RelevanceResult
+from .settings import DEFAULT_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,9 @@ class RelevancePipeline:
         device: str = "auto",
         query_encoder: TextEncoder | None = None,
         limits: ImageLimits = ImageLimits(),
-        buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         cache_dir: Path | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,  # or "auto": the variant's own on a GPU (serving_dtype)
         query_source: str | None = None,  # with no query_encoder: all-MiniLM's HF id or path (settings.query_encoder)
         query_cache_size: int = 1024,
         max_query_chars: int = MAX_QUERY_CHARS,
@@ -65,6 +67,7 @@ class RelevancePipeline:
             self.model = backend.model
         else:
             self.model = create_model(variant, weights, self.device)
+            dtype = serving_dtype(dtype, self.device, self.variant.gpu_dtype, backend)
             self.backend = create_backend(backend, self.model, self.device, buckets, dtype, cache_dir)
         # the variant's own (CLIP's text tower), else all-MiniLM-L6-v2
         self.encoder = query_encoder or query_encoder_for(self.model, query_source, query_cache_size, max_query_chars)
@@ -173,7 +176,7 @@ class RelevancePipeline:
             # what the thread did in between)
             model_ms = launched_ms + (time.perf_counter() - t1) * 1e3
             # this thread's CPU for the batch, shared out: with the server's own CPU per request it
-            # shows where a worker's CPU goes (scripts/batching_bench.py)
+            # shows where a worker's CPU goes (`arrcoc submit loadtest` reports it: arrcoc/bench/load.py)
             cpu_ms = (launch_cpu + time.thread_time() - cpu1) * 1e3 / len(requests)
             # what every item of the batch shares, looked up once
             shared = {"variant": self.variant.name, "weights_version": self.weights_version,

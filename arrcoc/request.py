@@ -11,6 +11,7 @@ import functools
 import hashlib
 import math
 import numbers
+import unicodedata
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +23,10 @@ from .settings import Settings
 # them here, so a token budget is checked with the same numbers the model allocates with.
 MIN_CELL_TOKENS = 64
 MAX_CELL_TOKENS = 400
+# How the K cells are chosen (arrcoc.attending): "top" by relevance alone, "diverse" with the
+# peaks of other regions brought forward. The model's controls carry the mode's index here.
+SELECTION_MODES = ("top", "diverse")
+DEFAULT_SELECTION = "top"
 
 
 @dataclass(frozen=True)
@@ -33,12 +38,14 @@ class Controls:
     scale_participatory: float = 1.0
     k: int | None = None  # None: the variant's default
     token_budget: int | None = None
+    selection: str | None = None  # None: DEFAULT_SELECTION; else one of SELECTION_MODES
 
     def validated(self, cells: int, default_k: int, default_budget: int) -> Controls:
         """These controls checked for a model of `cells` cells, defaults filled in (InvalidInputError
         for bad ones). Remembered per value and type (True == 1, but a bool is no number here):
         every request checks its controls, mostly the same few."""
-        values = (self.scale_information, self.scale_perspectival, self.scale_participatory, self.k, self.token_budget)
+        values = (self.scale_information, self.scale_perspectival, self.scale_participatory, self.k, self.token_budget,
+                  self.selection)  # fmt: skip
         key = tuple((type(v), v) for v in values)
         try:
             hash(key)
@@ -61,11 +68,14 @@ class Controls:
                 f"The token budget must be between {MIN_CELL_TOKENS}*K = {MIN_CELL_TOKENS * k} and"
                 f" {MAX_CELL_TOKENS * cells} tokens."
             )
-        return Controls(*(float(s) for s in scales), k, budget)
+        selection = DEFAULT_SELECTION if self.selection is None else self.selection
+        if not isinstance(selection, str) or selection not in SELECTION_MODES:
+            raise InvalidInputError(f"The selection must be one of {', '.join(SELECTION_MODES)}, got {selection!r}.")
+        return Controls(*(float(s) for s in scales), k, budget, selection)
 
     def as_row(self) -> list[float]:
         return [self.scale_information, self.scale_perspectival, self.scale_participatory,
-                float(self.k), float(self.token_budget)]  # fmt: skip
+                float(self.k), float(self.token_budget), float(SELECTION_MODES.index(self.selection or DEFAULT_SELECTION))]  # fmt: skip
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +117,14 @@ def validate_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
     bad = next((ch for ch in query if ord(ch) in _CONTROL), None)
     if bad is not None:
         raise InvalidInputError(f"The query holds a control character (U+{ord(bad):04X}); type plain text.")
+    # what the encoder's tokenizer takes: text that is valid UTF-8 (no lone surrogates, which its
+    # Rust side refuses with a TypeError) and free of invisible format characters (right-to-left
+    # marks, zero-width spaces, a byte-order mark: Unicode's Cf), which change nothing a reader
+    # sees but what the model reads
+    bad = next((ch for ch in query if unicodedata.category(ch) in ("Cs", "Cf")), None)
+    if bad is not None:
+        what = "a lone surrogate (not valid UTF-8)" if unicodedata.category(bad) == "Cs" else "an invisible format character"
+        raise InvalidInputError(f"The query holds {what} (U+{ord(bad):04X}); type plain text.")
     text = " ".join(query.split())
     if not text:
         raise InvalidInputError("The query is empty: describe what to look for, e.g. 'the red mug'.")

@@ -16,6 +16,8 @@ JSON_KEYS = (
 )  # fmt: skip  -- the stable contract of `arrcoc infer --json`; add keys, never rename
 
 
+BOX_FIELDS = ("x0", "y0", "x1", "y1", "tokens")  # a row of `selected_boxes`; x1, y1 exclusive
+
 # A match score below this is a weak match: "nothing much like this here". Every variant's
 # `match_score` is on this one scale, in [0, 1] (see each model's `match_score` method and
 # docs/model.md, "Match score"): texture, the best cell's cosine with the query (clamped at 0);
@@ -32,6 +34,18 @@ def _grid(a: np.ndarray) -> list[list[float]]:
     return _rounded(a).tolist()
 
 
+def cell_boxes(cells: np.ndarray, grid: int, size: tuple[int, int]) -> np.ndarray:
+    """(K,) row-major cell indices of a G x G grid -> (K, 4) int64 boxes (x0, y0, x1, y1) in the
+    pixels of a photo of `size` (width, height), x1/y1 exclusive: cell (r, c) covers columns
+    [c*W/G, (c+1)*W/G) and rows [r*H/G, (r+1)*H/G): the whole pixels in it (pixel x is in column
+    floor(x*G/W), as in arrcoc.foveate), so the boxes tile the photo."""
+    cells = np.asarray(cells, dtype=np.int64)
+    w, h = size
+    r, c = cells // grid, cells % grid
+    edge = lambda i, n: -((-i * n) // grid)  # noqa: E731  -- ceil(i*n/G), exact in integers
+    return np.stack((edge(c, w), edge(r, h), edge(c + 1, w), edge(r + 1, h)), axis=-1).reshape(-1, 4)
+
+
 @dataclass(frozen=True)
 class RelevanceResult:
     variant: str
@@ -44,7 +58,7 @@ class RelevanceResult:
     participatory: np.ndarray  # (G, G)
     balance: np.ndarray  # (3,) information, perspectival, participatory; sums to 1
     tensions: np.ndarray  # (3,) TENSION_NAMES order
-    selected: np.ndarray  # (K,) row-major cell indices, most relevant first
+    selected: np.ndarray  # (K,) row-major cell indices in selection order (most relevant first for "top")
     budgets: np.ndarray  # (K,) tokens per selected cell, in [64, 400]
     budget_map: np.ndarray  # (G, G) tokens per cell, 0 where not selected
     texture: np.ndarray  # (13, G, G)
@@ -69,6 +83,13 @@ class RelevanceResult:
     @property
     def k(self) -> int:
         return int(self.selected.shape[0])
+
+    @property
+    def selected_boxes(self) -> np.ndarray:
+        """(K, 5) int64: each selected cell's box in the original photo's pixels (x0, y0, x1, y1,
+        exclusive ends) and its tokens, most relevant first: the compact form a program hands a VLM."""
+        return np.concatenate((cell_boxes(self.selected, self.grid, self.image_size),
+                               np.asarray(self.budgets, dtype=np.int64).reshape(-1, 1)), axis=1)  # fmt: skip
 
     def to_json(self, *, numpy_arrays: bool = False) -> dict[str, Any]:
         """The result as a JSON document (`arrcoc infer --json`). numpy_arrays: the maps and index
@@ -103,5 +124,8 @@ class RelevanceResult:
             "benchmark_only": self.benchmark_only,
             "bucket": self.bucket,
             "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
+            # [x0, y0, x1, y1, tokens] per selected cell, in the original photo's pixels
+            "selected_boxes": ints(self.selected_boxes),
+            "selected_boxes_format": list(BOX_FIELDS),
         }
         return out

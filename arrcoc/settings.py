@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -15,9 +16,14 @@ from .errors import InvalidInputError
 # The engine backends, in one place: the engine's factory, the CLI, the demo and the validators
 # below all read this.
 BACKENDS = ("eager", "compiled", "onnx", "aot")
+# The batch sizes an engine compiles and captures a graph for, unless told otherwise: the settings,
+# the pipeline, the backends and the benchmark harness all default to this.
+DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 # Where `arrcoc worker`, `arrcoc submit` and the Celery executor look for Redis when no
 # ARRCOC_BROKER_URL is given (the in-process executor needs none).
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+# what ARRCOC_DTYPE and the --dtype options take (arrcoc.engine.base.serving_dtype resolves "auto")
+DTYPES = ("auto", "float32", "bfloat16")
 # How a batch job draws its overlays: JPEG (rendered and encoded on the GPU when there is one), PNG
 # (lossless, on the CPU) or none (results.parquet and summary.csv only).
 OverlayFormat = Literal["jpeg", "png", "none"]
@@ -35,8 +41,11 @@ class Settings(BaseSettings):
     backend: str = "eager"  # eager | compiled | onnx: what interactive requests use
     # lists: "eager,onnx" or JSON '["eager","onnx"]'
     backends: Annotated[tuple[str, ...], NoDecode] = BACKENDS  # what a worker may serve
-    buckets: Annotated[tuple[int, ...], NoDecode] = (1, 2, 4, 8, 16, 32, 64)
-    dtype: str = "float32"  # float32 | bfloat16
+    buckets: Annotated[tuple[int, ...], NoDecode] = DEFAULT_BUCKETS
+    # auto | float32 | bfloat16. auto: each variant's own dtype on a GPU (Variant.gpu_dtype:
+    # bfloat16 for the CLIP variants, float32 for the texture ones) and float32 on a CPU;
+    # float32 serves float32 everywhere
+    dtype: str = "auto"
     query_encoder: str | None = None  # None: bundled all-MiniLM-L6-v2; else HF id or path
     query_cache_size: int = 1024
 
@@ -72,12 +81,14 @@ class Settings(BaseSettings):
     batch_idle_wait: bool = False
     # 16, not 32: with 32 callers on the H100 two batches then take turns, one decoding while the
     # other runs: 2,497 / 2,324 against 2,168 / 2,255 req/s at 32, interleaved in one
-    # scripts/interactive_probe.py run at 1288376 (the one-thread pipelined batcher); 2,771 against
+    # tools/interactive_probe.py run at 1288376 (the one-thread pipelined batcher); 2,771 against
     # 2,546 at 32 and 2,472 at 8 with the former two-thread batcher at c924697
     batch_max_size: int = 16
     task_time_limit_s: int = 600
     max_redeliveries: int = 3
-    visibility_timeout_s: int = 3600  # an unacked task is redelivered after this (worker died)
+    # an unacked task is redelivered after this (its worker died); a live worker renews it for the
+    # tasks it holds every quarter of it, so a long chunk is not delivered twice
+    visibility_timeout_s: int = Field(60, ge=4)
     redis_prefix: str = "arrcoc"  # job store and image keys
     redis_timeout_s: float = 5.0  # socket timeouts: no client call hangs on a dead Redis
     max_archive_bytes: int = 1024 * 1024 * 1024  # batch zip upload
@@ -87,6 +98,17 @@ class Settings(BaseSettings):
     max_unpacked_bytes: int = 2 * 1024 * 1024 * 1024
     max_archive_entries: int = 4096  # files + folders in a batch zip (junk such as __MACOSX included)
     max_manifest_bytes: int = 8 * 1024 * 1024
+    # a batch job's work: its items' pixels as they are decoded, summed (a JPEG counted at the
+    # reduced size it is decoded at, anything else at full size), in millions; checked at
+    # submission from the images' headers: 2,000 items of 16 MP
+    max_job_megapixels: float = Field(32_000.0, gt=0)
+    # the data store's disk (inputs and results of every batch job): in all, and per owner (a
+    # token, a browser, a session); a job reserves what it may write before writing; 0: no limit
+    max_data_bytes: int = Field(50 * 1024**3, ge=0)
+    max_owner_bytes: int = Field(10 * 1024**3, ge=0)
+    # in-process: how long a batch job runs before the job thread turns to another owner's waiting
+    # job (jobs of different owners take turns; Celery workers interleave jobs by chunk)
+    job_slice_s: float = Field(5.0, gt=0)
     # Benchmark jobs: caps on what one job may ask for, and how long it may hold the device
     max_bench_iterations: int = 1000
     max_bench_warmup: int = 100
@@ -102,6 +124,13 @@ class Settings(BaseSettings):
     # per client (token, browser or address) and minute, on the demo; 0: no limit
     rate_limit_infer_per_min: int = 60
     rate_limit_jobs_per_min: int = 6
+    # every other call (job status, cancel, the page's own follow-up events and polls): one open
+    # page polls once a second, so this leaves room for a few tabs
+    rate_limit_status_per_min: int = 300
+    # addresses or networks of the reverse proxies in front of the demo (e.g. "10.0.0.0/8,127.0.0.1"):
+    # X-Forwarded-For is believed only from these; from anyone else the peer's address is the
+    # client's. Loopback by default: a proxy on the same host (nginx, Gradio's server-side renderer)
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ("127.0.0.1", "::1")
     # the reaper: expired job folders and the demo's temporary files are removed this often
     reap_interval_s: int = 600
     temp_max_age_s: int = 3600
@@ -125,13 +154,21 @@ class Settings(BaseSettings):
     # per request in flight
     engine_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
-    @field_validator("backends", "buckets", "token_scope", "engine_group", mode="before")
+    @field_validator("backends", "buckets", "token_scope", "engine_group", "trusted_proxies", mode="before")
     @classmethod
     def _list_from_env(cls, v: object) -> object:
         if isinstance(v, str):
             v = v.strip()
             return json.loads(v) if v.startswith("[") else [x.strip() for x in v.split(",") if x.strip()]
         return v
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str) -> str:
+        name = {"fp32": "float32", "bf16": "bfloat16"}.get(v.strip().lower(), v.strip().lower())
+        if name not in DTYPES:
+            raise ValueError(f"ARRCOC_DTYPE must be one of {', '.join(DTYPES)}")
+        return name
 
     @field_validator("backend")
     @classmethod
@@ -159,6 +196,16 @@ class Settings(BaseSettings):
     def _known_scope(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if any(k not in ("batch", "bench") for k in v):
             raise ValueError("ARRCOC_TOKEN_SCOPE must name some of batch, bench, e.g. bench")
+        return tuple(v)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for p in v:
+            try:
+                ipaddress.ip_network(p, strict=False)
+            except ValueError:
+                raise ValueError(f"ARRCOC_TRUSTED_PROXIES: {p!r} is not an address or network, e.g. 10.0.0.0/8") from None
         return tuple(v)
 
     @field_validator("api_token")
@@ -202,4 +249,5 @@ def default_settings(**overrides: object) -> Settings:
     return get_settings().model_copy(update=overrides)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BROKER_URL", "Settings", "get_settings", "default_settings"]
+__all__ = ["BACKENDS", "DEFAULT_BUCKETS", "DEFAULT_BROKER_URL", "DTYPES", "Settings", "get_settings",
+           "default_settings"]  # fmt: skip

@@ -21,12 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .configs import CHANNEL_NAMES, COMPAT_CHANNEL_NAMES  # noqa: F401 -- their home is configs.py
+
 CHANNELS = 13
-CHANNEL_NAMES = (
-    "red", "green", "blue", "lightness", "a*", "sobel_x", "sobel_y", "edge_magnitude",
-    "y", "x", "eccentricity", "b*", "local_contrast",
-)  # fmt: skip
-COMPAT_CHANNEL_NAMES = CHANNEL_NAMES[:11] + ("edge_magnitude_copy", "lightness_copy")
 
 # sRGB (linear) -> XYZ, D65 white point
 _RGB_TO_XYZ = (

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from torch import nn
+if TYPE_CHECKING:  # the catalogue reads without torch; only building a model needs it
+    from torch import nn
 
 
 class VariantConfig(Protocol):
@@ -30,6 +31,8 @@ class Variant:
     # builds the model with weights from outside the package (e.g. CLIP through transformers):
     # (config, weights) -> model carrying `weights_version`; weights as create_model's
     load: Callable[[VariantConfig, str | Path | None], nn.Module] | None = None
+    # what it serves on a GPU when the dtype setting is "auto" (ARRCOC_DTYPE); float32 on a CPU
+    gpu_dtype: str = "float32"
     benchmark_only: bool = False  # random weights: timing only, never meaningful output
     tags: tuple[str, ...] = field(default_factory=tuple)
 

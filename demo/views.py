@@ -14,10 +14,10 @@ import pandas as pd
 from PIL import Image, ImageDraw, ImageFont
 
 from arrcoc import metrics
+from arrcoc.configs import CHANNEL_NAMES, COMPAT_CHANNEL_NAMES
 from arrcoc.render import budget_image, colorize, colormap_hex, heatmap_image, homunculus, overlay, tint_cells
 from arrcoc.request import MAX_CELL_TOKENS, MIN_CELL_TOKENS
 from arrcoc.result import SCORER_NAMES, TENSION_NAMES, WEAK_MATCH, RelevanceResult
-from arrcoc.texture import CHANNEL_NAMES, COMPAT_CHANNEL_NAMES
 
 from . import charts
 
@@ -109,22 +109,43 @@ def cell_size(r: RelevanceResult) -> str:
 # ---- the match score: shown above every view --------------------------------------------------
 
 
+# words of place, and the filler around them: a query made only of these names a position, not a thing
+POSITION_WORDS = frozenset("top bottom left right middle centre center upper lower corner side edge half "
+                           "above below near far".split())  # fmt: skip
+FILLER_WORDS = frozenset("the a an in at on of to one part area region bit thing".split())
+
+
+def position_only(query: str) -> bool:
+    """Whether the query names only a place ("the top left"), nothing that is there."""
+    words = [w for w in "".join(c if c.isalnum() else " " for c in query.lower()).split() if w not in FILLER_WORDS]
+    return bool(words) and all(w in POSITION_WORDS for w in words)
+
+
 def match_html(r: RelevanceResult | None) -> str:
-    """The match score with a plain-words verdict; a weak match says the map is mostly noise."""
+    """The match score, what it measures, and what a weak one means for this map: the bright cells
+    are still the photo's best candidates, not a confirmed find (nor noise)."""
     if r is None:
         return '<div class="arr-match arr-match-none">Match score: run the model to see how well the query matches.</div>'
     if r.match_score is None:
         return '<div class="arr-match arr-match-none">Match score: not reported by this server.</div>'
     q = escape(r.query)
-    if r.weak_match:
+    if not r.weak_match:
         return (
-            f'<div class="arr-match arr-match-weak"><b>Weak match: {r.match_score:.2f}</b> (below {WEAK_MATCH:.2f}). '
-            f"Little in this photo matches “{q}”: the maps below are mostly noise (each is scaled to its own "
-            "peak, so it always looks confident). Position-only queries also score low while pointing the right way.</div>"
+            f'<div class="arr-match arr-match-ok"><b>Match score: {r.match_score:.2f}</b> '
+            f"(a match from {WEAK_MATCH:.2f} up; comparable across photos). “{q}” matches something here: "
+            "the map's bright cells are where.</div>"
         )
+    where = (
+        f" “{q}” names a place, not a thing: the score rates what is in a cell, not where it is, so position "
+        "queries score low even when the map points the right way."
+        if position_only(r.query) else ""
+    )  # fmt: skip
     return (
-        f'<div class="arr-match arr-match-ok"><b>Match score: {r.match_score:.2f}</b> '
-        f"(a match from {WEAK_MATCH:.2f} up; comparable across photos). “{q}” matches something here.</div>"
+        f'<div class="arr-match arr-match-weak"><b>Weak match: {r.match_score:.2f}</b> (a match starts at '
+        f"{WEAK_MATCH:.2f}). The score rates how closely the best-matching cell resembles “{q}”; here no cell "
+        "resembles it closely. The maps below still rank the cells against each other (each is scaled to its own "
+        f"peak, so it always has a bright spot): their bright cells are this photo's best candidates for “{q}”, "
+        f"which may or may not be what you meant. Check them against the photo.{where}</div>"
     )
 
 
@@ -157,6 +178,26 @@ def summary_markdown(r: RelevanceResult) -> str:
         f"Balancer weights: {weights}. Time: {timing}. "
         f"Model `{r.variant}` · weights `{r.weights_version}` · backend `{r.backend}`.{note}"
     )
+
+
+def foveated_view(run: Run, patch: int = 14) -> tuple[Image.Image, str]:
+    """What a vision-language model would be given under this result's budgets (arrcoc.foveate):
+    selected cells as sharp as their tokens afford, the rest at 4 x 4 pixels a cell; beside the
+    "vs uniform" view. Drawn on the displayed photo (torch is imported here, not with the demo)."""
+    from arrcoc.foveate import DEFAULT_BASE_SIDE, foveated_image
+
+    r = run.result
+    w, h = r.image_size
+    side = np.floor(np.sqrt(np.asarray(r.budgets, dtype=np.float64))) * patch
+    full = int(np.sum((side >= h / r.grid) & (side >= w / r.grid)))
+    md = (
+        f"The picture a VLM with {patch}-px patches would get: {r.k} selected cells, {int(r.budgets.sum()):,} tokens "
+        f"({MIN_CELL_TOKENS}–{MAX_CELL_TOKENS} a cell, ⌊√tokens⌋² patches); {full} of them afford every pixel of "
+        f"their {w / r.grid:.0f}×{h / r.grid:.0f}-px cell in the {w}×{h} photo. The other cells are kept at "
+        f"{DEFAULT_BASE_SIDE}×{DEFAULT_BASE_SIDE} pixels. `selected_boxes` in the JSON lists the same cells in the "
+        "photo's pixels with their tokens."
+    )
+    return foveated_image(run.image, r.budget_map, patch), md
 
 
 # ---- homunculus, three ways, overlays ----------------------------------------------------------

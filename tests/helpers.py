@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -91,7 +92,7 @@ def assert_same_result(a, b, exact: bool = False) -> None:
     assert tex <= MAP_ATOL, f"results differ: texture by {tex}"
 
 
-BROKER = "redis://127.0.0.1:6379/13"  # the tests' Redis database
+BROKER = os.environ["ARRCOC_TEST_REDIS_URL"]  # the tests' Redis database: conftest.py finds or starts it
 
 
 @contextlib.contextmanager

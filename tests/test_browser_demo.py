@@ -221,6 +221,20 @@ def test_long_query_is_refused_in_words(page):
     close_toasts(page)
 
 
+def test_a_new_photo_clears_the_stale_upload_error(page, examples_dir):
+    """"Upload a photo first" stayed beside the next error after a photo was uploaded."""
+    page.goto(page.url.split("?")[0])  # a fresh page: no photo yet
+    page.wait_for_selector("#run")
+    page.locator("#query textarea").fill("the red one")
+    page.locator("#run").click()
+    toast = page.locator("[data-testid='toast-body']").filter(has_text="Upload a photo first")
+    toast.first.wait_for(state="visible")
+    page.locator("#photo input[type=file]").set_input_files(str(examples_dir / "coffee.jpg"))
+    page.wait_for_selector("#photo img")
+    toast.first.wait_for(state="detached", timeout=3_000)  # closed by the upload, not by its own timer
+    shot(page, "03-error-cleared-by-upload", full=False)
+
+
 def test_bad_input_shows_a_message(page):
     page.locator("#query textarea").fill("   ")
     page.locator("#run").click()
@@ -274,8 +288,8 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     assert "done" in page.locator("#batch-status").inner_text()
     shot(page, "05-batch-after-refresh")
 
-    open_tab(page, "#main-tabs", "Benchmark")  # the newest stored report, or a clear "none yet"
-    page.wait_for_function("() => /Stored report|No benchmark report yet/.test(document.querySelector('#bench-report-title')?.innerText || '')")
+    open_tab(page, "#main-tabs", "Benchmark")  # a stored report measured like this server, or a clear "none"
+    page.wait_for_function("() => /Stored report|No stored report matches/.test(document.querySelector('#bench-report-title')?.innerText || '')")
     shot(page, "06-benchmark-tab")
     if "Stored report" not in page.locator("#bench-report-title").inner_text():
         return
@@ -285,7 +299,7 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     assert "eager" in legend and "·" not in legend, legend  # one entry per backend, this report's
     page.locator("#bench-latency").scroll_into_view_if_needed()
     shot(page, "06-benchmark-charts", full=False)
-    for name in ("2026-11-22-h100-texture-e7cbf7c.json", "2026-11-22-cpu-2core.json"):  # other reports: their own charts
+    for name in ("2026-11-23-h100-texture-onnx-8eb1671.json", "2026-11-22-cpu-2core.json"):  # other reports: their own charts
         if name not in page.locator("#bench-stored").inner_text() and not (Path(__file__).parent.parent / "benchmarks" / name).exists():
             continue
         page.locator("#bench-stored input").click()
@@ -295,3 +309,49 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
         assert coloured_marks(page, "#bench-latency") and coloured_marks(page, "#bench-speedup")
         page.locator("#bench-latency").scroll_into_view_if_needed()
         shot(page, f"06-benchmark-{name.removesuffix('.json')}", full=False)
+
+
+def test_benchmark_tab_shows_what_the_server_runs_and_names_a_new_jobs_report(page):
+    """On load: a stored report of this server's variant on its kind of device (never an H100 report
+    of another model as if it were ours), its label whole; after a job, the job's report is named in
+    the dropdown and the table fits its box; the job says what it is doing while it runs."""
+    page.goto(page.url.split("?")[0])
+    page.wait_for_selector("#run")
+    open_tab(page, "#main-tabs", "Benchmark")
+    page.wait_for_function("() => /Stored report|No stored report matches/.test(document.querySelector('#bench-report-title')?.innerText || '')")
+    title = page.locator("#bench-report-title").inner_text()
+    chosen = page.locator("#bench-stored input").input_value()
+    if title.startswith("Stored report"):
+        assert "device cpu" in title and "H100" not in title, title  # the test server runs arrcoc-texture on a CPU
+        assert chosen.startswith("arrcoc-texture · CPU — ") and chosen.endswith(".json"), chosen
+        box = page.locator("#bench-stored input")
+        assert box.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the report's name is cut off"
+    else:
+        assert "arrcoc-texture" in title and "a CPU" in title, title
+    backends, buckets = (page.locator(f"{g} input:checked").count() for g in ("#bench-backends", "#bench-buckets"))
+    assert backends >= 2 and buckets >= 2, "the default job compares nothing (one dot, two empty panels)"
+    shot(page, "06-benchmark-on-load", full=False)
+    for group in ("#bench-backends", "#bench-buckets"):  # a quick job for the test: the first of each
+        for box in page.locator(f"{group} input:checked").all()[1:]:
+            box.uncheck()
+    page.locator("#bench-submit").click()
+    notes = set()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        text = page.locator("#bench-status").inner_text()
+        notes.add(text.splitlines()[-1])
+        if re.search(r"● (done|failed)", text):
+            break
+        page.wait_for_timeout(300)
+    assert "● done" in text, text
+    running = [n for n in notes if "Device held" in n]  # a quick job may finish between two polls
+    assert all(not n.endswith("0%: starting") for n in running), running  # each note names its step
+    job_id = page.locator("#bench-job input, #bench-job textarea").first.input_value()
+    page.wait_for_function("(id) => (document.querySelector('#bench-stored input')?.value || '').includes(id)", arg=job_id)
+    assert job_id in page.locator("#bench-report-title").inner_text()
+    table = page.locator("#bench-table")
+    table.scroll_into_view_if_needed()
+    overflow = table.evaluate("t => { const b = t.getBoundingClientRect(); return [...t.querySelectorAll('th, td')]"
+                              ".filter(c => c.getBoundingClientRect().right > b.right + 1).length; }")  # fmt: skip
+    assert overflow == 0, f"{overflow} table cells stick out of the results box"
+    shot(page, "06-benchmark-after-job")

@@ -28,13 +28,11 @@ def client(tmp_path_factory) -> Client:
 
 
 def wait_for(client: Client, endpoint: str, job_id: str, timeout: float = 120.0) -> tuple:
-    """Poll a status endpoint until the job finished (/batch_status: JSON; /bench_status: markdown)."""
+    """Poll a status endpoint (JSON and files) until the job finished."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         out = client.predict(job_id, api_name=endpoint)
-        if isinstance(out[0], dict) and out[0]["finished"]:
-            return out
-        if isinstance(out[0], str) and any(f"**{s}**" in out[0] for s in ("done", "failed", "cancelled", "expired")):
+        if out[0]["finished"]:
             return out
         time.sleep(POLL_S)
     pytest.fail(f"{endpoint} {job_id} did not finish in {timeout} s: {out[0]}")
@@ -107,8 +105,7 @@ def test_batch_job_end_to_end(client, examples_dir, tmp_path):
     with zipfile.ZipFile(archive, "w") as zf:
         for p in photos:
             zf.write(p, p.name)
-    job_id, *_ = client.predict(handle_file(str(archive)), None, "the face", api_name="/batch_submit")
-    assert job_id
+    job_id = client.predict(handle_file(str(archive)), None, "the face", api_name="/batch_submit")["job_id"]
     status, results = wait_for(client, "/batch_status", job_id)  # clean JSON, and the zip
     assert status["state"] == "done" and status["done"] == status["total"] == len(photos)
     assert status["results"]["rows"] == "results.parquet" and "items" not in status  # counts, not rows
@@ -135,15 +132,44 @@ def test_batch_refuses_a_non_zip(client, tmp_path):
         client.predict(handle_file(str(bogus)), None, "the face", api_name="/batch_submit")
 
 
+def _plain_json(value: object) -> None:
+    """Data a program can use: JSON types only, no widget updates ({'__type__': ...}), no page HTML."""
+    text = json.dumps(value)
+    assert "__type__" not in text and "<div" not in text and "<span" not in text, text[:300]
+
+
+def test_job_endpoints_answer_plain_json(client, examples_dir, tmp_path):
+    """/batch_submit, /batch_status, /batch_cancel, /bench_submit, /bench_status: job id, state and
+    counts as JSON (the page keeps its own widgets on private events)."""
+    archive = tmp_path / "one.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.write(examples_dir / "coffee.jpg", "coffee.jpg")
+    doc = client.predict(handle_file(str(archive)), None, "the red one", api_name="/batch_submit")
+    _plain_json(doc)
+    assert doc["job_id"] and doc["kind"] == "batch" and doc["state"] in ("pending", "running", "done")
+    assert {"total", "done", "failed", "progress", "finished"} <= set(doc)
+    status, _ = client.predict(doc["job_id"], api_name="/batch_status")
+    _plain_json(status)
+    assert status["job_id"] == doc["job_id"]
+    cancelled = client.predict(doc["job_id"], api_name="/batch_cancel")
+    _plain_json(cancelled)
+    assert cancelled["job_id"] == doc["job_id"] and cancelled["state"] in ("cancelled", "done")
+    bench = client.predict("arrcoc-texture", ["eager"], ["1"], 2, "cpu", api_name="/bench_submit")
+    _plain_json(bench)
+    assert bench["job_id"] and bench["kind"] == "bench"
+    out, _ = client.predict(bench["job_id"], api_name="/bench_status")
+    _plain_json(out)
+    assert out["job_id"] == bench["job_id"] and isinstance(out["finished"], bool)
+    wait_for(client, "/bench_status", bench["job_id"], timeout=180)
+
+
 def test_tiny_cpu_benchmark(client):
-    job_id, *_ = client.predict("arrcoc-texture", ["eager"], ["1"], 3, "cpu", api_name="/bench_submit")
-    out = wait_for(client, "/bench_status", job_id, timeout=180)
-    assert "**done**" in out[0], out[0]
-    table = out[3]  # the results DataFrame: {"headers": [...], "data": [[...]]}
-    rows = [dict(zip(table["headers"], r, strict=True)) for r in table["data"]]
+    job_id = client.predict("arrcoc-texture", ["eager"], ["1"], 3, "cpu", api_name="/bench_submit")["job_id"]
+    doc, files = wait_for(client, "/bench_status", job_id, timeout=180)
+    assert doc["state"] == "done", doc
+    rows = doc["results"]
     assert [(r["backend"], int(r["bucket"])) for r in rows] == [("eager", 1)]
     assert float(rows[0]["p50_ms"]) > 0
-    files = out[-1]
     assert sorted(Path(f).suffix for f in files) == [".csv", ".json"]
 
 

@@ -70,9 +70,9 @@ HARNESS_REPORT = {
 
 
 def test_report_tables_and_plots(tmp_path):
-    from demo import charts, jobs
+    from demo import charts, reports
 
-    df = jobs.report_frame(HARNESS_REPORT)
+    df = reports.report_frame(HARNESS_REPORT)
     assert df["backend"].tolist() == ["eager", "compiled"]
     latency, speedup, parity = charts.report_figures(df)
     assert [(t.name, list(t.y)) for t in latency.data] == [("eager", [10.0]), ("compiled", [1.0])]
@@ -81,22 +81,51 @@ def test_report_tables_and_plots(tmp_path):
     for fig in (latency, speedup, parity):  # one colour per backend, in every chart
         for t in fig.data:
             assert t.marker.color == charts.BACKEND_COLOURS[t.name]
-    assert "NVIDIA H100" in jobs.report_markdown(HARNESS_REPORT, "h100.json")
-    assert "No benchmark report yet" in jobs.report_markdown(None, "")
+    assert "NVIDIA H100" in reports.report_markdown(HARNESS_REPORT, "h100.json")
+    assert "No benchmark report yet" in reports.report_markdown(None, "")
     # a report without speedups (the service's fallback timer) gets them from p50
     slim = {"results": [dict(backend="eager", variant="v", bucket=1, p50_ms=4.0),
                         dict(backend="onnx", variant="v", bucket=1, p50_ms=2.0)]}  # fmt: skip
-    assert jobs.report_frame(slim)["speedup_vs_eager"].tolist() == [1.0, 2.0]
+    assert reports.report_frame(slim)["speedup_vs_eager"].tolist() == [1.0, 2.0]
     # the newest readable report in a folder is the one shown on load
     (tmp_path / "old.json").write_text(json.dumps(slim))
     (tmp_path / "broken.json").write_text("{")
-    assert jobs.newest_report(tmp_path)[1] == "old.json"
-    assert jobs.newest_report(tmp_path / "missing") == (None, "")
+    assert reports.newest_report(tmp_path)[1] == "old.json"
+    assert reports.newest_report(tmp_path / "missing") == (None, "")
     (tmp_path / "batching.json").write_text(json.dumps({"results": [{"batch": 8}]}))  # not a benchmark report
-    assert jobs.stored_reports(tmp_path) == ["old.json"]
-    assert jobs.stored_report("../../old.json", tmp_path) is not None  # a bare name; no path from the page
-    files = jobs.report_files(HARNESS_REPORT, "r")
+    assert reports.stored_reports(tmp_path) == ["old.json"]
+    assert reports.stored_report("../../old.json", tmp_path) is not None  # a bare name; no path from the page
+    files = reports.report_files(HARNESS_REPORT, "r")
     assert [f.rsplit(".", 1)[1] for f in files] == ["json", "csv"]
+
+
+def test_the_stored_report_shown_is_one_measured_like_this_server(tmp_path):
+    """An H100 report of another variant is never shown as this CPU server's; a CPU report of the
+    served variant is; with none, the page says so."""
+    from demo import reports
+
+    h100 = {**HARNESS_REPORT, "env": {"gpu": "NVIDIA H100 80GB HBM3", "device": "cuda", "date": "2026-11-24"}}
+    h100["results"] = [dict(r, variant="arrcoc-clip-b16") for r in HARNESS_REPORT["results"]]
+    cpu = {**HARNESS_REPORT, "env": {"gpu": None, "device": "cpu", "date": "2026-11-22"}}
+    (tmp_path / "2026-11-24-h100-clip.json").write_text(json.dumps(h100))
+    server = reports.Machine("arrcoc-texture", "cpu")
+    assert reports.matching_report(server, tmp_path) == (None, "")  # the newest is not ours: not shown
+    (tmp_path / "2026-11-22-cpu.json").write_text(json.dumps(cpu))
+    assert reports.matching_report(server, tmp_path)[1] == "2026-11-22-cpu.json"
+    assert reports.matching_report(reports.Machine("arrcoc-clip-b16", "NVIDIA H100 80GB HBM3"), tmp_path)[1] == (
+        "2026-11-24-h100-clip.json")
+    assert reports.matching_report(reports.Machine("arrcoc-clip-b16", ""), tmp_path)[1]  # a queue: any device
+    label = reports.report_label("2026-11-24-h100-clip.json", h100)
+    assert label == "arrcoc-clip-b16 · H100 — 2026-11-24-h100-clip.json"
+    assert "device `cpu`" in reports.report_markdown(cpu, "x")
+
+
+def test_the_default_benchmark_compares_something_on_a_cpu():
+    from arrcoc.settings import Settings
+    from demo.tabs.bench import default_job
+
+    backends, buckets, iters = default_job(Settings(buckets=(1, 2, 4, 8, 16, 32, 64)))
+    assert backends[0] == "eager" and len(backends) >= 2 and buckets == ["1", "8"] and iters <= 20
 
 
 def test_batch_archive_gets_the_uploaded_manifest(tmp_path, examples_dir):
@@ -124,7 +153,8 @@ def test_building_the_page_loads_no_model():
     service.set_executor(None)
     page = build_demo()
     assert service._executor is None  # the executor (and the model) come with the first request
-    assert {d.api_name for d in page.fns.values()} >= {"infer", "run", "batch_submit", "batch_status", "bench_submit"}
+    api = {d.api_name for d in page.fns.values() if d.api_visibility == "public"}
+    assert api == {"infer", "run", "batch_submit", "batch_status", "batch_cancel", "bench_submit", "bench_status"}
 
 
 def test_arrcoc_demo_command():
@@ -135,17 +165,17 @@ def test_arrcoc_demo_command():
 
 
 def test_charts_facet_variants_and_group_buckets():
-    from demo import charts, jobs
+    from demo import charts, reports
 
     rows = [dict(variant=v, backend=b, bucket=n, p50_ms=p, speedup_vs_eager=s, max_abs_diff=d)
             for v in ("arrcoc-texture", "arrcoc-clip-b16") for n in (1, 8)
             for b, p, s, d in (("eager", 10.0, 1.0, 0.0), ("compiled", 2.0, 5.0, 1e-6), ("onnx", 4.0, 2.5, 2e-6))]  # fmt: skip
-    df = jobs.report_frame({"results": rows})
+    df = reports.report_frame({"results": rows})
     latency, speedup, _ = charts.report_figures(df)
     assert {t.xaxis for t in latency.data} == {"x", "x2"}  # one panel per variant
     assert [t.name for t in latency.data if t.showlegend] == ["eager", "compiled", "onnx"]  # one legend entry each
     assert speedup.layout.barmode == "group" and {tuple(t.x) for t in speedup.data} == {("1", "8")}
-    assert "No report" in charts.latency(jobs.report_frame(None)).layout.annotations[0].text
+    assert "No report" in charts.latency(reports.report_frame(None)).layout.annotations[0].text
 
 
 def _result(match: float | None, query: str = "the red one"):
@@ -167,11 +197,37 @@ def test_match_score_is_shown_and_weak_matches_say_so():
 
     strong, weak = _result(0.91), _result(WEAK_MATCH - 0.1, "a <giraffe>")
     assert "Match score: 0.91" in views.match_html(strong) and "Weak" not in views.match_html(strong)
-    assert "Weak match" in views.match_html(weak) and "noise" in views.match_html(weak)
+    assert "Weak match" in views.match_html(weak)
     assert "&lt;giraffe&gt;" in views.match_html(weak)  # the query is escaped
     assert "**weak match**" in views.summary_markdown(weak) and "0.91" in views.summary_markdown(strong)
     assert "18.8 × 12.5 px" in views.summary_markdown(strong)  # a 600x400 photo's cell is not 16x16
     assert "run the model" in views.match_html(None)
+    assert "not reported" in views.match_html(_result(None))
+
+
+@pytest.mark.parametrize(
+    ("query", "score", "says", "never"),
+    [
+        # the map rings both eyes of the cat at 0.13: the banner says what the score rates and that
+        # the bright cells are candidates to check, neither "noise" nor a find
+        ("the cat's eyes", 0.13, ["Weak match: 0.13", "resembles", "best candidates", "Check them"],
+         ["noise", "names a place", "matches something"]),
+        ("a giraffe", 0.02, ["Weak match: 0.02", "may or may not"], ["noise", "names a place"]),
+        # position-only queries: the extra sentence, and only for them
+        ("the top left", 0.2, ["Weak match: 0.20", "names a place, not a thing", "points the right way"], ["noise"]),
+        ("the left side", 0.3, ["names a place"], []),
+        ("the red one in the top left", 0.3, ["Weak match"], ["names a place"]),
+        ("the red one", 0.67, ["Match score: 0.67", "matches something here"], ["Weak", "names a place", "noise"]),
+    ],
+)  # fmt: skip
+def test_weak_match_banner_says_what_the_score_means_for_this_query(query, score, says, never):
+    from demo import views
+
+    html = views.match_html(_result(score, query))
+    for text in says:
+        assert text in html.replace("&#x27;", "'"), (text, html)
+    for text in never:
+        assert text not in html, (text, html)
 
 
 def test_batch_view_reads_the_results_zip(tmp_path):
@@ -213,7 +269,9 @@ def test_batch_view_reads_the_results_zip(tmp_path):
 def test_the_page_reads_the_variant_and_settings():
     from arrcoc.registry import get_variant
     from arrcoc.settings import get_settings
-    from demo import app
+    from demo import app, inputs
+    from demo.page import CSS
+    from demo.tabs import infer
 
     page = app.build_demo()
     config = get_variant(get_settings().variant).config
@@ -222,10 +280,10 @@ def test_the_page_reads_the_variant_and_settings():
     assert (k.maximum, k.value) == (config.grid**2, config.k)
     assert sliders["token budget"].value == config.token_budget
     backend = next(c for c in page.blocks.values() if getattr(c, "elem_id", None) == "backend")
-    assert backend.value == app.SERVER_DEFAULT and app._backend(backend.value) is None
-    assert "footer" not in app.CSS  # the "Use via API" link stays visible
+    assert backend.value == infer.SERVER_DEFAULT and infer._backend(backend.value) is None
+    assert "footer" not in CSS  # the "Use via API" link stays visible
     with pytest.raises(Exception, match="the limit is"):
-        app._query("x" * (get_settings().max_query_chars + 1))
+        inputs.query_text("x" * (get_settings().max_query_chars + 1))
 
 
 # Where each example of the page must land (rows, cols of the 32x32 grid, inclusive), checked by
@@ -243,7 +301,7 @@ EXAMPLE_REGIONS = {
 
 def test_examples_ground_where_their_labels_say():
     from arrcoc import RelevancePipeline
-    from demo.app import EXAMPLES, EXAMPLES_DIR
+    from demo.tabs.infer import EXAMPLES, EXAMPLES_DIR
 
     pipe = RelevancePipeline(backend="eager", device="cpu")
     if pipe.weights_version == "untrained":
@@ -260,9 +318,27 @@ def test_examples_ground_where_their_labels_say():
 
 
 def test_progress_says_what_is_happening(monkeypatch):
-    from demo import app, service
+    from demo import service
+    from demo.tabs import infer
 
     monkeypatch.setattr(service, "is_ready", lambda backend: False)
-    assert "compiling" in app.progress_note("compiled") and "first run" in app.progress_note("eager").lower()
+    assert "compiling" in infer.progress_note("compiled") and "first run" in infer.progress_note("eager").lower()
     monkeypatch.setattr(service, "is_ready", lambda backend: True)
-    assert app.progress_note("onnx") == "Running the model (onnx)"
+    assert infer.progress_note("onnx") == "Running the model (onnx)"
+
+
+def test_a_benchmark_says_what_it_is_doing_before_each_step():
+    """A job said only "0%: starting" while the model loaded and eager warmed up: now each step's
+    note comes before it starts."""
+    from arrcoc.bench.harness import BenchConfig, run_benchmark
+
+    notes: list[tuple[float, str]] = []
+    config = BenchConfig(variants=("arrcoc-texture",), backends=("eager",), buckets=(1,), iters=2, warmup_iters=1,
+                         device="cpu", weights=None, input_sets=1)  # fmt: skip
+    run_benchmark(config, progress=lambda f, m: notes.append((f, m)))
+    said = [m for _, m in notes]
+    first = {m: said.index(m) for m in dict.fromkeys(said)}
+    assert said[0] == "arrcoc-texture: loading the model" and notes[0][0] == 0.0
+    assert first["arrcoc-texture: preparing eager (building and warming up)"] < first["arrcoc-texture: eager ready"]
+    assert first["arrcoc-texture: timing batches of 1"] < first["arrcoc-texture: bucket 1"]
+    assert "timing" not in said  # every note names its step

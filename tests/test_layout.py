@@ -4,6 +4,7 @@ never imports its adapters, and the submitting side never loads torch."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,32 @@ def test_import_arrcoc_is_light_and_exposes_the_api() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "arrcoc-texture"
+
+
+def test_the_demo_submitting_through_celery_loads_no_torch() -> None:
+    """The demo with a queue (ARRCOC_BROKER_URL) builds its page and imports every module of its
+    own without torch: the model, its engine and torch live in the workers."""
+    mods = sorted(_module_name(p) for p in (REPO / "demo").rglob("*.py"))
+    code = (
+        "import importlib, sys\n"
+        f"for m in {mods!r}: importlib.import_module(m)\n"
+        "import demo.app\n"
+        "demo.app.build_demo()\n"
+        "print(sorted(m for m in ('torch', 'torchvision', 'arrcoc.pipeline', 'arrcoc.engine') if m in sys.modules))"
+    )
+    env = {**os.environ, "ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_variant_catalogue_reads_without_torch() -> None:
+    code = (
+        "import sys\n"
+        "from arrcoc.registry import list_variants, get_variant, default_weights_path\n"
+        "print(all(get_variant(n).grid > 0 for n in list_variants()), default_weights_path('arrcoc-texture').name,"
+        " 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "arrcoc-texture.safetensors", "False"]

@@ -4,7 +4,7 @@ keep the float32 parity rule against eager on the CPU provider.
 
 A small random tower (64 wide, 3 layers: two full blocks, then MaskCLIP's value path) keeps the
 export short; the real shapes' node counts and parity are in BENCHMARKS.md (CPU) and
-scripts/gpu_engines.sh ortfuse (the CUDA provider's kernels).
+tools/gpu_engines.sh ortfuse (the CUDA provider's kernels).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import make_zip, png_bytes, seeded_weights
+from helpers import BROKER, make_zip, png_bytes, seeded_weights
 
 from arrcoc.errors import DeadlineExceeded, ImageError, InvalidInputError, JobError
 from arrcoc.request import Controls
@@ -24,8 +24,6 @@ from arrcoc.service.jobs.archive import load_items, unpack
 from arrcoc.service.jobs.store import MemoryJobStore, RedisJobStore, redis_client
 from arrcoc.service.jobs.types import BenchRequest, JobKind, JobState
 from arrcoc.settings import default_settings
-
-REDIS_TEST_URL = "redis://127.0.0.1:6379/13"
 
 
 @pytest.fixture
@@ -202,7 +200,7 @@ def store(request):
     if request.param == "memory":
         yield MemoryJobStore()
         return
-    client = redis_client(REDIS_TEST_URL, 2.0)
+    client = redis_client(BROKER, 2.0)
     prefix = f"arrcoc-test-{uuid.uuid4().hex[:8]}"
     yield RedisJobStore(client, prefix)
     keys = list(client.scan_iter(f"{prefix}:*"))

@@ -1,4 +1,4 @@
-"""The Celery path for real: Redis at 127.0.0.1:6379 (db 13, a key prefix and queues of our own)
+"""The Celery path for real: the tests' Redis (conftest.py; a key prefix and queues of our own)
 and one `arrcoc worker` process shared by the tests of this module."""
 
 from __future__ import annotations

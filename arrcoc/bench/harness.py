@@ -17,7 +17,7 @@ from ..engine.base import Backend, example_inputs, parse_dtype
 from ..engine.compiled import compile_count
 from ..errors import EngineError, JobCancelled
 from ..registry import create_model, get_variant
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DEFAULT_BUCKETS
 from .env import collect_env
 from .parity import MIN_OVERLAP_BF16, TOL, compare, photo_batch, random_queries
 from .startup import bench_weights, measure_startup
@@ -32,7 +32,7 @@ Progress = Callable[[float, str], None]
 class BenchConfig:
     variants: tuple[str, ...] = ("arrcoc-texture", "arrcoc-clip-b16")
     backends: tuple[str, ...] = BACKENDS
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
     iters: int = 100  # timed iterations per backend and bucket
     warmup_iters: int = 10  # untimed calls per backend and bucket before timing
     device: str = "auto"
@@ -69,15 +69,17 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
     backends = ("eager",) + tuple(b for b in config.backends if b != "eager")
     startup_jobs = [(v, b) for v in config.variants for b in backends if b != "eager"] if config.startup else []
     total = len(config.variants) * (len(backends) + len(config.buckets)) + len(startup_jobs)
-    done = 0
+    done, doing = 0, "timing"
 
-    def step(msg: str | None) -> None:
-        """One more step done (msg None: a timed iteration, progress only). The callback may raise
-        to stop the run (a cancelled job's JobCancelled): that error is let through."""
-        nonlocal done
-        done += msg is not None
+    def step(msg: str | None, advance: bool = True) -> None:
+        """One more step done (msg None: a timed iteration, progress only; advance False: what the
+        next step is doing). The callback may raise to stop the run (a cancelled job's
+        JobCancelled): that error is let through."""
+        nonlocal done, doing
+        done += msg is not None and advance
+        doing = msg if msg is not None and not advance else doing
         if progress is not None:
-            progress(done / total, msg or "timing")
+            progress(done / total, msg or doing)
 
     report = {"schema": SCHEMA, "env": collect_env(device), "config": config.to_json(), "results": [],
               "startup": [], "warmup": [], "errors": [], "recompiles_after_warmup": 0}  # fmt: skip
@@ -120,11 +122,13 @@ def _warm(name: str, model, device, config, dtype, cache: Path) -> tuple[Backend
 
 def _bench_variant(variant, backends, config: BenchConfig, device, dtype, cache: Path, report: dict, step) -> None:
     torch.manual_seed(0)
+    step(f"{variant}: loading the model", advance=False)
     model = create_model(variant, bench_weights(variant, config.weights), device)
     v = get_variant(variant)
     ready: dict[str, Backend] = {}
     warm_info: dict[str, dict] = {}
     for name in backends:
+        step(f"{variant}: preparing {name} (building and warming up)", advance=False)
         try:
             ready[name], warm_info[name] = _warm(name, model, device, config, dtype, cache)
             report["warmup"].append({"variant": variant, **warm_info[name]})
@@ -140,6 +144,7 @@ def _bench_variant(variant, backends, config: BenchConfig, device, dtype, cache:
     compiles0 = compile_count()
     rows = []
     for bucket in config.buckets:
+        step(f"{variant}: timing batches of {bucket}", advance=False)
         rows += _bench_bucket(variant, v.benchmark_only, bucket, ready, reference, warm_info, model, config, device,
                               tick=lambda: step(None))  # fmt: skip
         step(f"{variant}: bucket {bucket}")

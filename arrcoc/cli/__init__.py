@@ -9,7 +9,7 @@ import sys
 from ..errors import ArrcocError
 
 # module name under arrcoc.cli -> registers one or more subcommands
-COMMANDS = ("infer", "train", "bench", "compile", "worker", "submit", "job", "demo")
+COMMANDS = ("infer", "train", "bench", "compile", "worker", "submit", "job", "demo", "eval")
 
 
 def build_parser() -> argparse.ArgumentParser:

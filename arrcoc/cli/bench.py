@@ -13,7 +13,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DTYPES
 
 
 def add_parser(sub) -> None:
@@ -39,13 +39,18 @@ def add_parser(sub) -> None:
     p.add_argument("--render", nargs="+", type=Path, default=None, help="merge and re-render these JSON reports")
     p.add_argument("--onnx-options", type=json.loads, default=None, metavar="JSON",
                    help='the onnx backend\'s settings, e.g. \'{"provider_options": {"cudnn_conv_algo_search":'
-                        ' "DEFAULT"}, "disabled_optimizers": ["AttentionFusion"]}\' (scripts/ort_options.py)')
+                        ' "DEFAULT"}, "disabled_optimizers": ["AttentionFusion"]}\' (tools/ort_options.py)')
     p.set_defaults(func=run)
-    suites = p.add_subparsers(dest="suite", metavar="e2e", help="`arrcoc bench e2e`: the system end to end")
+    suites = p.add_subparsers(dest="suite", metavar="e2e|selection",
+                              help="`arrcoc bench e2e`: the system end to end; `arrcoc bench selection`: foveated view and diverse selection")  # fmt: skip
     e = suites.add_parser("e2e", help="batch jobs and interactive requests end to end, in-process and through Celery")
     # defaults: E2EConfig's (arrcoc.bench.e2e, not imported here: it loads torch)
     e.add_argument("--device")
     e.add_argument("--backend", choices=BACKENDS)
+    e.add_argument("--variant", help="any registered variant (arrcoc-texture)")
+    e.add_argument("--weights", help="default: the variant's bundled weights; for a hub variant (CLIP) random"
+                                     " weights of the real shapes ('random'); or a hub id or directory")
+    e.add_argument("--dtype", choices=DTYPES, help="auto: bfloat16 for CLIP on a GPU, else float32 (auto)")
     e.add_argument("--items", type=int, help="800x600 JPEGs in the batch job (2048)")
     e.add_argument("--large-items", type=int, help="4032x3024 JPEGs in a second job (256)")
     e.add_argument("--png-items", type=int, help="800x600 PNGs in a third job (128)")
@@ -62,6 +67,22 @@ def add_parser(sub) -> None:
     e.add_argument("--out", type=Path, default=Path("benchmarks"))
     e.add_argument("--name", default=None, help="file stem (default: e2e-<date>-<device>-<backend>)")
     e.set_defaults(func=run_e2e)
+    s = suites.add_parser("selection", help="the foveated view and the diverse selection beside a compiled step")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--batch", type=int, default=64)
+    s.add_argument("--iters", type=int, default=50)
+    s.add_argument("--out", type=Path, default=None, help="write the report JSON here")
+    s.set_defaults(func=run_selection)
+
+
+def run_selection(args) -> int:
+    from ..bench.selection import bench_selection, markdown
+
+    report = bench_selection(args.device, args.batch, args.iters)
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=1))
+    print(markdown(report))
+    return 0
 
 
 def run_e2e(args) -> int:
@@ -72,7 +93,8 @@ def run_e2e(args) -> int:
     report = run_e2e(cfg, progress=lambda m: print(m, flush=True))
     env = report["env"]
     dev = (env.get("gpu") or "cpu").replace("NVIDIA ", "").split()[0].lower()
-    stem = args.out / (args.name or f"e2e-{env['date'][:10]}-{dev}-{cfg.backend}")
+    named = "" if cfg.variant == "arrcoc-texture" else f"-{cfg.variant}"
+    stem = args.out / (args.name or f"e2e-{env['date'][:10]}-{dev}-{cfg.backend}{named}")
     for path in write(report, stem):
         print(path)
     print(markdown(report))

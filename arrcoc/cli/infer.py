@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DTYPES
 
 
 def add_parser(sub) -> None:
@@ -17,10 +17,14 @@ def add_parser(sub) -> None:
     p.add_argument("--variant", default=None, help="model variant (default: settings)")
     p.add_argument("--weights", default="default", help="weights file; 'none' for untrained")
     p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="auto: bfloat16 for CLIP on a GPU, else float32 (default: settings, ARRCOC_DTYPE)")
     p.add_argument("--k", type=int, default=None, help="cells to select (default 200)")
     p.add_argument("--token-budget", type=int, default=None)
     p.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
     p.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here (captioned: query, match score, colour scale)")
+    p.add_argument("--foveated", dest="foveated_out", type=Path,
+                   help="write the foveated view (what a VLM would be given under the budgets) here, at the photo's size")
     p.set_defaults(func=run)
 
 
@@ -33,11 +37,12 @@ def run(args) -> int:
     data = read_input(args.image, "image file")  # a missing file or a folder: one line, before the model loads
     check_output(args.json_out)
     check_output(args.png_out)
+    check_output(args.foveated_out)
     settings = get_settings()
     weights = None if args.weights == "none" else args.weights
     pipe = RelevancePipeline(
         args.variant or settings.variant, weights, args.backend, args.device,
-        buckets=(1,), cache_dir=settings.cache_dir,
+        buckets=(1,), cache_dir=settings.cache_dir, dtype=args.dtype or settings.dtype,
     )  # fmt: skip
     pipe.warmup()
     controls = Controls(k=args.k, token_budget=args.token_budget)
@@ -53,6 +58,11 @@ def run(args) -> int:
             args.json_out.write_text(text)
     if args.png_out is not None:
         save_overlay(args.png_out, data, result)
+    if args.foveated_out is not None:
+        from ..foveate import foveated_image
+        from ..images import load_image
+
+        foveated_image(load_image(data), result.budget_map).save(args.foveated_out)
     if args.json_out is None or str(args.json_out) != "-":
         top = ", ".join(f"({i // result.grid},{i % result.grid})" for i in result.selected[:5])
         bal = " ".join(f"{n}={w:.2f}" for n, w in zip(doc["balance_names"], doc["balance"], strict=True))

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..errors import EngineError
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DEFAULT_BUCKETS
 from .base import Backend
 
 
@@ -25,7 +25,7 @@ def exact_float32() -> None:
     """float32 means IEEE float32 on every backend. PyTorch lets cuDNN convolutions use TF32 by
     default (its matmuls not), ONNX Runtime runs with use_tf32=0: eager and compiled disagreed
     with onnx wherever cuDNN picked a TF32 kernel (clip-b16's patch convolution at bucket 64:
-    1.4e-3 on the participatory map; scripts/clip_drift.py). Process-wide, read by cuDNN per call."""
+    1.4e-3 on the participatory map; tools/clip_drift.py). Process-wide, read by cuDNN per call."""
     torch.backends.cudnn.allow_tf32 = False  # the legacy switch: sets conv and RNN alike
 
 
@@ -33,7 +33,7 @@ def create_backend(
     name: str,
     model: nn.Module,
     device: str | torch.device = "auto",
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     dtype: torch.dtype = torch.float32,
     cache_dir: Path | None = None,
     **options: object,

@@ -11,7 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import EngineError
-from ..model import ModelOutput
+from ..model import CONTROL_FIELDS, ModelOutput
+from ..settings import DEFAULT_BUCKETS
 from .buckets import BucketTable
 
 if TYPE_CHECKING:
@@ -29,6 +30,22 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return FLOAT_DTYPES[str(dtype).lower()]
     except KeyError:
         raise EngineError(f"Unknown dtype {dtype!r}; use float32 or bfloat16.") from None
+
+
+# backends that run float32 only (the onnx backend refuses another dtype): "auto" serves them float32
+FLOAT32_ONLY_BACKENDS = frozenset({"onnx"})
+
+
+def serving_dtype(setting: str | torch.dtype, device: torch.device, preferred: str = "float32",
+                  backend: str | None = None) -> torch.dtype:  # fmt: skip
+    """The dtype an engine serves: the setting (float32, bfloat16), or for "auto" the variant's
+    `preferred` dtype on a GPU (Variant.gpu_dtype) where the backend runs it, and float32 on a
+    CPU, where bfloat16 has no tensor cores to gain from and is slower than float32 on most CPUs."""
+    if isinstance(setting, str) and setting.lower() == "auto":
+        if torch.device(device).type != "cuda" or backend in FLOAT32_ONLY_BACKENDS:
+            return torch.float32
+        return parse_dtype(preferred)
+    return parse_dtype(setting)
 
 
 class ForwardFn(nn.Module):
@@ -59,7 +76,7 @@ def example_inputs(model: nn.Module, batch: int, device: torch.device, seed: int
 class Backend(ABC):
     """warmup() once, then run() many times, then close().
 
-    run() takes uint8 images (B, 3, S, S), query embeddings (B, Dq) and controls (B, 5) on any
+    run() takes uint8 images (B, 3, S, S), query embeddings (B, Dq) and controls (B, 6) on any
     device, and returns a ModelOutput on the backend's device that the caller owns (never a
     view of a buffer the next call overwrites). Any B works: batches are padded up to the next
     bucket, or split across the largest one.
@@ -72,7 +89,7 @@ class Backend(ABC):
         self,
         model: nn.Module,
         device: torch.device,
-        buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         dtype: torch.dtype = torch.float32,
         cache_dir: Path | None = None,
     ):
@@ -151,8 +168,8 @@ class Backend(ABC):
         if tuple(query.shape) != (b, cfg.query_dim):
             raise EngineError(f"query embeddings must be ({b}, {cfg.query_dim}), got {tuple(query.shape)}.")
         controls = self._controls(controls, b, move)
-        if tuple(controls.shape) != (b, 5):
-            raise EngineError(f"controls must be ({b}, 5), got {tuple(controls.shape)}.")
+        if tuple(controls.shape) != (b, len(CONTROL_FIELDS)):
+            raise EngineError(f"controls must be ({b}, {len(CONTROL_FIELDS)}), got {tuple(controls.shape)}.")
         if not move:
             return images, query, controls
         images = images.to(self.device, non_blocking=True)

@@ -96,7 +96,7 @@ class OnnxBackend(Backend):
         self._fusions_asked = fusions is not None
         self.stats["fusions"] = self.fusions.value
         # CUDA provider options over PROVIDER_OPTIONS, and ORT graph rewrites to leave out
-        # (scripts/ort_options.py measures their effect on parity and speed)
+        # (tools/ort_options.py measures their effect on parity and speed)
         self.provider_options = {**PROVIDER_OPTIONS, **(provider_options or {})}
         self.disabled_optimizers = list(disabled_optimizers)
         self.sessions: dict[int, object] = {}

@@ -57,12 +57,28 @@ class StepOutputs:
         return int(self.ok.shape[0])
 
     @classmethod
+    def concat(cls, parts: Sequence[StepOutputs]) -> StepOutputs:
+        """Steps' outputs one after another (a step run item by item); a part that ran nothing
+        takes the shapes of those that ran."""
+        ran = [p for p in parts if p.ok.any()]
+        like = ran[0] if ran else parts[0]
+        grid, k = like.relevance.shape[-1], like.selected.shape[1]
+        same = [p if (p.relevance.shape[-1], p.selected.shape[1]) == (grid, k) else cls.failed(len(p), grid, k)
+                for p in parts]  # fmt: skip
+        arrays = {f: np.concatenate([getattr(p, f) for p in same]) for f in _ARRAY_FIELDS}
+        return cls(**arrays, token_budget=like.token_budget, variant=like.variant,
+                   weights_version=like.weights_version, backend=like.backend)  # fmt: skip
+
+    @classmethod
     def failed(cls, n: int, grid: int = 1, k: int = 1) -> StepOutputs:
         """n items none of which ran."""
         maps = np.zeros((n, grid, grid), np.float32)
         pair = np.zeros((n, 3), np.float32)
         return cls(np.zeros(n, bool), maps, maps, maps, maps, maps, np.zeros((n, k), np.int32), np.zeros((n, k), np.int32),
                    pair, pair, np.zeros(n, np.float32), np.zeros((n, 2), np.int32), np.zeros(n, np.int32), 0)  # fmt: skip
+
+
+_ARRAY_FIELDS = ("ok", *MAPS, "selected", "budgets", "balance", "tensions", "match_score", "image_size", "bucket")
 
 
 @dataclass(frozen=True)

@@ -116,16 +116,16 @@ def _progress(store: JobStore, job_id: str, time_limit_s: float) -> Callable[[fl
     harness lets through, freeing the device) once it is not: cancelled, or past its time limit.
     The note is a compare-and-set on "running", so it never overwrites "cancelled"."""
     t0 = time.monotonic()
-    last = [0.0]
+    last, said = [0.0], [""]  # a new step's note is always written: it says what the next seconds are for
 
     def report(fraction: float, message: str) -> None:
         now = time.monotonic()
         if now - t0 > time_limit_s:
             raise JobCancelled(f"The benchmark ran past its time limit ({time_limit_s:.0f} s, ARRCOC_BENCH_TIME_LIMIT_S)"
                                " and was stopped; ask for fewer iterations, buckets or backends.")  # fmt: skip
-        if now - last[0] < PROGRESS_EVERY_S and fraction < 1:  # not a Redis call per iteration
+        if message == said[0] and now - last[0] < PROGRESS_EVERY_S and fraction < 1:  # not a Redis call per iteration
             return
-        last[0] = now
+        last[0], said[0] = now, message
         note = f"Device held exclusively. {fraction:.0%}: {message}"
         if not store.set_state(job_id, JobState.RUNNING, note, expect=(JobState.RUNNING,)):
             raise JobCancelled(f"Benchmark job {job_id} was cancelled.")

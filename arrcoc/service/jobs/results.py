@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from ...result import SCORER_NAMES, TENSION_NAMES, WEAK_MATCH
 from ..host.interface import MAPS
+from .csvcells import FORMULA_START
 
 if TYPE_CHECKING:
     from ..host.interface import StepOutputs
@@ -158,8 +159,8 @@ class ResultsWriter:
 SUMMARY_FIELDS = ("index", "file", "query", "status", "error", "overlay", "k", "tokens_used", "match_score", "weak_match",
                   "top_row", "top_col", "weight_information", "weight_perspectival", "weight_participatory", "backend",
                   "bucket")  # fmt: skip
-# OWASP's CSV injection guidance: a cell a spreadsheet would read as a formula starts with one of these
-_FORMULA_START = r"^[=+\-@\t\r]"
+# a text cell a spreadsheet would run as a formula (arrcoc.service.jobs.csvcells), as an RE2 pattern
+_FORMULA_START = "^[" + "".join("\\" + c if c in "-]\\^" else c for c in FORMULA_START) + "]"
 
 
 def neutralised(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

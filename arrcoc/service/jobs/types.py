@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ...settings import BACKENDS
+
 
 class JobState(str, Enum):  # noqa: UP042 -- str() of a member stays as it was
     PENDING = "pending"  # accepted, waiting for a worker
@@ -49,7 +51,7 @@ class JobStatus:
 @dataclass(frozen=True)
 class BenchRequest:
     variants: tuple[str, ...] = ("arrcoc-texture",)
-    backends: tuple[str, ...] = ("eager", "compiled", "onnx")
+    backends: tuple[str, ...] = BACKENDS
     buckets: tuple[int, ...] = (1, 8, 64)
     iterations: int = 100
     warmup: int = 10

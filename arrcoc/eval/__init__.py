@@ -1,0 +1,1 @@
+"""Evaluations of what the model's output buys (`arrcoc eval ...`)."""

@@ -1,0 +1,134 @@
+"""The foveated view: the picture a vision-language model would be given under a result's budgets.
+
+A selected cell with a budget of b tokens is seen as floor(sqrt(b)) x floor(sqrt(b)) patches of
+the VLM's patch size, so at most floor(sqrt(b)) * patch pixels a side, and never more than the
+cell's own pixels; an unselected cell is seen at a low base resolution (`base_side` pixels a side).
+Each cell is resampled down to what it is given and back up to its own size, and the cells are
+composed back at the photo's size. Batched and static in shape: every resolution level the
+budgets can ask for is computed for the whole image at once (a handful of levels, fixed by the
+image and patch sizes alone) and each cell takes its own level with a `where`, so the same code
+runs on the GPU and the CPU with no per-cell Python.
+
+    view = foveate(images, budget_map)          # images (B, 3, H, W), budget_map (B, G, G)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .request import MAX_CELL_TOKENS, MIN_CELL_TOKENS
+
+DEFAULT_PATCH = 14  # pixels a side of one VLM vision token (ViT-L/14, SigLIP-so400m/14); 16 for ViT-*/16
+# an unselected cell is kept at 4 x 4 pixels: enough to show what surrounds the selection (a
+# 16-px cell of the 512-px model input at a quarter of its resolution), too little to read detail
+DEFAULT_BASE_SIDE = 4
+
+
+def token_side(budget: Tensor) -> Tensor:
+    """Patches a side that a budget of b tokens affords: floor(sqrt(b)), 0 for an unselected cell."""
+    return torch.floor(torch.sqrt(budget.clamp_min(0.0) + 1e-3))
+
+
+def _levels(cell_h: int, cell_w: int, patch: int, base_side: int) -> list[tuple[int, int]]:
+    """Every (height, width) a cell can be resampled to below its own size, base level first: a
+    function of the shapes only, so the graph is the same for every budget map."""
+    n_min, n_max = math.isqrt(MIN_CELL_TOKENS), math.isqrt(MAX_CELL_TOKENS)
+    sides = [base_side] + [n * patch for n in range(n_min, n_max + 1)]
+    out: list[tuple[int, int]] = []
+    for s in sides:
+        hw = (min(s, cell_h), min(s, cell_w))
+        if hw != (cell_h, cell_w) and hw not in out:
+            out.append(hw)
+    return out
+
+
+def _resampled(cells: Tensor, hw: tuple[int, int]) -> Tensor:
+    """cells (M, C, h, w) averaged down to hw and interpolated back up (bilinear)."""
+    small = F.adaptive_avg_pool2d(cells, hw)
+    return F.interpolate(small, size=cells.shape[-2:], mode="bilinear", align_corners=False)
+
+
+def foveate(images: Tensor, budget_map: Tensor, patch: int = DEFAULT_PATCH,
+            base_side: int = DEFAULT_BASE_SIDE) -> Tensor:  # fmt: skip
+    """images (B, 3, H, W) (uint8 or float); budget_map (B, G, G) tokens per cell, 0 where not
+    selected -> the foveated view, (B, 3, H, W) in the images' dtype.
+
+    Cell (r, c) covers rows [r*H/G, (r+1)*H/G) and columns [c*W/G, (c+1)*W/G) of the photo, as
+    the model's grid does (the model sees the whole photo squashed to a square). When H and W are
+    multiples of G the cells are exact pixel blocks; otherwise the reduced cells are composed on
+    the nearest larger multiple and resampled back. Either way a cell whose budget affords its
+    own pixels keeps the original pixels (pixel (y, x) is in cell (floor(y*G/H), floor(x*G/W))).
+    """
+    if images.dim() != 4 or budget_map.dim() != 3 or images.shape[0] != budget_map.shape[0]:
+        raise ValueError(f"images (B, 3, H, W) and budget_map (B, G, G), got {tuple(images.shape)} and {tuple(budget_map.shape)}")
+    if patch < 1 or base_side < 1:
+        raise ValueError(f"patch and base_side must be at least 1 pixel, got {patch} and {base_side}")
+    b, ch, h, w = images.shape
+    g = budget_map.shape[-1]
+    x = images.to(torch.float32)
+    ph, pw = -(-h // g), -(-w // g)  # pixels a cell side on the canvas
+    exact = (ph * g, pw * g) == (h, w)
+    if not exact:
+        x = F.interpolate(x, size=(ph * g, pw * g), mode="bilinear", align_corners=False)
+    cells = x.reshape(b, ch, g, ph, g, pw).permute(0, 2, 4, 1, 3, 5).reshape(b * g * g, ch, ph, pw)
+    side = token_side(budget_map.to(torch.float32)).reshape(b * g * g, 1, 1, 1) * patch
+    side = torch.where(side > 0, side, torch.full_like(side, float(base_side)))
+    want_h, want_w = side.clamp(max=float(ph)), side.clamp(max=float(pw))
+    out = cells
+    for lh, lw in _levels(ph, pw, patch, base_side):  # static: a few levels at most
+        take = (want_h == lh) & (want_w == lw)
+        out = torch.where(take, _resampled(cells, (lh, lw)), out)
+    out = out.reshape(b, g, g, ch, ph, pw).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, ph * g, pw * g)
+    if not exact:  # back to the photo's size; a cell at full resolution keeps the photo's own pixels
+        out = F.interpolate(out, size=(h, w), mode="bilinear", align_corners=False)
+        full = ((want_h >= ph) & (want_w >= pw)).reshape(b, 1, g, g)
+        rows = torch.div(torch.arange(h, device=x.device) * g, h, rounding_mode="floor")
+        cols = torch.div(torch.arange(w, device=x.device) * g, w, rounding_mode="floor")
+        keep = full[:, :, rows][:, :, :, cols]  # (B, 1, H, W): the pixel's cell is at full resolution
+        out = torch.where(keep, images.to(torch.float32), out)
+    if images.dtype == torch.uint8:
+        return out.round().clamp(0, 255).to(torch.uint8)
+    return out.to(images.dtype)
+
+
+def view_tokens(budget_map: Tensor, image_hw: tuple[int, int], patch: int = DEFAULT_PATCH,
+                base_side: int = DEFAULT_BASE_SIDE) -> Tensor:  # fmt: skip
+    """(B,) the tokens the foveated view really spends: a selected cell min(b, what its own pixels
+    fill), an unselected cell its base level, both counted in patches (fractions allowed) — a cell
+    smaller than its budget cannot use the rest."""
+    h, w = image_hw
+    g = budget_map.shape[-1]
+    ch, cw = h / g, w / g
+    side = token_side(budget_map.to(torch.float32)) * patch
+    sel = (side.clamp(max=ch) * side.clamp(max=cw)) / patch**2
+    base = min(base_side, ch) * min(base_side, cw) / patch**2
+    return torch.where(budget_map > 0, sel, torch.full_like(sel, base)).flatten(1).sum(dim=1)
+
+
+def uniform_view(images: Tensor, tokens: float, patch: int = DEFAULT_PATCH) -> Tensor:
+    """The query-blind baseline at the same token count: the whole image averaged down to about
+    `tokens` patches (its aspect kept) and interpolated back to its size."""
+    _, _, h, w = images.shape
+    rows = max(1, round(math.sqrt(tokens * h / w)))
+    cols = max(1, round(tokens / rows))
+    size = (min(h, rows * patch), min(w, cols * patch))
+    x = images.to(torch.float32)
+    out = F.interpolate(F.adaptive_avg_pool2d(x, size), size=(h, w), mode="bilinear", align_corners=False)
+    if images.dtype == torch.uint8:
+        return out.round().clamp(0, 255).to(torch.uint8)
+    return out.to(images.dtype)
+
+
+def foveated_image(image, budget_map, patch: int = DEFAULT_PATCH, base_side: int = DEFAULT_BASE_SIDE):
+    """One PIL image (the photo at its own size) and its (G, G) budget map -> the foveated PIL image."""
+    import numpy as np
+    from PIL import Image
+
+    arr = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).unsqueeze(0).contiguous()
+    bm = torch.as_tensor(np.asarray(budget_map), dtype=torch.float32).unsqueeze(0)
+    out = foveate(arr, bm, patch, base_side)[0].permute(1, 2, 0).contiguous().numpy()
+    return Image.fromarray(out)

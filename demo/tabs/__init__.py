@@ -1,0 +1,1 @@
+"""One module per tab of the page (and the API endpoints), assembled by demo/app.py."""

@@ -1,0 +1,118 @@
+"""The API's endpoints, for gradio_client and the "Use via API" page: hidden components whose
+functions return plain JSON (job ids, states, counts, results) and files, never the page's widgets.
+The page's own events are private (demo/tabs/*.py); both call the same jobs functions.
+
+A token, where the server needs one, travels in the X-Arrcoc-Token (or Authorization: Bearer)
+header; jobs are bound to it, or else to the caller's session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from arrcoc.images import load_image
+from arrcoc.render import overlay
+from arrcoc.request import Controls
+from arrcoc.service.jobs.types import JobState
+from arrcoc.settings import BACKENDS, Settings
+
+from .. import batchview, jobs, reports, service
+from ..errors import user_error
+from ..guard import owner_of
+from ..inputs import photo_input, query_text, read_image
+
+API_OVERLAY_SIDE = 2048  # /infer's overlay: the photo's own size, unless a big JPEG reduces to about this while decoding
+
+
+def api_infer(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
+    try:
+        data = read_image(image_path)
+        result = service.infer(data, query_text(query), Controls())
+        return result.to_json(), overlay(load_image(data, side=API_OVERLAY_SIDE), result.relevance)
+    except Exception as e:
+        raise user_error(e) from e
+
+
+def api_batch_submit(zip_path: str | None, manifest_path: str | None, query: str,
+                     request: gr.Request = None) -> dict[str, Any]:  # fmt: skip
+    try:
+        job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls(), owner=owner_of(request, None, "batch"))
+        return jobs.status_doc(jobs.job_status(job_id, owner_of(request, None, "batch")))
+    except Exception as e:
+        raise user_error(e) from e
+
+
+def api_batch_status(job_id: str, request: gr.Request = None) -> tuple[dict[str, Any], str | None]:
+    try:
+        owner = owner_of(request, None, "batch")
+        st = jobs.job_status(job_id, owner)
+        file = jobs.batch_results_file(st.job_id, owner) if st.state == JobState.DONE else None
+    except Exception as e:
+        raise user_error(e) from e
+    return batchview.status_json(st, file), file
+
+
+def api_batch_cancel(job_id: str, request: gr.Request = None) -> dict[str, Any]:
+    try:
+        return jobs.status_doc(jobs.cancel(job_id, owner_of(request, None, "batch")))
+    except Exception as e:
+        raise user_error(e) from e
+
+
+def api_bench_submit(variant: str, backends: list[str], buckets: list[str], iterations: float, device: str,
+                     request: gr.Request = None) -> dict[str, Any]:  # fmt: skip
+    try:
+        owner = owner_of(request, None, "bench")
+        job_id = jobs.submit_bench(variant, backends, buckets, iterations, device, owner=owner)
+        return jobs.status_doc(jobs.job_status(job_id, owner))
+    except Exception as e:
+        raise user_error(e) from e
+
+
+def api_bench_status(job_id: str, request: gr.Request = None) -> tuple[dict[str, Any], list[str] | None]:
+    try:
+        owner = owner_of(request, None, "bench")
+        st = jobs.job_status(job_id, owner)
+        doc = jobs.status_doc(st)
+        if st.state != JobState.DONE:
+            return doc, None
+        report = service.executor().bench_report(st.job_id, owner=owner)
+    except Exception as e:
+        raise user_error(e) from e
+    doc["env"], doc["results"] = report.get("env") or {}, report.get("results") or []
+    return doc, reports.report_files(report, f"bench-{st.job_id}")
+
+
+def build_api(settings: Settings) -> None:
+    """Every API endpoint, on hidden components."""
+    with gr.Row(visible=False):
+        image, query = photo_input(label="image"), gr.Textbox(label="query")
+        doc, picture, button = gr.JSON(label="result"), gr.Image(type="pil", format="png", label="overlay"), gr.Button()
+        zip_in, manifest = gr.File(label="images (.zip)"), gr.File(label="manifest (.csv/.jsonl), optional")
+        batch_query, job = gr.Textbox(label="query for every image"), gr.Textbox(label="job id")
+        status, results, files = gr.JSON(label="status"), gr.File(label="results (.zip)"), gr.File(file_count="multiple")
+        variant = gr.Textbox(label="variant", value=settings.variant)
+        backends = gr.CheckboxGroup(list(BACKENDS), label="backends")
+        buckets = gr.CheckboxGroup([str(b) for b in settings.buckets], label="batch buckets")
+        iters = gr.Slider(1, settings.max_bench_iterations, step=1, label="timed iterations")
+        device = gr.Radio(["auto", "cpu", "cuda"], value="auto", label="device")
+        buttons = [gr.Button() for _ in range(5)]
+    button.click(api_infer, [image, query], [doc, picture], api_name="infer",
+                 api_description="One photo and a query with default controls -> (the result as JSON, the same keys as "
+                                 "`arrcoc infer --json`, including match_score and weak_match; the relevance overlay PNG).")  # fmt: skip
+    buttons[0].click(api_batch_submit, [zip_in, manifest, batch_query], status, api_name="batch_submit",
+                     api_description="Submit a batch job: (images .zip, optional manifest .csv/.jsonl with file,query, "
+                                     "query for every image) -> the job's status as JSON: job_id, state, counts.")  # fmt: skip
+    buttons[1].click(api_batch_status, job, [status, results], api_name="batch_status",
+                     api_description="A batch job's status as JSON (state, counts, progress, message; when finished, one "
+                                     "entry per item with file, query, match score, top cell as row and column, or the "
+                                     "reason it failed) and the results .zip once it is ready.")  # fmt: skip
+    buttons[2].click(api_batch_cancel, job, status, api_name="batch_cancel",
+                     api_description="Cancel a batch job by id -> its status as JSON.")
+    buttons[3].click(api_bench_submit, [variant, backends, buckets, iters, device], status, api_name="bench_submit",
+                     api_description="Submit a benchmark job: (variant, backends, batch buckets, timed iterations, "
+                                     "device) -> the job's status as JSON: job_id, state.")  # fmt: skip
+    buttons[4].click(api_bench_status, job, [status, files], api_name="bench_status",
+                     api_description="A benchmark job's status as JSON (state, message; when done, env and one result "
+                                     "row per backend and bucket) and the report's files (JSON, CSV).")  # fmt: skip
