@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Where the end-to-end CPU goes on the GPU machine, in one device call: tools/batch_probe.py
-# (batch-job variants), tools/interactive_probe.py (1 and 32 callers) and the worker group's engine
+# Where the end-to-end CPU goes on the GPU machine, in one device call: tools/interactive_probe.py
+# (1 and 32 callers) and the worker group's engine
 # process under load, under py-spy when .pyspy/ is carried -> $OUT/probe.tgz. Not a figure of
 # record (those come from scripts/gpu_bench.sh).
 #
-#   tools/gpu_probe.sh [CONFIG...]   batch_probe.py configs (default: the thread and process writers)
-#   PROBE_BATCH=0, PROBE_INTERACTIVE=0, PROBE_SPY_INTERACTIVE=0, PROBE_REQUESTS=N narrow it.
+#   tools/gpu_probe.sh
+#   PROBE_INTERACTIVE=0, PROBE_SPY_INTERACTIVE=0, PROBE_REQUESTS=N narrow it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/artifacts}"
@@ -16,13 +16,6 @@ R="$OUT"; OUT=/tmp/probe; rm -rf "$OUT"; mkdir -p "$OUT"; trap 'tar czf "$R/prob
 SPY=(); if [ -x /tmp/pyspy/bin/py-spy ] || ls .pyspy/py_spy-*.whl >/dev/null 2>&1; then  # installed by an earlier call, or carried
   [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/py_spy-*.whl
   SPY=(/tmp/pyspy/bin/py-spy record --gil -r 200 --format raw -o); fi
-configs=("${@:-gpu-jpeg gpu-jpeg-process-writer}")
-[ "${PROBE_BATCH:-1}" = 0 ] && configs=()  # PROBE_BATCH=0: the interactive and Celery parts only
-for c in ${configs[@]}; do
-  ${SPY[@]:+${SPY[@]} "$OUT/spy-batch-$c.txt" --} $PY tools/batch_probe.py --device cuda --items 2048 --configs $c \
-    --json "$OUT/batch-probe-$c.json" > "$OUT/batch-probe-$c.log" 2>&1; echo "batch_probe $c exit $?"
-  grep -E "images/s" "$OUT/batch-probe-$c.log"
-done
 if [ "${PROBE_INTERACTIVE:-1}" = 1 ]; then  # PROBE_INTERACTIVE=0: the Celery part only
   [ "${PROBE_SPY_INTERACTIVE:-1}" = 0 ] && ISPY=() || ISPY=("${SPY[@]}")  # py-spy pauses the process per sample
   ${ISPY[@]:+${ISPY[@]} "$OUT/spy-interactive.txt" --} $PY tools/interactive_probe.py --device cuda --clients 1 32 \
