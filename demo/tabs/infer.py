@@ -126,7 +126,7 @@ def set_scale(run: Run | None, scale: str) -> tuple:
 
 def render_views(run: Run | None, map_label: str, opacity: float) -> tuple:
     if run is None:
-        return (None,) * 22
+        return (None,) * 24
     return (
         *views.homunculus_view(run),
         *views.three_ways(run),
@@ -134,6 +134,7 @@ def render_views(run: Run | None, map_label: str, opacity: float) -> tuple:
         *views.texture_view(run),
         *views.budget_view(run),
         *views.comparison_view(run),
+        *views.foveated_view(run),
         *views.metrics_view(run),
         *views.attribution_view(run),
     )
