@@ -32,7 +32,7 @@ EXAMPLES_DIR = ROOT / "arrcoc" / "examples"
 EXAMPLES = [  # tests/test_demo_views.py checks that each still lands where its label says
     ("chelsea.jpg", "the black one", "colour · the black one (pupils)"),
     ("coffee.jpg", "the red one", "colour · the red one (the cup)"),
-    ("astronaut.jpg", "the orange one", "colour · the orange one (suit)"),
+    ("astronaut.jpg", "the orange", "colour · the orange (suit)"),
     ("astronaut.jpg", "the text", "text · the text (the patch)"),
     ("coffee.jpg", "the top left", "position · the top left"),
     ("shapes.jpg", "the green circle in the top right", "shapes · green circle in the top right"),
