@@ -4,14 +4,17 @@ The seed documents' benchmark configuration (224 x 224, 16-px patches, 196 patch
 12 heads, 12 layers) is exactly CLIP ViT-B/16's vision tower, so the tower loads CLIP's weights
 (`openai/clip-vit-base-patch16`, or a local directory) with `transformers`.
 
-Dense features: MaskCLIP (Zhou, Loy, Dai, "Extract Free Dense Labels from CLIP", ECCV 2022).
-CLIP's last block pools every token into the class token through attention; its value path
-(v_proj then out_proj, with the residual and the MLP skipped), then post_layernorm and the visual
-projection, gives each patch an embedding in the text space without any training. Chosen over
-ClearCLIP's / SCLIP's attention changes because it is the simplest training-free formulation,
-needs no attention at all in the last block (a per-patch linear map: cheapest, exports to ONNX
-as plain matmuls), and ClearCLIP's analysis shows that removing the residual and the MLP is what
-matters most. docs/model.md says more.
+Dense features: CLIP's last block pools every token into the class token through attention, so
+its per-patch outputs are not aligned with the text space. Two training-free changes to that
+block alone, selected by `dense` (both skip its residual and MLP, then post_layernorm and the
+visual projection give each patch an embedding in the text space):
+- "naclip" (the default): NACLIP (Hajimiri, Ben Ayed, Dolz, "Pay Attention to Your Neighbours",
+  WACV 2025): attention logits from key-key similarity plus a Gaussian prior on the distance
+  between patches, so a patch gathers its similar neighbours. Checked against the authors' own
+  last-block function by tools/naclip_parity.py.
+- "maskclip": MaskCLIP (Zhou, Loy, Dai, ECCV 2022): the value path alone (v_proj, out_proj per
+  patch: no attention at all, the cheapest).
+The authors' benchmark figures, and why NACLIP is the default, are in docs/model.md.
 
 Scorers on the G x G patch grid: participatory = per patch, the probability of the query against
 a few neutral prompts ("a photo", "the background", ...) at CLIP's own logit scale (MaskCLIP
@@ -22,6 +25,7 @@ balancer starts from equal weights (see ArrcocClip.__init__).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -34,7 +38,7 @@ from .configs import CLIP_HUB_ID, ClipModelConfig  # noqa: F401 -- their home is
 from .encoders import CachedTextEncoder
 from .errors import WeightsError
 from .knowing import cell_index_map, luminance_entropy, salience
-from .model import ArrcocTexture
+from .model import ArrcocTexture, ModelOutput
 from .texture import TextureConstants, texture_from_float
 from .vit import CLIPVisionTower, interpolate_positions
 
@@ -103,21 +107,34 @@ class ArrcocClip(ArrcocTexture):
         neutral prompts (the participatory map's peak; >= 0.5: it beats them all together)."""
         return maps[:, 2].flatten(1).amax(dim=-1)
 
+    def forward(self, images: Tensor, query: Tensor, controls: Tensor) -> ModelOutput:
+        """As ArrcocTexture's. Under autocast (a bfloat16 engine) only the CLIP tower runs in the
+        lower precision, where nearly all the time goes; its patch embeddings, the texture, the
+        scorer maps, the similarity softmax, the balancer and the allocation are float32, so the
+        relevance maps and every output are float32 sums of float32 terms."""
+        patches = self.dense_embeddings(images)  # (B, G*G, E) float32, unit
+        with torch.autocast(images.device.type, enabled=False):
+            maps, texture = self.scorer_maps(images, query, patches)
+            return self.outputs(maps, texture, query, controls)
+
     def pixels(self, images: Tensor) -> Tensor:
         """uint8 (B, 3, S, S) -> CLIP's normalised float input (CLIPImageProcessor's rescale + normalise)."""
         return (images.to(torch.float32) / 255.0 - self.clip_mean) / self.clip_std
 
     def dense_embeddings(self, images: Tensor) -> Tensor:
-        """uint8 (B, 3, S, S) -> (B, G*G, E) unit patch embeddings in CLIP's joint space."""
-        return F.normalize(self.visual_projection(self.vision_model.dense(self.pixels(images))), dim=-1)
+        """uint8 (B, 3, S, S) -> (B, G*G, E) unit float32 patch embeddings in CLIP's joint space
+        (the tower in the caller's precision; normalised in float32)."""
+        features = self.visual_projection(self.vision_model.dense(self.pixels(images)))
+        with torch.autocast(images.device.type, enabled=False):
+            return F.normalize(features.float(), dim=-1)
 
-    def scorer_maps(self, images: Tensor, query: Tensor) -> tuple[Tensor, Tensor]:
-        """(maps (B, 3, G, G), texture (B, 13, G, G))."""
+    def scorer_maps(self, images: Tensor, query: Tensor, patches: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(maps (B, 3, G, G), texture (B, 13, G, G)); `patches`: dense_embeddings(images) if known."""
         b, g = images.shape[0], self.config.grid
         rgb = images.to(torch.float32) / 255.0
         texture, _ = texture_from_float(rgb, self.constants, g, False)
         information = luminance_entropy(images, self.cell_of_pixel, g)
-        patches = self.dense_embeddings(images)  # (B, G*G, E)
+        patches = self.dense_embeddings(images) if patches is None else patches  # (B, G*G, E)
         # the similarity in float32 even under autocast: the logit scale (100) would amplify
         # bfloat16's rounding of the cosines (~4e-3) to whole logits
         with torch.autocast(images.device.type, enabled=False):
@@ -131,7 +148,9 @@ class ArrcocClip(ArrcocTexture):
 class ClipTextEncoder(CachedTextEncoder):
     """Queries -> CLIP text embeddings (N, E), unit, LRU-cached; the checkpoint's tokenizer.
 
-    Without a tokenizer and text tower (random weights: benchmarks) it refuses to encode.
+    Without a tokenizer and text tower (random weights: benchmarks) each query becomes a fixed
+    random unit vector seeded by its text, so that end-to-end benchmarks run the whole path; the
+    results of a random-weights model say benchmark_only.
     """
 
     def __init__(self, tokenizer, text_model: nn.Module | None, text_projection: nn.Module | None, dim: int,
@@ -146,10 +165,7 @@ class ClipTextEncoder(CachedTextEncoder):
     @torch.inference_mode()
     def _encode(self, texts: list[str]) -> Tensor:
         if self.tokenizer is None or self.text_model is None:
-            raise WeightsError(
-                "This CLIP model was built with random weights (benchmarks only) and has no text tower:"
-                " load real weights (--weights / ARRCOC_WEIGHTS) to encode queries."
-            )
+            return torch.stack([random_embedding(t, self.dim) for t in texts])
         # CLIP's context is 77 tokens; a longer query is cut there, as CLIP itself does
         tok = self.tokenizer(texts, padding=True, truncation=True, max_length=77, return_tensors="pt").to(
             self.device
@@ -158,6 +174,13 @@ class ClipTextEncoder(CachedTextEncoder):
             input_ids=tok["input_ids"], attention_mask=tok["attention_mask"]
         ).pooler_output
         return F.normalize(self.text_projection(pooled), dim=-1)
+
+
+def random_embedding(text: str, dim: int) -> Tensor:
+    """(dim,) a unit vector fixed by `text` (the same in every process and run): a random-weights
+    CLIP's query embedding."""
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+    return F.normalize(torch.randn(dim, generator=torch.Generator().manual_seed(seed)), dim=0)
 
 
 def _from_pretrained(source: str):
@@ -171,9 +194,11 @@ def _from_pretrained(source: str):
         raise WeightsError(
             f"Could not load CLIP weights from the {where} {source!r} ({str(e).splitlines()[0][:200]})."
             " They come from the Hugging Face hub, cached under $HF_HOME, or from a local directory"
-            " written by transformers' save_pretrained (ARRCOC_WEIGHTS / --weights). This machine"
-            f" seems offline and they are not cached: use the variant {OFFLINE_VARIANT!r}, which works"
-            " offline with its bundled weights, or point --weights at a local copy."
+            " written by transformers' save_pretrained. This machine seems offline and they are not"
+            f" cached: use the variant {OFFLINE_VARIANT!r}, which works offline with its bundled weights,"
+            f" or bring the weights here: on a machine with the hub, `hf download {CLIP_HUB_ID} --local-dir"
+            " DIR`, copy DIR here and pass --weights DIR (ARRCOC_WEIGHTS=DIR); or copy that machine's"
+            " $HF_HOME (~/.cache/huggingface) here and set HF_HOME to it."
         ) from e
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -219,8 +244,9 @@ def build_clip(config: ClipModelConfig, weights: str | Path | None = "default") 
 
 def _random_clip(config: ClipModelConfig) -> ArrcocClip:
     """Random weights of the real shapes: N(0, 0.02), layer-norm scales 1 (the scale of CLIP's
-    own init, which bfloat16 parity depends on); CLIP's logit scale; no text tower, nothing
-    downloaded. Seeded: the same model every time, the global RNG untouched."""
+    own init, which bfloat16 parity depends on); CLIP's logit scale; no text tower (queries
+    become fixed random vectors), nothing downloaded. Seeded: the same model every time, the
+    global RNG untouched."""
     model = ArrcocClip(config)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -16,6 +16,9 @@ CHANNEL_NAMES = (
 COMPAT_CHANNEL_NAMES = CHANNEL_NAMES[:11] + ("edge_magnitude_copy", "lightness_copy")
 
 CLIP_HUB_ID = "openai/clip-vit-base-patch16"
+# How the last block makes per-patch features (arrcoc/clip.py and docs/model.md say why):
+# maskclip: its value path alone; naclip: neighbourhood attention over key-key similarity.
+DENSE_METHODS = ("maskclip", "naclip")
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,12 @@ class TowerConfig:
     layers: int = 12
     mlp: int = 3072
     eps: float = 1e-5  # CLIP's layer_norm_eps
+    dense: str = "naclip"  # the last block's dense formulation: DENSE_METHODS
+    neighbourhood_std: float = 5.0  # NACLIP's Gaussian prior, in patches (the authors' default)
+
+    def __post_init__(self) -> None:
+        if self.dense not in DENSE_METHODS:
+            raise ValueError(f"dense must be one of {', '.join(DENSE_METHODS)}, not {self.dense!r}")
 
     @property
     def grid(self) -> int:
@@ -67,6 +76,8 @@ class ClipModelConfig:
     weights: str = CLIP_HUB_ID  # default source: a Hugging Face id or a local directory
     resample: str = "bicubic"  # CLIPImageProcessor's resize
     k: int = 40  # of 196 cells: about the same fraction as texture's 200 of 1024
+    dense: str = "naclip"  # the last block's dense formulation (DENSE_METHODS)
+    neighbourhood_std: float = 5.0  # NACLIP's Gaussian prior in patches: the authors' setting
     token_budget: int = 5120  # 128 tokens per selected cell on average
 
     @property
@@ -75,7 +86,8 @@ class ClipModelConfig:
 
     @property
     def tower(self) -> TowerConfig:
-        return TowerConfig(self.image_size, self.cell, self.hidden, self.heads, self.layers, self.mlp)
+        return TowerConfig(self.image_size, self.cell, self.hidden, self.heads, self.layers, self.mlp,
+                           dense=self.dense, neighbourhood_std=self.neighbourhood_std)  # fmt: skip
 
     def hf_config(self):
         """transformers' CLIPConfig of the same shapes, at the checkpoint's image size."""

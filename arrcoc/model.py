@@ -92,6 +92,10 @@ class ArrcocTexture(nn.Module):
     def forward(self, images: Tensor, query: Tensor, controls: Tensor) -> ModelOutput:
         """images uint8 (B, 3, S, S); query (B, 384); controls (B, 6) see CONTROL_FIELDS."""
         maps, texture = self.scorer_maps(images, query)
+        return self.outputs(maps, texture, query, controls)
+
+    def outputs(self, maps: Tensor, texture: Tensor, query: Tensor, controls: Tensor) -> ModelOutput:
+        """The scorer maps (B, 3, G, G) balanced, allocated and packed into the ModelOutput."""
         balanced = self.balancer(maps, query, controls[:, 0:3])
         alloc = self.allocator(balanced.relevance, controls[:, 3], controls[:, 4], controls[:, 5], cell_features(texture))
         return ModelOutput(

@@ -19,6 +19,7 @@ import torch
 
 from .encoders import TextEncoder
 from .engine import Backend, create_backend, resolve_device
+from .engine.base import serving_dtype
 from .errors import ArrcocError, InvalidInputError
 from .images import ImageLike, ImageLimits, load_decoded, read_bytes
 from .model import ModelOutput
@@ -54,7 +55,7 @@ class RelevancePipeline:
         limits: ImageLimits = ImageLimits(),
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         cache_dir: Path | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,  # or "auto": the variant's own on a GPU (serving_dtype)
         query_source: str | None = None,  # with no query_encoder: all-MiniLM's HF id or path (settings.query_encoder)
         query_cache_size: int = 1024,
         max_query_chars: int = MAX_QUERY_CHARS,
@@ -66,6 +67,7 @@ class RelevancePipeline:
             self.model = backend.model
         else:
             self.model = create_model(variant, weights, self.device)
+            dtype = serving_dtype(dtype, self.device, self.variant.gpu_dtype, backend)
             self.backend = create_backend(backend, self.model, self.device, buckets, dtype, cache_dir)
         # the variant's own (CLIP's text tower), else all-MiniLM-L6-v2
         self.encoder = query_encoder or query_encoder_for(self.model, query_source, query_cache_size, max_query_chars)

@@ -17,6 +17,10 @@ if TYPE_CHECKING:  # names, configs and weight paths read without torch; create_
     from torch import nn
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
+# weights="random" (ARRCOC_WEIGHTS=random, --weights random): a variant that loads its weights
+# from outside (CLIP) gets random weights of its real shapes, nothing downloaded; one with bundled
+# weights is left untrained. For benchmarks: such results say benchmark_only.
+RANDOM_WEIGHTS = "random"
 
 
 _VARIANTS: dict[str, Variant] = {v.name: v for v in variants.BUILTIN}
@@ -52,7 +56,8 @@ def create_model(
     weights: str | Path | None = "default",
     device: str | torch.device = "cpu",
 ) -> nn.Module:
-    """Build a registered variant. weights: "default" (bundled), None (untrained), or a path.
+    """Build a registered variant. weights: "default" (bundled), None (untrained), or a path;
+    "random" (RANDOM_WEIGHTS): as None, for every variant.
     For a variant with its own `load` (CLIP): "default" (its hub id), a hub id or a local
     directory, or None (random weights of the same shapes).
 
@@ -61,6 +66,8 @@ def create_model(
     from .weights import load_weights
 
     variant = get_variant(name)
+    if weights == RANDOM_WEIGHTS:
+        weights = None
     if variant.load is not None:
         model = variant.load(variant.config, weights)
         model.variant_name = name

@@ -22,6 +22,8 @@ DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 # Where `arrcoc worker`, `arrcoc submit` and the Celery executor look for Redis when no
 # ARRCOC_BROKER_URL is given (the in-process executor needs none).
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+# what ARRCOC_DTYPE and the --dtype options take (arrcoc.engine.base.serving_dtype resolves "auto")
+DTYPES = ("auto", "float32", "bfloat16")
 # How a batch job draws its overlays: JPEG (rendered and encoded on the GPU when there is one), PNG
 # (lossless, on the CPU) or none (results.jsonl and summary.csv only).
 OverlayFormat = Literal["jpeg", "png", "none"]
@@ -40,7 +42,10 @@ class Settings(BaseSettings):
     # lists: "eager,onnx" or JSON '["eager","onnx"]'
     backends: Annotated[tuple[str, ...], NoDecode] = BACKENDS  # what a worker may serve
     buckets: Annotated[tuple[int, ...], NoDecode] = DEFAULT_BUCKETS
-    dtype: str = "float32"  # float32 | bfloat16
+    # auto | float32 | bfloat16. auto: each variant's own dtype on a GPU (Variant.gpu_dtype:
+    # bfloat16 for the CLIP variants, float32 for the texture ones) and float32 on a CPU;
+    # float32 serves float32 everywhere
+    dtype: str = "auto"
     query_encoder: str | None = None  # None: bundled all-MiniLM-L6-v2; else HF id or path
     query_cache_size: int = 1024
 
@@ -156,6 +161,14 @@ class Settings(BaseSettings):
             return json.loads(v) if v.startswith("[") else [x.strip() for x in v.split(",") if x.strip()]
         return v
 
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str) -> str:
+        name = {"fp32": "float32", "bf16": "bfloat16"}.get(v.strip().lower(), v.strip().lower())
+        if name not in DTYPES:
+            raise ValueError(f"ARRCOC_DTYPE must be one of {', '.join(DTYPES)}")
+        return name
+
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, v: str) -> str:
@@ -235,4 +248,5 @@ def default_settings(**overrides: object) -> Settings:
     return get_settings().model_copy(update=overrides)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BUCKETS", "DEFAULT_BROKER_URL", "Settings", "get_settings", "default_settings"]
+__all__ = ["BACKENDS", "DEFAULT_BUCKETS", "DEFAULT_BROKER_URL", "DTYPES", "Settings", "get_settings",
+           "default_settings"]  # fmt: skip

@@ -23,6 +23,7 @@ def _lazy(module: str, name: str) -> Callable[..., Any]:
 ArrcocTexture = _lazy("arrcoc.model", "ArrcocTexture")
 ArrcocClip = _lazy("arrcoc.clip", "ArrcocClip")
 build_clip = _lazy("arrcoc.clip", "build_clip")
+DENSE_NAMES = {"naclip": "NACLIP's neighbourhood attention", "maskclip": "MaskCLIP's value path"}
 
 BUILTIN: tuple[Variant, ...] = (
     Variant(
@@ -44,12 +45,16 @@ BUILTIN: tuple[Variant, ...] = (
             build=ArrcocClip,
             load=build_clip,
             # 4x the cells at 448: K and the budget keep the same share of them
-            config=ClipModelConfig(image_size=size, k=40 * (size // 224) ** 2, token_budget=5120 * (size // 224) ** 2),
+            config=ClipModelConfig(image_size=size, k=40 * (size // 224) ** 2, token_budget=5120 * (size // 224) ** 2,
+                                   dense=dense),  # fmt: skip
             description=f"CLIP ViT-B/16 ({size} px, {(size // 16) ** 2} patches, 768 hidden, 12x12): dense"
-            " patch-text similarity (MaskCLIP) with CLIP's text tower; weights from the hub"
+            f" patch-text similarity ({DENSE_NAMES[dense]}) with CLIP's text tower; weights from the hub"
             " (openai/clip-vit-base-patch16) or a local directory",
             tags=("clip", "hub"),
+            # a 12-layer ViT is matmul-bound: bfloat16 tensor cores; the tower alone runs in
+            # bfloat16, its outputs and every map in float32 (ArrcocClip.forward)
+            gpu_dtype="bfloat16",
         )
-        for size, suffix in ((224, ""), (448, "-448"))
+        for size, suffix, dense in ((224, "", "naclip"), (448, "-448", "naclip"), (224, "-maskclip", "maskclip"))
     ),
 )

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .configs import TowerConfig
+from .configs import DENSE_METHODS, TowerConfig  # noqa: F401 -- their home is configs.py
 
 
 def quick_gelu(x: Tensor) -> Tensor:
@@ -58,6 +58,15 @@ class CLIPAttention(nn.Module):
         (MaskCLIP's dense features; see arrcoc/clip.py)."""
         return self.out_proj(self.v_proj(x))
 
+    def neighbourhood(self, x: Tensor, prior: Tensor) -> Tensor:
+        """NACLIP's attention (Hajimiri, Ben Ayed, Dolz, WACV 2025): the logits are the keys'
+        similarity with each other (k k^T / sqrt(d), no queries) plus `prior` (T, T), a Gaussian
+        of the distance between patches, so each patch attends to its similar neighbours."""
+        b, t, d = x.shape
+        k, v = (p(x).view(b, t, self.heads, d // self.heads).transpose(1, 2) for p in (self.k_proj, self.v_proj))
+        y = F.scaled_dot_product_attention(k, k, v, attn_mask=prior.to(k.dtype))  # (B, H, T, D/H)
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, d))
+
 
 class CLIPMLP(nn.Module):
     def __init__(self, c: TowerConfig):
@@ -96,6 +105,8 @@ class CLIPVisionTower(nn.Module):
         self.pre_layrnorm = nn.LayerNorm(c.hidden, eps=c.eps)
         self.encoder = CLIPEncoder(c)
         self.post_layernorm = nn.LayerNorm(c.hidden, eps=c.eps)
+        # a constant of the grid: a buffer (no host copy inside forward), not part of the weights
+        self.register_buffer("prior", neighbourhood_prior(c.grid, c.neighbourhood_std), persistent=False)
 
     def hidden_states(self, x: Tensor, upto: int | None = None) -> Tensor:
         """(B, 1 + G*G, D) after the first `upto` layers (all: transformers' `last_hidden_state`)."""
@@ -109,13 +120,28 @@ class CLIPVisionTower(nn.Module):
         return self.post_layernorm(self.hidden_states(x)[:, 0])
 
     def dense(self, x: Tensor) -> Tensor:
-        """(B, G*G, D): MaskCLIP's per-patch features, post-layernorm, class token dropped.
+        """(B, G*G, D): per-patch features from a changed last block, post-layernorm, class token
+        dropped. Both methods skip the last block's residual and MLP (the "reduced" block of
+        NACLIP; MaskCLIP skips them too); they differ in its attention:
 
-        The last block's value path replaces its attention; its residual and MLP are skipped.
+        - maskclip: the value path only (every patch attends to itself);
+        - naclip: neighbourhood attention over key-key similarity, every token taking part.
         """
         last = self.encoder.layers[-1]
         h = self.hidden_states(x, upto=len(self.encoder.layers) - 1)  # (B, 1 + G*G, D)
-        return self.post_layernorm(last.self_attn.value_path(last.layer_norm1(h[:, 1:])))
+        if self.config.dense == "maskclip":
+            return self.post_layernorm(last.self_attn.value_path(last.layer_norm1(h[:, 1:])))
+        return self.post_layernorm(last.self_attn.neighbourhood(last.layer_norm1(h), self.prior)[:, 1:])
+
+
+def neighbourhood_prior(grid: int, std: float) -> Tensor:
+    """(1 + G*G, 1 + G*G) NACLIP's additive attention prior: exp(-d^2 / (2 std^2)) between two
+    patches d cells apart on the G x G grid (1 on the diagonal, unnormalised, as the authors'
+    window); 0 in the class token's row and column."""
+    yx = torch.stack(torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij"), dim=-1)
+    yx = yx.reshape(-1, 2).to(torch.float64)  # (G*G, 2) row, column of each patch
+    d2 = (yx.unsqueeze(1) - yx.unsqueeze(0)).pow(2).sum(-1)  # (G*G, G*G)
+    return F.pad(torch.exp(-d2 / (2.0 * std * std)), (1, 0, 1, 0)).to(torch.float32)
 
 
 def interpolate_positions(weight: Tensor, grid: int) -> Tensor:

@@ -10,7 +10,10 @@ preprocessing against CLIPImageProcessor. Engine parity (compiled, ONNX) is in t
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +27,7 @@ from arrcoc.clip import (
     ClipModelConfig,
     build_clip,
     dense_similarity,
+    random_embedding,
     to_clip_tensor,
 )  # fmt: skip
 from arrcoc.errors import WeightsError
@@ -150,15 +154,14 @@ def test_text_tower_matches_transformers(small, ours):
     assert abs(float(ours.logit_scale) - float(hf.logit_scale.detach().exp())) < 1e-4
 
 
-def test_dense_features_are_maskclips_value_path(small, ours, examples_dir):
+def test_dense_features_are_maskclips_value_path(small, examples_dir):
     """Per patch: the last block's v_proj and out_proj on its layer-normed input (no attention,
     residual or MLP), post_layernorm, visual projection - built here from transformers' modules."""
-    hf, _ = small
+    hf, path = small
+    ours = build_clip(dataclasses.replace(SMALL, dense="maskclip"), str(path))
     x = ours.pixels(photo(examples_dir))
     with torch.inference_mode():
-        h = hf.vision_model(pixel_values=x, output_hidden_states=True).hidden_states[-2][
-            :, 1:
-        ]  # into the last block
+        h = hf.vision_model(pixel_values=x, output_hidden_states=True).hidden_states[-2][:, 1:]  # into the last block
         last = hf.vision_model.encoder.layers[-1]
         v = last.self_attn.out_proj(last.self_attn.v_proj(last.layer_norm1(h)))
         expected = torch.nn.functional.normalize(
@@ -166,6 +169,49 @@ def test_dense_features_are_maskclips_value_path(small, ours, examples_dir):
         )
         got = ours.dense_embeddings(photo(examples_dir))
     assert got.shape == (1, 196, 512) and (got - expected).abs().max() < 1e-4
+
+
+def test_dense_features_are_naclips_neighbourhood_attention(small, ours, examples_dir):
+    """The default: NACLIP's last block, written out here from transformers' modules with plain
+    matmuls and a prior built cell by cell: per head softmax(k k^T / sqrt(d) + prior) v over every
+    token (class included), out_proj, no residual or MLP; post_layernorm, projection, patches only.
+    (tools/naclip_parity.py checks the same against the authors' own code.)"""
+    hf, _ = small
+    assert ours.config.dense == "naclip" and get_variant("arrcoc-clip-b16").config.dense == "naclip"
+    g, std = 14, ours.config.neighbourhood_std
+    prior = torch.zeros(1 + g * g, 1 + g * g)
+    for a in range(g * g):
+        for b in range(g * g):
+            d2 = (a // g - b // g) ** 2 + (a % g - b % g) ** 2
+            prior[1 + a, 1 + b] = float(np.exp(-d2 / (2 * std**2)))
+    x = ours.pixels(photo(examples_dir))
+    with torch.inference_mode():
+        h = hf.vision_model(pixel_values=x, output_hidden_states=True).hidden_states[-2]  # (1, 197, 768)
+        last = hf.vision_model.encoder.layers[-1]
+        y = last.layer_norm1(h)
+        heads, dh = 12, 64
+        k = last.self_attn.k_proj(y).view(1, -1, heads, dh).transpose(1, 2)
+        v = last.self_attn.v_proj(y).view(1, -1, heads, dh).transpose(1, 2)
+        attn = torch.softmax(k @ k.transpose(-1, -2) / dh**0.5 + prior, dim=-1)
+        out = last.self_attn.out_proj((attn @ v).transpose(1, 2).reshape(1, -1, heads * dh))
+        expected = torch.nn.functional.normalize(
+            hf.visual_projection(hf.vision_model.post_layernorm(out[:, 1:])), dim=-1
+        )
+        got = ours.dense_embeddings(photo(examples_dir))
+    assert got.shape == (1, 196, 512) and (got - expected).abs().max() < 1e-4
+    assert torch.allclose(ours.vision_model.prior, prior, atol=1e-7)
+
+
+@pytest.mark.skipif(not os.environ.get("NACLIP_CHECKOUT"), reason="set NACLIP_CHECKOUT to a sinahmr/NACLIP checkout")
+def test_naclip_matches_the_authors_code():
+    """tools/naclip_parity.py on the authors' checkout (not part of this repository)."""
+    import subprocess
+    import sys
+
+    tool = Path(__file__).resolve().parent.parent / "tools" / "naclip_parity.py"
+    done = subprocess.run([sys.executable, str(tool), os.environ["NACLIP_CHECKOUT"], "--sizes", "224"],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stdout + done.stderr
 
 
 def test_448_interpolates_positions_once_like_transformers(small, examples_dir):
@@ -230,15 +276,20 @@ def test_pipeline_result_has_a_match_score(ours, examples_dir):
 
 
 def test_offline_without_weights_is_a_clear_error(tmp_path):
-    with pytest.raises(WeightsError, match="arrcoc-texture"):
-        create_model("arrcoc-clip-b16", "arrcoc-test/no-such-clip")
-    with pytest.raises(WeightsError, match="arrcoc-texture"):
-        create_model("arrcoc-clip-b16", str(tmp_path))  # an empty directory
+    """Offline (HF_HUB_OFFLINE=1 in the test run), weights that are not cached: an error naming the
+    variant that works offline and both ways of bringing the weights onto the machine."""
+    for source in ("arrcoc-test/no-such-clip", str(tmp_path)):  # a hub id; an empty directory
+        with pytest.raises(WeightsError) as err:
+            create_model("arrcoc-clip-b16", source)
+        text = str(err.value)
+        assert "'arrcoc-texture'" in text and "--weights DIR" in text and "ARRCOC_WEIGHTS" in text
+        assert "HF_HOME" in text and "openai/clip-vit-base-patch16 --local-dir" in text
 
 
 def test_random_weights_build_without_the_hub(small):
-    """The benchmark path: real shapes, no download, no tokenizer; encoding is refused clearly."""
-    m = create_model("arrcoc-clip-b16", None)
+    """The benchmark path: real shapes, no download, no tokenizer; a query becomes a fixed random
+    unit vector (the same for the same text), so end-to-end benchmarks run; "random" names it."""
+    m = create_model("arrcoc-clip-b16", "random")
     assert m.weights_version == "random" and m.vision_model.embeddings.position_embedding.weight.shape == (
         197,
         768,
@@ -249,5 +300,7 @@ def test_random_weights_build_without_the_hub(small):
     }
     assert {k: v.shape for k, v in m.vision_model.state_dict().items() if ".layers." not in k or ".layers.0." in k
             or ".layers.1." in k} == shapes  # fmt: skip
-    with pytest.raises(WeightsError, match="random weights"):
-        query_encoder_for(m).encode("a cat")
+    enc = query_encoder_for(m)
+    a, b = enc.encode(["a cat", "a dog"])
+    assert torch.allclose(a.norm(), torch.tensor(1.0)) and a.shape == (512,) and (a - b).abs().max() > 0.1
+    assert torch.equal(enc.encode("a cat")[0], a) and torch.equal(random_embedding("a cat", 512), a)

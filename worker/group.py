@@ -63,7 +63,7 @@ def member_envs(settings: Settings, address: str, authkey: bytes, base: Mapping[
     `group`'s) and of the Celery processes it serves, from `base`."""
     env = dict(base, ARRCOC_ENGINE_SOCKET=address, ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
                ARRCOC_ENGINE_GROUP=",".join(group or [address]),
-               ARRCOC_WORKER_PROCESSES="1", ARRCOC_DEVICE=settings.device, ARRCOC_BACKEND=settings.backend,
+               ARRCOC_WORKER_PROCESSES="1", ARRCOC_DEVICE=settings.device, ARRCOC_BACKEND=settings.backend, ARRCOC_DTYPE=settings.dtype,
                ARRCOC_BROKER_URL=settings.queue_url)  # fmt: skip
     # OpenMP (torch's CPU threads) reads these at start-up. Idle OpenMP threads spin by default,
     # burning cores the other processes need; the Celery processes run no model, only small

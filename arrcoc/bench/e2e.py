@@ -32,10 +32,12 @@ import torch
 from PIL import Image
 
 from ..engine import resolve_device
+from ..registry import RANDOM_WEIGHTS, get_variant
 from ..service.jobs.batch import step_items as batch_step_items
 from ..settings import Settings, default_settings
 from .env import collect_env
 from .load import percentile, run_load
+from .parity import dtype_parity
 
 QUERIES = ("the red one", "the top right", "the text", "the orange suit", "the left side", "the green eyes",
            "the bright area", "the dark corner")  # fmt: skip
@@ -47,6 +49,11 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immu
 class E2EConfig:
     device: str = "auto"
     backend: str = "compiled"
+    variant: str = "arrcoc-texture"  # any registered variant
+    # None: the variant's bundled weights, or for a variant whose weights come from the hub (CLIP)
+    # random weights of its real shapes ("random": same speed, nothing downloaded; the report says so)
+    weights: str | None = None
+    dtype: str = "auto"  # auto | float32 | bfloat16, as ARRCOC_DTYPE (auto: bfloat16 for CLIP on a GPU)
     items: int = 2048  # 800x600 JPEGs in the batch job
     large_items: int = 256  # 4032x3024 JPEGs (12 MP)
     png_items: int = 128  # 800x600 PNGs
@@ -263,9 +270,40 @@ def interactive_rounds(make_executor, image: bytes, clients: int, requests: int,
     return _median(runs, "throughput_rps", ("p50_ms", "p99_ms"))
 
 
+def e2e_weights(cfg: E2EConfig) -> str | None:
+    """The weights setting the run serves: the one given, else random weights of the real shapes
+    for a variant that would fetch its weights from the hub, else the variant's bundled ones (None)."""
+    if cfg.weights is not None:
+        return cfg.weights
+    return RANDOM_WEIGHTS if get_variant(cfg.variant).load is not None else None
+
+
 def _settings(cfg: E2EConfig, data_dir: Path, **more: Any) -> Settings:
     return default_settings(device=cfg.device, backend=cfg.backend, backends=(cfg.backend,), data_dir=data_dir,
+                            variant=cfg.variant, weights=e2e_weights(cfg), dtype=cfg.dtype,
                             overlay_format=cfg.overlay, broker_url=None, max_batch_items=_max_items(cfg), **more)  # fmt: skip
+
+
+def serving(runtime) -> dict[str, Any]:
+    """What the run served: variant, weights (random: timing only), dtype, grid and image size."""
+    pipe = runtime.pipeline
+    version = pipe.weights_version
+    return {"variant": pipe.variant.name, "weights_version": version, "random_weights": version in ("random", "untrained"),
+            "dtype": str(pipe.backend.dtype).removeprefix("torch."), "image_size": pipe.variant.image_size,
+            "grid": pipe.variant.grid}  # fmt: skip
+
+
+def serving_dtype_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any] | None:
+    """The served dtype against float32 (arrcoc.bench.parity.dtype_parity) on the workload's photos
+    with the benchmark's queries, on the serving device; None when float32 is served."""
+    pipe = runtime.pipeline
+    if pipe.backend.dtype == torch.float32:
+        return None
+    images = work["jpeg_800x600"] + work["jpeg_4032x3024"]
+    pixels = torch.stack([d.pixels for d in pipe.decoder.decode(images)]).to(pipe.device)
+    query = pipe.encoder.encode([QUERIES[i % len(QUERIES)] for i in range(len(images))]).to(pipe.device)
+    with runtime.device_lock:
+        return dtype_parity(pipe.model, pixels, query, dtype=pipe.backend.dtype).to_json()
 
 
 def _max_items(cfg: E2EConfig) -> int:
@@ -295,13 +333,15 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="arrcoc-e2e-"))
     report: dict[str, Any] = {"schema": "arrcoc.bench.e2e/1", "env": collect_env(device), "config": asdict(cfg)}
     settings = _settings(cfg, root / "inprocess")
-    progress(f"in-process executor: {cfg.backend} on {device}, warming up")
+    progress(f"in-process executor: {cfg.variant} ({e2e_weights(cfg) or 'its bundled'} weights, dtype {cfg.dtype}),"
+             f" {cfg.backend} on {device}, warming up")
     from ..service.client.inprocess import InProcessExecutor
 
     ex = InProcessExecutor(settings)
     t0 = time.perf_counter()
     ex.warmup()
     report["warmup_s"] = round(time.perf_counter() - t0, 1)
+    report["serving"] = serving(ex.runtime)
     jobs = {"jpeg_800x600": (cfg.items, ".jpg"), "jpeg_4032x3024": (cfg.large_items, ".jpg"),
             "png_800x600": (cfg.png_items, ".png")}  # fmt: skip
     # the engine alone at a batch job's batch size: a step's items per engine-host call (64 on a
@@ -311,6 +351,7 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     try:
         report["engine_alone"] = alone()
         report["decode_parity"] = decode_parity(ex.runtime, work)
+        report["dtype_parity"] = serving_dtype_parity(ex.runtime, work)
         report["batch_inprocess"] = {}
         for kind, (n, ext) in jobs.items():
             if n:
@@ -348,7 +389,9 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
     out: dict[str, Any] = {"celery_engine_processes": engines}
     redis = RedisServer(root / "redis", io_threads=cfg.redis_io_threads)
     data = root / "celery"
+    weights = {"weights": e2e_weights(cfg)} if e2e_weights(cfg) else {}
     env = worker_env(redis.url, data, device=cfg.device, backend=cfg.backend, backends=cfg.backend,
+                     variant=cfg.variant, dtype=cfg.dtype, **weights,
                      worker_processes=str(cfg.worker_processes), engine_processes=str(engines),
                      overlay_format=cfg.overlay,
                      worker_threads=str(cfg.clients + 4), max_batch_items=str(_max_items(cfg)))  # fmt: skip
@@ -384,9 +427,9 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
 def markdown(report: dict[str, Any]) -> str:
     env, cfg = report["env"], report["config"]
     lines = [f"# End to end — {env['date'][:10]}, {env.get('gpu') or env['cpu']} ({env['device']}), "
-             f"backend {cfg['backend']}, commit {str(env.get('commit'))[:7]}", "",
+             f"{_served(report)}, backend {cfg['backend']}, commit {str(env.get('commit'))[:7]}", "",
              f"torch {env['torch']}, CUDA {env.get('cuda')}, {env['cpu_count']} CPUs; warm-up {report.get('warmup_s')} s.",
-             "", "## Batch jobs (submission to results zip complete)", "",
+             *_serving_lines(report), "", "## Batch jobs (submission to results zip complete)", "",
              "| path | workload | items | images/s (first job) | GPU busy | cores | per item ms: " + ", ".join(STAGES) + " |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for path in ("inprocess", "celery"):
@@ -437,6 +480,32 @@ def markdown(report: dict[str, Any]) -> str:
                       f" {report['celery_engine_processes']} engine processes; clients in {cfg['client_processes']}"
                       " processes."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _served(report: dict[str, Any]) -> str:
+    sv = report.get("serving") or {"variant": report["config"].get("variant", "arrcoc-texture")}
+    return f"{sv['variant']}" + (f" {sv['dtype']}" if "dtype" in sv else "")
+
+
+def _serving_lines(report: dict[str, Any]) -> list[str]:
+    """The served model in words: random weights said plainly, and the dtype's parity with float32."""
+    sv, lines = report.get("serving"), []
+    if not sv:
+        return lines
+    if sv["random_weights"]:
+        lines += ["", f"**{sv['variant']} with random weights of its real shapes** ({sv['image_size']} px, "
+                      f"{sv['grid']}x{sv['grid']} cells; weights_version {sv['weights_version']!r}): the same "
+                      "computation as the real weights, so the same speed; the maps themselves mean nothing."]  # fmt: skip
+    else:
+        lines += ["", f"{sv['variant']}, weights {sv['weights_version']}, {sv['image_size']} px, served in {sv['dtype']}."]
+    par = report.get("dtype_parity")
+    if par:
+        lines += ["", f"{par['dtype']} against float32 (the model's forward in each, on {par['images']} of the photos): "
+                      f"relevance max |Δ| {par['relevance_max_abs_diff']}, participatory {par['participatory_max_abs_diff']}, "
+                      f"every map {par['maps_max_abs_diff']}; top-K overlap mean {par['topk_overlap_mean']:.3f}, "
+                      f"min {par['topk_overlap_min']:.3f}; same top cell {par['top1_same']}/{par['images']}; "
+                      f"match score max |Δ| {par['match_max_abs_diff']}."]  # fmt: skip
+    return lines
 
 
 def _each(row: dict[str, Any], key: str, brackets: str) -> str:
@@ -509,7 +578,8 @@ def write_png(report: dict[str, Any], path: Path) -> bool:
     for ax in (ax_rate, ax_stage, ax_call):
         ax.grid(axis="x", alpha=0.3)
         ax.margins(x=0.35)
-    fig.suptitle(f"End to end: {env.get('gpu') or env['cpu']} ({env['device']}), backend {report['config']['backend']}, "
+    fig.suptitle(f"End to end: {env.get('gpu') or env['cpu']} ({env['device']}), {_served(report)}, "
+                 f"backend {report['config']['backend']}, "
                  f"commit {str(env.get('commit'))[:7]}, {env['date'][:10]}")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from ..engine.base import ForwardFn
 from ..model import ModelOutput
 
 # the output maps held to the tolerance; the 13-channel texture is reported on its own: its
@@ -73,3 +75,46 @@ def compare(ref: ModelOutput, out: ModelOutput, controls: Tensor) -> dict[str, f
         "topk_overlap": shared,
         "finite": bool(all(torch.isfinite(t.float()).all() for t in out)),
     }
+
+
+@dataclass(frozen=True)
+class DtypeParity:
+    """How far serving in a lower precision moves one model's results from float32's, on the same
+    inputs (the figures a report states beside a bfloat16 deployment's speed)."""
+
+    dtype: str
+    images: int
+    relevance_max_abs_diff: float  # the relevance map, in [0, 1]
+    participatory_max_abs_diff: float  # the query's map (CLIP: the per-patch probability)
+    maps_max_abs_diff: float  # every output map (OUTPUT_MAPS)
+    topk_overlap_mean: float  # share of the K selected cells both select, mean over images
+    topk_overlap_min: float  # ... and the worst image
+    top1_same: int  # images whose most relevant cell is the same
+    match_max_abs_diff: float  # the match score, in [0, 1]
+    finite: bool
+
+    def to_json(self) -> dict[str, float | int | str | bool]:
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+
+
+def dtype_parity(model: nn.Module, images: Tensor, query: Tensor, controls: Tensor | None = None,
+                 dtype: torch.dtype = torch.bfloat16) -> DtypeParity:  # fmt: skip
+    """The model's forward in float32 and in `dtype` (autocast, as every engine runs it: ForwardFn)
+    on the same uint8 images (B, 3, S, S) and query embeddings (B, Dq), on their device."""
+    device = images.device
+    controls = model.default_controls(images.shape[0], device) if controls is None else controls.to(device)
+    with torch.inference_mode():
+        ref = ModelOutput(*ForwardFn(model, device.type, torch.float32)(images, query, controls))
+        out = ModelOutput(*ForwardFn(model, device.type, dtype)(images, query, controls))
+    ref, out = (ModelOutput(*(t.detach().cpu() for t in o)) for o in (ref, out))
+    c = compare(ref, out, controls)
+    k = controls[:, 3].long().cpu()
+    overlap = [len(set(ref.order[i, : k[i]].tolist()) & set(out.order[i, : k[i]].tolist())) / int(k[i])
+               for i in range(ref.order.shape[0])]  # fmt: skip
+    return DtypeParity(
+        dtype=str(dtype).removeprefix("torch."), images=int(images.shape[0]),
+        relevance_max_abs_diff=c["diff_by_map"]["relevance"], participatory_max_abs_diff=c["diff_by_map"]["participatory"],
+        maps_max_abs_diff=c["max_abs_diff"], topk_overlap_mean=float(sum(overlap) / len(overlap)),
+        topk_overlap_min=float(min(overlap)), top1_same=int((ref.order[:, 0] == out.order[:, 0]).sum()),
+        match_max_abs_diff=c["diff_by_map"]["match"], finite=c["finite"],
+    )  # fmt: skip

@@ -13,7 +13,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DTYPES
 
 
 def add_parser(sub) -> None:
@@ -47,6 +47,10 @@ def add_parser(sub) -> None:
     # defaults: E2EConfig's (arrcoc.bench.e2e, not imported here: it loads torch)
     e.add_argument("--device")
     e.add_argument("--backend", choices=BACKENDS)
+    e.add_argument("--variant", help="any registered variant (arrcoc-texture)")
+    e.add_argument("--weights", help="default: the variant's bundled weights; for a hub variant (CLIP) random"
+                                     " weights of the real shapes ('random'); or a hub id or directory")
+    e.add_argument("--dtype", choices=DTYPES, help="auto: bfloat16 for CLIP on a GPU, else float32 (auto)")
     e.add_argument("--items", type=int, help="800x600 JPEGs in the batch job (2048)")
     e.add_argument("--large-items", type=int, help="4032x3024 JPEGs in a second job (256)")
     e.add_argument("--png-items", type=int, help="800x600 PNGs in a third job (128)")
@@ -88,7 +92,8 @@ def run_e2e(args) -> int:
     report = run_e2e(cfg, progress=lambda m: print(m, flush=True))
     env = report["env"]
     dev = (env.get("gpu") or "cpu").replace("NVIDIA ", "").split()[0].lower()
-    stem = args.out / (args.name or f"e2e-{env['date'][:10]}-{dev}-{cfg.backend}")
+    named = "" if cfg.variant == "arrcoc-texture" else f"-{cfg.variant}"
+    stem = args.out / (args.name or f"e2e-{env['date'][:10]}-{dev}-{cfg.backend}{named}")
     for path in write(report, stem):
         print(path)
     print(markdown(report))

@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DTYPES
 
 
 def add_parser(sub) -> None:
@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
     p.add_argument("--variant", default=None, help="model variant (default: settings)")
     p.add_argument("--weights", default="default", help="weights file; 'none' for untrained")
     p.add_argument("--device", default=None, help="default: settings (auto)")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: settings)")
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="auto: the variant's own on a GPU (CLIP: bfloat16), float32 on a CPU (default: settings)")
     p.add_argument("--buckets", nargs="+", type=int, default=None, help="default: settings")
     p.add_argument("--cache-dir", type=Path, default=None, help="default: settings (ARRCOC_CACHE_DIR)")
     p.add_argument("--processes", type=int, default=None, help="aot: parallel builds (default: per device)")
@@ -31,8 +32,8 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..engine import create_backend, resolve_device
-    from ..engine.base import parse_dtype
-    from ..registry import create_model
+    from ..engine.base import serving_dtype
+    from ..registry import create_model, get_variant
     from ..settings import get_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(processName)s %(name)s: %(message)s")
@@ -42,7 +43,8 @@ def run(args) -> int:
     model = create_model(variant, None if args.weights == "none" else args.weights, device)
     cache_dir = args.cache_dir or settings.cache_dir
     backend = create_backend(args.backend, model, device, tuple(args.buckets or settings.buckets),
-                             parse_dtype(args.dtype or settings.dtype), cache_dir)  # fmt: skip
+                             serving_dtype(args.dtype or settings.dtype, device, get_variant(variant).gpu_dtype, args.backend),
+                             cache_dir)  # fmt: skip
     if args.processes is not None and hasattr(backend, "processes"):
         backend.processes = args.processes
     t0 = time.perf_counter()

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 
+from ..settings import DTYPES
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="start the Gradio demo (http://127.0.0.1:7860)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="interface to listen on (0.0.0.0 for every interface)")  # fmt: skip
+    p.add_argument("--dtype", choices=DTYPES,
+                   help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_DTYPE)")
     p.set_defaults(func=run)
 
 
@@ -18,6 +22,11 @@ def run(args) -> int:
     import logging
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.dtype:  # the demo reads its settings from the environment
+        from ..settings import get_settings
+
+        os.environ["ARRCOC_DTYPE"] = args.dtype
+        get_settings.cache_clear()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from demo.app import launch
 

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..settings import BACKENDS
+from ..settings import BACKENDS, DTYPES
 
 
 def add_parser(sub) -> None:
@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("--variant", default=None, help="model variant (default: settings)")
     p.add_argument("--weights", default="default", help="weights file; 'none' for untrained")
     p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="auto: bfloat16 for CLIP on a GPU, else float32 (default: settings, ARRCOC_DTYPE)")
     p.add_argument("--k", type=int, default=None, help="cells to select (default 200)")
     p.add_argument("--token-budget", type=int, default=None)
     p.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
@@ -40,7 +42,7 @@ def run(args) -> int:
     weights = None if args.weights == "none" else args.weights
     pipe = RelevancePipeline(
         args.variant or settings.variant, weights, args.backend, args.device,
-        buckets=(1,), cache_dir=settings.cache_dir,
+        buckets=(1,), cache_dir=settings.cache_dir, dtype=args.dtype or settings.dtype,
     )  # fmt: skip
     pipe.warmup()
     controls = Controls(k=args.k, token_budget=args.token_budget)

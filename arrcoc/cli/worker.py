@@ -8,13 +8,15 @@ into the environment.
 
 from __future__ import annotations
 
-from ..settings import BACKENDS, DEFAULT_BROKER_URL
+from ..settings import BACKENDS, DEFAULT_BROKER_URL, DTYPES
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("worker", help="start a Celery worker that serves the gpu and bench queues")
     p.add_argument("--device", help="cpu | cuda | cuda:N (default: settings, ARRCOC_DEVICE)")
     p.add_argument("--backend", choices=BACKENDS, help="for interactive requests (default: settings, ARRCOC_BACKEND)")
+    p.add_argument("--dtype", choices=DTYPES,
+                   help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_DTYPE)")
     p.add_argument("--queues", "-Q", help="comma-separated (default: the gpu and bench queues)")
     p.add_argument("--pool", "-P", default="threads", choices=("threads", "solo", "prefork"),
                    help="threads (default: needed for dynamic batching), solo, or prefork (one child)")  # fmt: skip
@@ -33,7 +35,8 @@ def worker_settings(args):
     from ..settings import get_settings
 
     s = get_settings()
-    overrides = {"device": args.device, "backend": args.backend, "broker_url": args.broker or s.queue_url}
+    overrides = {"device": args.device, "backend": args.backend, "dtype": args.dtype,
+                 "broker_url": args.broker or s.queue_url}
     return s.model_copy(update={k: v for k, v in overrides.items() if v})
 
 

@@ -32,6 +32,22 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise EngineError(f"Unknown dtype {dtype!r}; use float32 or bfloat16.") from None
 
 
+# backends that run float32 only (the onnx backend refuses another dtype): "auto" serves them float32
+FLOAT32_ONLY_BACKENDS = frozenset({"onnx"})
+
+
+def serving_dtype(setting: str | torch.dtype, device: torch.device, preferred: str = "float32",
+                  backend: str | None = None) -> torch.dtype:  # fmt: skip
+    """The dtype an engine serves: the setting (float32, bfloat16), or for "auto" the variant's
+    `preferred` dtype on a GPU (Variant.gpu_dtype) where the backend runs it, and float32 on a
+    CPU, where bfloat16 has no tensor cores to gain from and is slower than float32 on most CPUs."""
+    if isinstance(setting, str) and setting.lower() == "auto":
+        if torch.device(device).type != "cuda" or backend in FLOAT32_ONLY_BACKENDS:
+            return torch.float32
+        return parse_dtype(preferred)
+    return parse_dtype(setting)
+
+
 class ForwardFn(nn.Module):
     """The one function every backend runs: the model's forward, as a plain tuple of float32
     (and int64) tensors, under autocast when a lower precision is asked for."""

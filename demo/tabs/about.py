@@ -21,13 +21,16 @@ MODEL_NOTES = {
         "matches their colour or edges — or on noise.{pointing}"
     ),
     "arrcoc-clip-b16": (
-        "CLIP ViT-B/16's image and text towers (OpenAI CLIP, trained on 400M web image–text pairs) with MaskCLIP dense "
-        "patch features on a 14×14 grid, coarser than the texture model's. CLIP names **object categories** "
-        "(“the cat”, “the coffee cup”), so MaskCLIP-style maps are expected to find them (the literature's finding; "
-        "this project has not measured it with the real weights). Its weights come from the Hugging Face hub or a local copy."
+        "CLIP ViT-B/16's image and text towers (OpenAI CLIP, trained on 400M web image–text pairs) with NACLIP's "
+        "training-free dense patch features (neighbourhood attention in the last block) on a 14×14 grid, coarser than "
+        "the texture model's. CLIP names **object categories** (“the cat”, “the coffee cup”), so such maps are expected "
+        "to find them (the literature's finding; this project has not measured it with the real weights). Its weights come from the Hugging Face hub or a local copy."
     ),
 }
 MODEL_NOTES["arrcoc-clip-b16-448"] = MODEL_NOTES["arrcoc-clip-b16"].replace("14×14", "28×28")
+MODEL_NOTES["arrcoc-clip-b16-maskclip"] = MODEL_NOTES["arrcoc-clip-b16"].replace(
+    "NACLIP's training-free dense patch features (neighbourhood attention in the last block)",
+    "MaskCLIP's dense patch features (the last block's value path)")
 
 
 def serving_variant(settings: Settings | None = None) -> Variant:

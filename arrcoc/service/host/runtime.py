@@ -21,7 +21,7 @@ import torch
 
 from ... import overlays
 from ...engine import create_backend, resolve_device
-from ...engine.base import parse_dtype
+from ...engine.base import serving_dtype
 from ...errors import ArrcocError, DeadlineExceeded
 from ...images import ImageLike
 from ...pipeline import PreparedRequest, RelevancePipeline
@@ -89,16 +89,16 @@ class Runtime(EngineHost):
     def _build(self, backend: str) -> RelevancePipeline:
         s = self.settings
         t0 = time.perf_counter()
-        dtype = parse_dtype(s.dtype)
         buckets = self.buckets
         first = next(iter(self._pipelines.values()), None)
         if first is None:
             pipe = RelevancePipeline(
                 s.variant, s.weights or "default", backend, s.device,
-                limits=image_limits(s), buckets=buckets, cache_dir=s.cache_dir, dtype=dtype,
+                limits=image_limits(s), buckets=buckets, cache_dir=s.cache_dir, dtype=s.dtype,
                 query_source=s.query_encoder, query_cache_size=s.query_cache_size, max_query_chars=s.max_query_chars,
             )  # fmt: skip
         else:  # another backend over the same model and query encoder
+            dtype = serving_dtype(s.dtype, first.device, first.variant.gpu_dtype, backend)
             engine = create_backend(backend, first.model, first.device, buckets, dtype, s.cache_dir)
             pipe = RelevancePipeline(s.variant, backend=engine, device=str(first.device),
                                      query_encoder=first.encoder, limits=image_limits(s))  # fmt: skip
