@@ -231,6 +231,7 @@ def test_some_training_scenes_have_a_large_area_of_one_colour_named_by_it() -> N
     # drawn from their own generator: the objects, their masks and captions are those without regions
     base = make_scenes(24, 21, SceneConfig(knowing=2))
     for a, b in zip(base, scenes, strict=True):
-        assert b.captions[: len(a.captions)] == a.captions and np.array_equal(b.masks[: len(a.objects)], a.masks)
+        assert b.captions[: len(a.captions)] == a.captions
+        assert np.array_equal(b.masks[: len(a.objects)], a.masks)
     # the held-out sets have none (SceneConfig's default), and the training data asks for some
     assert SceneConfig().colour_regions == 0 and TrainConfig().colour_regions > 0

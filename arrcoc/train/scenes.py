@@ -259,7 +259,8 @@ def _draw_text(draw: ImageDraw.ImageDraw, rng: np.random.Generator, cx: float, c
             x += w + rng.uniform(2, 5) + (rng.uniform(5, 9) if rng.random() < 0.2 else 0)
 
 
-def _colour_region(rng: np.random.Generator, objs: list[SceneObject], s: int) -> tuple[str, str, np.ndarray, np.ndarray] | None:  # fmt: skip
+def _colour_region(rng: np.random.Generator, objs: list[SceneObject],
+                   s: int) -> tuple[str, str, np.ndarray, np.ndarray] | None:  # fmt: skip
     """A large area in a colour no object has: (colour, style, mask (S, S) bool, fill (S, S, 3) float),
     or None when the objects take every colour. The fill is shaded by a gradient, like a sky."""
     free = [c for c in COLOURS if all(o.colour != c for o in objs)]
@@ -273,7 +274,8 @@ def _colour_region(rng: np.random.Generator, objs: list[SceneObject], s: int) ->
     else:  # one side of a slightly wavy straight edge
         a = rng.uniform(0, 2 * math.pi)
         along = np.cos(a) * xx + np.sin(a) * yy
-        edge = along + 0.02 * np.sin((np.cos(a) * yy - np.sin(a) * xx) * rng.uniform(4, 14) + rng.uniform(0, 6.3))
+        across = np.cos(a) * yy - np.sin(a) * xx
+        edge = along + 0.02 * np.sin(across * rng.uniform(4, 14) + rng.uniform(0, 6.3))
         mask = edge <= np.quantile(edge, rng.uniform(*REGION_COVER))
     lo, hi = REGION_SHADE.get(colour, (0.4, 1.0))
     rgb = np.array(COLOURS[colour], np.float32) * rng.uniform(lo, hi)
@@ -548,21 +550,25 @@ def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig(),
             raise ValueError("knowing captions need an independent generator")
         scene.captions += knowing_captions(objs, config.knowing, _Words(knowing, config.heldout_phrasing))
     if region is not None:
-        _add_region(scene, *region[:3], _Words(regions, config.heldout_phrasing))
+        # as many captions as an object with its extra phrasings gets (training only)
+        n = 1 + (config.extra_phrasings if not config.heldout_phrasing else 0)
+        _add_region(scene, *region[:3], _Words(regions, config.heldout_phrasing), n)
     return scene
 
 
-def _add_region(scene: Scene, colour: str, style: str, mask: np.ndarray, words: _Words) -> None:
+def _add_region(scene: Scene, colour: str, style: str, mask: np.ndarray, words: _Words, n: int) -> None:
     """The coloured region as the scene's last object (its mask: what the objects leave of it) and
-    its caption by colour."""
+    n captions by its colour."""
     visible = mask & ~scene.masks.any(axis=0)
     ys, xs = np.nonzero(visible)
     s = visible.shape[0]
     cx, cy = float(xs.mean()), float(ys.mean())
-    scene.objects.append(SceneObject(REGION, colour, "large", cx, cy, 0.0, _region(cx, cy, s), int(visible.sum())))
+    area = int(visible.sum())
+    scene.objects.append(SceneObject(REGION, colour, "large", cx, cy, 0.0, _region(cx, cy, s), area))
     scene.masks = np.concatenate([scene.masks, visible[None]])
-    noun = words.choose(REGION_NOUNS[style])
-    scene.captions.append((words.frame(f"the {colour} {noun}"), len(scene.objects) - 1, REGION))
+    for _ in range(n):
+        text = words.frame(f"the {colour} {words.choose(REGION_NOUNS[style])}")
+        scene.captions.append((text, len(scene.objects) - 1, REGION))
 
 
 def knowing_captions(objs: list[SceneObject], n: int, words: _Words) -> list[tuple[str, int, str]]:
