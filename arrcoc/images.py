@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import threading
 import warnings
 from collections.abc import Iterator
@@ -96,7 +97,7 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), side: int | N
     the reduced image must fit the pixel limit. Without `side`, or for other formats, the image
     decodes at full size and must fit the limit itself.
     """
-    with _guarded():
+    with _guarded(limits):
         img = Image.open(io.BytesIO(data))  # reads the header only
         declared = img.size
         if side is not None and img.format == "JPEG":
@@ -210,7 +211,7 @@ def check_header(data: bytes, limits: ImageLimits = ImageLimits(), side: int | N
     limits (as `decode_image` with the same `side` checks them). A submitting side that only
     forwards the bytes needs no more; whoever decodes them still reports a corrupt or truncated
     body."""
-    with _guarded():
+    with _guarded(limits):
         img = Image.open(io.BytesIO(data))
         declared = img.size
         if side is not None and img.format == "JPEG":
@@ -223,16 +224,18 @@ def check_header(data: bytes, limits: ImageLimits = ImageLimits(), side: int | N
 
 
 @contextlib.contextmanager
-def _guarded() -> Iterator[None]:
-    """Pillow's errors as ImageErrors that say what to do."""
+def _guarded(limits: ImageLimits | None = None) -> Iterator[None]:
+    """Pillow's errors as ImageErrors that say what to do (a size past Pillow's own bomb limit
+    quoted against ours, `limits`)."""
     try:
         yield
     except ImageError:
         raise
     except Image.DecompressionBombError as e:
-        raise ImageError(
-            f"The image is too large to decode safely ({e}). Downscale it first."
-        ) from e
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        size = f"{int(found.group(1)):,} pixels" if found else "too many pixels"
+        limit = (limits or ImageLimits()).max_pixels
+        raise ImageError(f"The image has {size}; the limit is {limit:,} pixels. Downscale it first.") from e
     except UnidentifiedImageError as e:
         raise ImageError(
             "This is not an image format we can read (or the file is corrupt)."
@@ -261,6 +264,9 @@ def _to_uint8(img: Image.Image, rows: int = 256) -> np.ndarray:
     """A 16-bit or 32-bit grey image as 8 bits, a band of rows at a time: never a float64 copy of
     the whole image (6300x6300 at 8 bytes a pixel was 320 MB)."""
     arr = np.asarray(img)
+    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        raise ImageError("The image's pixels include NaN (not-a-number) or infinite values (a floating-point TIFF);"
+                         " export it with finite values, e.g. as 8-bit or 16-bit.")  # fmt: skip
     peak = 65535 if img.mode.startswith("I;16") or int(arr.max()) > 255 else 255
     out = np.empty(arr.shape, dtype=np.uint8)
     for r in range(0, arr.shape[0], rows):

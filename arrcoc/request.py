@@ -11,6 +11,7 @@ import functools
 import hashlib
 import math
 import numbers
+import unicodedata
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -116,6 +117,14 @@ def validate_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
     bad = next((ch for ch in query if ord(ch) in _CONTROL), None)
     if bad is not None:
         raise InvalidInputError(f"The query holds a control character (U+{ord(bad):04X}); type plain text.")
+    # what the encoder's tokenizer takes: text that is valid UTF-8 (no lone surrogates, which its
+    # Rust side refuses with a TypeError) and free of invisible format characters (right-to-left
+    # marks, zero-width spaces, a byte-order mark: Unicode's Cf), which change nothing a reader
+    # sees but what the model reads
+    bad = next((ch for ch in query if unicodedata.category(ch) in ("Cs", "Cf")), None)
+    if bad is not None:
+        what = "a lone surrogate (not valid UTF-8)" if unicodedata.category(bad) == "Cs" else "an invisible format character"
+        raise InvalidInputError(f"The query holds {what} (U+{ord(bad):04X}); type plain text.")
     text = " ".join(query.split())
     if not text:
         raise InvalidInputError("The query is empty: describe what to look for, e.g. 'the red mug'.")

@@ -80,7 +80,9 @@ class Settings(BaseSettings):
     batch_max_size: int = 16
     task_time_limit_s: int = 600
     max_redeliveries: int = 3
-    visibility_timeout_s: int = 3600  # an unacked task is redelivered after this (worker died)
+    # an unacked task is redelivered after this (its worker died); a live worker renews it for the
+    # tasks it holds every quarter of it, so a long chunk is not delivered twice
+    visibility_timeout_s: int = Field(60, ge=4)
     redis_prefix: str = "arrcoc"  # job store and image keys
     redis_timeout_s: float = 5.0  # socket timeouts: no client call hangs on a dead Redis
     max_archive_bytes: int = 1024 * 1024 * 1024  # batch zip upload
@@ -90,6 +92,17 @@ class Settings(BaseSettings):
     max_unpacked_bytes: int = 2 * 1024 * 1024 * 1024
     max_archive_entries: int = 4096  # files + folders in a batch zip (junk such as __MACOSX included)
     max_manifest_bytes: int = 8 * 1024 * 1024
+    # a batch job's work: its items' pixels as they are decoded, summed (a JPEG counted at the
+    # reduced size it is decoded at, anything else at full size), in millions; checked at
+    # submission from the images' headers: 2,000 items of 16 MP
+    max_job_megapixels: float = Field(32_000.0, gt=0)
+    # the data store's disk (inputs and results of every batch job): in all, and per owner (a
+    # token, a browser, a session); a job reserves what it may write before writing; 0: no limit
+    max_data_bytes: int = Field(50 * 1024**3, ge=0)
+    max_owner_bytes: int = Field(10 * 1024**3, ge=0)
+    # in-process: how long a batch job runs before the job thread turns to another owner's waiting
+    # job (jobs of different owners take turns; Celery workers interleave jobs by chunk)
+    job_slice_s: float = Field(5.0, gt=0)
     # Benchmark jobs: caps on what one job may ask for, and how long it may hold the device
     max_bench_iterations: int = 1000
     max_bench_warmup: int = 100

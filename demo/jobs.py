@@ -392,7 +392,7 @@ def strict_inputs(blocks: Any) -> None:
         inner = comp.preprocess
 
         def preprocess(payload: Any) -> Any:
-            if payload is not None and not ok(payload):
+            if (payload is not None or isinstance(comp, gr.Slider)) and not ok(payload):
                 label = comp.label or what
                 log.info("refused: %s for %r", type(payload).__name__, label)
                 raise gr.Error(f"{label} must be {what}, got {type(payload).__name__}.", title="Cannot run that")
@@ -403,5 +403,7 @@ def strict_inputs(blocks: Any) -> None:
     for block in list(getattr(blocks, "blocks", {}).values()):
         if isinstance(block, gr.Textbox):
             wrap(block, lambda v: isinstance(v, str), "text")
-        elif isinstance(block, gr.Slider):
+        elif isinstance(block, gr.Slider):  # None too: the page always sends a number
             wrap(block, lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number")
+        elif isinstance(block, gr.Dropdown) and not block.multiselect:
+            wrap(block, lambda v: isinstance(v, str), "one of its choices (text)")

@@ -150,3 +150,36 @@ class PeakRSS:
     @property
     def growth(self) -> int:
         return self.peak - self.start
+
+
+def many_names_zip(n: int) -> bytes:
+    """A real zip of n empty stored entries (zip64 end records past 65,535): a central directory
+    that costs a parser ~600 bytes an entry, in a file of ~90 bytes an entry."""
+    local, central = bytearray(), bytearray()
+    crc0 = zlib.crc32(b"")
+    for i in range(n):
+        fn = b"%07d" % i
+        offset = len(local)
+        local += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, crc0, 0, 0, len(fn), 0) + fn
+        central += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45, 20, 0, 0, 0, 0, crc0, 0, 0,
+                               len(fn), 0, 0, 0, 0, 0, offset) + fn  # fmt: skip
+    start = len(local)
+    end64 = len(local) + len(central)
+    out = bytes(local) + bytes(central)
+    out += struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, n, n, len(central), start)
+    out += struct.pack("<4sIQI", b"PK\x06\x07", 0, end64, 1)
+    out += struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return out
+
+
+def compressible_zip(n: int, size: int, name: str = "big{:03d}.png") -> bytes:
+    """n entries of `size` bytes each that deflate ~100x (under the ratio limit): little to upload,
+    a lot to write."""
+    rng = np.random.default_rng(0)
+    data = np.zeros(size, np.uint8)
+    data[::160] = rng.integers(0, 256, len(data[::160]), dtype=np.uint8)
+    raw = data.tobytes()
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)
+    packed = c.compress(raw) + c.flush()
+    crc = zlib.crc32(raw)
+    return raw_zip([(name.format(i), packed, crc, size) for i in range(n)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -19,10 +20,12 @@ from abuse_inputs import (
     MIB,
     PeakRSS,
     bomb_zip,
+    compressible_zip,
     du,
     duplicate_names_zip,
     lying_sizes_zip,
     many_entries_zip,
+    many_names_zip,
     png16,
     png_bytes,
     png_header,
@@ -592,3 +595,384 @@ def test_concurrent_large_photos_are_prepared_at_bounded_memory(pipeline):
     assert all(isinstance(e, InvalidInputError) for e in errors), errors
     assert mem.growth < 1200 * MIB, f"peak +{mem.growth / MIB:.0f} MiB"
     assert kept < 300 * MIB, f"kept +{kept / MIB:.0f} MiB"
+
+
+# ---- second pass: the disk budget, per-item isolation, fair turns, bounded archive parsing, CSV --------
+
+ENTRIES_PROBE = """
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from abuse_inputs import PeakRSS, many_names_zip
+from arrcoc.errors import InvalidInputError
+from arrcoc.service.jobs import archive
+from arrcoc.settings import default_settings
+data = many_names_zip(int(sys.argv[2]))
+s = default_settings()
+with PeakRSS() as mem:
+    t0 = time.perf_counter()
+    try:
+        archive.inspect(archive.open_archive(data, s), s)
+        print("ACCEPTED")
+    except InvalidInputError as e:
+        print("REFUSED", e)
+    took = time.perf_counter() - t0
+print("GROWTH", mem.growth, "SECONDS", took)
+"""
+
+
+def test_a_zip_declaring_400k_entries_is_refused_from_its_end_record_at_small_memory():
+    """A 38 MB zip listing 428,571 entries was parsed whole before its count was checked: +263 MB
+    RSS and 4 s (issue: 24 MB, four at once +704 MB). Its end record is read first now: refused
+    in < 1 s, the process growing < 16 MiB (the zip itself is built before measuring)."""
+    proc = subprocess.run([sys.executable, "-c", ENTRIES_PROBE, str(REPO / "tests"), "428571"], capture_output=True,
+                          text=True, cwd=REPO, timeout=300, env=os.environ | {"PYTHONPATH": str(REPO)})  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0 and "REFUSED" in out, proc.stderr[-2000:] + out
+    assert "428571 entries; the limit is 4096" in out, out
+    growth, seconds = float(out.split("GROWTH")[1].split()[0]), float(out.split("SECONDS")[1].split()[0])
+    assert growth < 16 * MIB, f"+{growth / MIB:.0f} MiB"
+    assert seconds < 1.0, seconds
+
+
+def test_a_central_directory_larger_than_the_entry_limit_allows_is_refused(settings):
+    """An end record that declares few entries but a directory of many (a liar) is bounded by the
+    directory's size: the entry limit times 512 bytes."""
+    data = bytearray(many_names_zip(70_000))
+    at = data.rfind(b"PK\x06\x06")  # the zip64 record's counts say 10 entries
+    data[at + 24 : at + 40] = struct.pack("<QQ", 10, 10)
+    with pytest.raises(InvalidInputError, match="central directory.*the limit is 2.1 MB"):
+        archive.open_archive(bytes(data), settings)
+
+
+def test_backslash_traversal_names_are_reported_not_dropped(settings):
+    """`..\\..\\x.jpg` was taken for a dot file and dropped silently."""
+    with pytest.raises(InvalidInputError, match=r"unsafe paths.*\.\.\\\\\.\.\\\\x\.png"):
+        unpack(make_zip({"..\\..\\x.png": png_bytes(), "ok.png": png_bytes(seed=1)}), settings)
+
+
+@pytest.mark.parametrize(("query", "what"), [("\ud800 the sky", "lone surrogate"), ("the\u200fsky", "invisible"),
+                                             ("the\u061csky", "invisible"), ("the\u200bsky", "invisible"),
+                                             ("\ufeffthe sky", "invisible"), ("a\u2060b", "invisible")])  # fmt: skip
+def test_surrogates_and_format_characters_in_queries_are_refused(query, what):
+    """The tokenizer raises TypeError on a lone surrogate; RLM, ALM, ZWSP, BOM, word joiner passed."""
+    with pytest.raises(InvalidInputError, match=what) as e:
+        validate_query(query, 500)
+    str(e.value).encode("utf-8")  # the message itself is valid UTF-8 (a page, a log can carry it)
+
+
+def _inprocess(tmp_path, pipeline, **overrides):
+    from arrcoc.service.client.inprocess import InProcessExecutor
+
+    return InProcessExecutor(default_settings(data_dir=tmp_path / "data", broker_url=None, **overrides), pipeline)
+
+
+def _finished(ex, job, timeout=180.0, owner=None):
+    return _wait(lambda: (st := ex.status(job, owner)).state.finished and st, timeout, f"job {job} finished")
+
+
+def test_a_lone_surrogate_in_a_manifest_query_is_refused_at_submission(tmp_path, pipeline):
+    """In-process the job failed with 0 of 8 results (the tokenizer's TypeError sank the step;
+    no row holding it can be written either). Refused before the job is accepted, naming the row."""
+    rows = [{"file": f"{i}.png", "query": "\ud800" if i == 3 else "the sky"} for i in range(8)]
+    manifest = "\n".join(json.dumps(r) for r in rows).encode()  # JSON escapes the surrogate
+    files = {f"{i}.png": png_bytes(seed=i) for i in range(8)} | {"manifest.jsonl": manifest}
+    ex = _inprocess(tmp_path, pipeline)
+    try:
+        with pytest.raises(InvalidInputError, match=r"row 4 \('3.png'\): the query '\\ud800' holds a lone surrogate"):
+            ex.submit_batch(make_zip(files))
+        assert du(tmp_path / "data") == 0
+    finally:
+        ex.close()
+
+
+def test_any_exception_of_a_step_is_its_items_error(tmp_path, pipeline, monkeypatch):
+    """An exception the engine host does not turn into an item's error (here a TypeError for one
+    query) fails that item alone; its step's neighbours keep their results; the job ends."""
+    from arrcoc.service.host.runtime import Runtime
+
+    real = Runtime.process
+
+    def process(self, images, queries, *args, **kwargs):
+        if "boom" in queries:
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, ...]")
+        return real(self, images, queries, *args, **kwargs)
+
+    monkeypatch.setattr(Runtime, "process", process)
+    manifest = "file,query\n" + "".join(f"{i}.png,{'boom' if i == 5 else 'the sky'}\n" for i in range(12))
+    ex = _inprocess(tmp_path, pipeline)
+    try:
+        st = _finished(ex, ex.submit_batch(make_zip({f"{i}.png": png_bytes(seed=i) for i in range(12)}
+                                                    | {"manifest.csv": manifest.encode()})))  # fmt: skip
+        assert (st.state, st.done, st.failed) == (JobState.DONE, 11, 1), st
+        assert "TypeError" in ex.store.failed_items(st.job_id)[5]
+    finally:
+        ex.close()
+
+
+def test_a_surrogate_in_a_manifest_file_name_is_refused_in_valid_utf8(settings):
+    """A surrogate in `file` broke the page's progress stream (the message could not be encoded)."""
+    manifest = json.dumps({"file": "a\udc80.png", "query": "the sky"}).encode()
+    with pytest.raises(InvalidInputError, match="lone surrogate") as e:
+        unpack(make_zip({"a.png": png_bytes(), "manifest.jsonl": manifest}), settings)
+    assert "\\udc80" in str(e.value)
+    str(e.value).encode("utf-8")
+
+
+def test_non_image_entries_are_said_in_the_jobs_status(tmp_path, pipeline):
+    """4 files became 3 items without a word (issue 32): the status names what was skipped and why."""
+    files = {"a.png": png_bytes(), "b.png": png_bytes(seed=1), "c.png": png_bytes(seed=2), "notes.txt": b"hello"}
+    ex = _inprocess(tmp_path, pipeline)
+    try:
+        st = _finished(ex, ex.submit_batch(make_zip(files), "the sky"))
+        assert (st.state, st.total, st.done) == (JobState.DONE, 3, 3), st
+        assert "Skipped 1 file of the zip, not an image" in st.message and "'notes.txt'" in st.message, st.message
+        manifest = b"file,query\na.png,the sky\n"
+        st = _finished(ex, ex.submit_batch(make_zip(files | {"manifest.csv": manifest})))
+        assert "Skipped 3 files of the zip, not named in the manifest: 'b.png', 'c.png', 'notes.txt'" in st.message
+    finally:
+        ex.close()
+
+
+@pytest.mark.parametrize("lead", ["=", "+", "-", "@", "\t", "\r"])
+def test_summary_csv_cells_cannot_start_a_formula(tmp_path, pipeline, lead):
+    """`=1+1.jpg`, `=HYPERLINK(...)`, `+`, `-`, `@` started summary.csv cells unescaped (OWASP:
+    prefix a single quote to a cell beginning with = + - @ tab or CR). File names come from the
+    zip; queries (which cannot begin with whitespace) from a manifest."""
+    import csv
+
+    from arrcoc.service.jobs.csvcells import safe_cell
+
+    assert safe_cell(lead + "x") == "'" + lead + "x" and safe_cell("x" + lead) == "x" + lead and safe_cell(-1.5) == -1.5
+    name = f"{lead}HYPERLINK(1).png"
+    ex = _inprocess(tmp_path, pipeline)
+    try:
+        jobs = [ex.submit_batch(make_zip({name: png_bytes()}), "the sky")]
+        query = f'{lead}HYPERLINK("http://x","the sky")'
+        if lead.strip():
+            manifest = io.StringIO()
+            csv.writer(manifest).writerows([["file", "query"], ["a.png", query]])
+            jobs.append(ex.submit_batch(make_zip({"a.png": png_bytes(), "manifest.csv": manifest.getvalue().encode()})))
+        rows = []
+        for job in jobs:
+            assert _finished(ex, job).done == 1
+            with zipfile.ZipFile(ex.batch_results(job)) as zf:
+                rows += list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode(), newline="")))
+        assert rows[0]["file"] == "'" + name, rows[0]
+        if lead.strip():
+            assert rows[1]["query"] == "'" + query, rows[1]
+        starts = [cell[:1] for row in rows for cell in row.values()]
+        assert not any(c in ("=", "+", "@", "\t", "\r") for c in starts), rows
+        assert not any(c == "-" for row in rows for k, c in ((k, v[:1]) for k, v in row.items()) if k in ("file", "query"))
+    finally:
+        ex.close()
+
+
+def test_the_disk_budget_is_reserved_before_anything_is_written(tmp_path, pipeline):
+    """85 entries of 25 MB (17 MB zipped, each under the ratio limit) wrote 2,136 MB in 20 s and
+    kept it. Scaled down: ten 5 MiB entries (1 MB zipped) against a 20 MB budget are refused
+    before a byte is written, in words naming the limit (not "corrupt"); per owner likewise."""
+    data = compressible_zip(10, 5 * MIB)
+    ex = _inprocess(tmp_path, pipeline, max_data_bytes=20 * 10**6, max_owner_bytes=8 * 10**6)
+    root = tmp_path / "data" / "jobs"
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InvalidInputError, match="ARRCOC_MAX_DATA_BYTES") as e:
+            ex.submit_batch(data, "the sky", owner="client:a")
+        assert time.monotonic() - t0 < 2 and "corrupt" not in str(e.value)
+        assert du(root) == 0
+        small = make_zip({f"{i}.png": png_bytes(seed=i) for i in range(4)})
+        first = ex.submit_batch(small, "the sky", owner="client:a")  # ~3 MB reserved (inputs + results)
+        ex.submit_batch(small, "the sky", owner="client:a")
+        with pytest.raises(InvalidInputError, match="ARRCOC_MAX_OWNER_BYTES"):
+            ex.submit_batch(small, "the sky", owner="client:a")
+        ex.submit_batch(small, "the sky", owner="client:b")  # another owner has room
+        st = _finished(ex, first, owner="client:a")
+        assert st.done == 4, st
+        assert not (root / first / "inputs").exists()  # over: its inputs are gone
+        reserved = json.loads((root / first / "reserved.json").read_text())["bytes"]
+        assert reserved == du(root / first) - (root / first / "reserved.json").stat().st_size  # what it holds
+    finally:
+        ex.close()
+
+
+def test_failed_items_keep_nothing_they_do_not_need(tmp_path, pipeline):
+    """Every item failed and 2 GB stayed for 7 days: a finished job's inputs go at once."""
+    rng = __import__("numpy").random.default_rng(0)
+    files = {f"{i}.png": rng.bytes(1_000_000) for i in range(6)}  # not images: each fails
+    ex = _inprocess(tmp_path, pipeline)
+    try:
+        st = _finished(ex, ex.submit_batch(make_zip(files), "the sky"))
+        assert (st.state, st.failed) == (JobState.FAILED, 6), st
+        jd = tmp_path / "data" / "jobs" / st.job_id
+        assert du(jd) < 200_000, du(jd)  # the rows of six errors, no inputs
+    finally:
+        ex.close()
+
+
+def test_a_full_disk_in_one_job_loses_nothing_of_another_and_the_service_recovers(tmp_path, pipeline, monkeypatch):
+    """ENOSPC (injected for one job's writes) made another user's job lose its 8 processed items
+    and new submissions fail with "Something went wrong", until a restart. Now the full job ends
+    with its items failed in words, the other job's results are whole, the next job runs."""
+    import errno
+    import threading
+
+    from arrcoc.service.jobs import writer
+
+    full: set[str] = set()
+    real = writer.write_step
+
+    def write_step(jd, *args, **kwargs):
+        if jd.name in full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(jd, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_step", write_step)
+    ex = _inprocess(tmp_path, pipeline)
+    try:
+        gate = threading.Event()
+        ex._jobs.submit(gate.wait)  # both jobs queued before either runs
+        zipped = make_zip({f"{i}.png": png_bytes(seed=i) for i in range(8)})
+        a = ex.submit_batch(zipped, "the sky", owner="client:a")
+        b = ex.submit_batch(zipped, "the sky", owner="client:b")
+        full.add(a)
+        gate.set()
+        sa, sb = _finished(ex, a, owner="client:a"), _finished(ex, b, owner="client:b")
+        assert (sb.state, sb.done) == (JobState.DONE, 8), sb
+        with zipfile.ZipFile(ex.batch_results(b, "client:b")) as zf:
+            assert len(zf.read("results.jsonl").splitlines()) == 8
+        assert sa.state == JobState.FAILED and sa.failed == 8 and "disk was full" in sa.message, sa
+        with zipfile.ZipFile(ex.batch_results(a, "client:a")) as zf:  # its rows say why
+            assert b"disk was full" in zf.read("summary.csv")
+        full.clear()  # space is back: the next job runs, no restart
+        assert _finished(ex, ex.submit_batch(zipped, "the sky", owner="client:a")).done == 8
+    finally:
+        ex.close()
+
+
+def test_a_full_disk_while_unpacking_is_said_and_keeps_nothing(settings, monkeypatch):
+    import errno
+
+    from arrcoc.errors import ServiceUnavailableError
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(archive, "_write_archive", full)
+    stored = io.BytesIO()
+    with zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("a.png", png_bytes())
+    with pytest.raises(ServiceUnavailableError, match="disk is full") as e:
+        unpack(stored.getvalue(), settings)
+    assert "corrupt" not in str(e.value)
+    assert du(Path(settings.data_dir)) == 0
+
+
+def test_a_jobs_work_is_bounded_at_submission(tmp_path, pipeline):
+    """A 140 KB zip (one 40 MP PNG named by 2,000 rows) ran ~12 minutes. The decoded pixels of a
+    job's items, summed, are bounded (ARRCOC_MAX_JOB_MEGAPIXELS), refused in words at once."""
+    from PIL import Image
+
+    arr = __import__("numpy").zeros((5000, 5000, 3), "uint8")
+    arr[::40] = __import__("numpy").random.default_rng(0).integers(0, 256, arr[::40].shape, dtype="uint8")
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG", compress_level=1)  # ~40x: under the ratio limit
+    manifest = "file,query\n" + "big.png,the sky\n" * 2000
+    data = make_zip({"big.png": buf.getvalue(), "manifest.csv": manifest.encode()})
+    ex = _inprocess(tmp_path, pipeline)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InvalidInputError, match=r"50,000 megapixels.*the limit is 32,000 \(ARRCOC_MAX_JOB"):
+            ex.submit_batch(data)
+        assert time.monotonic() - t0 < 3
+        assert du(tmp_path / "data") == 0
+    finally:
+        ex.close()
+
+
+def test_jobs_of_different_owners_take_turns_in_process(tmp_path, pipeline):
+    """Another user's 8-item job waited behind a 12-minute job at queue position 1 the whole time
+    (one job thread, first come first served). Owner A's 300-item job, then owner B's 8-item job:
+    B finishes while A has most of its items left."""
+    manifest = "file,query\n" + "a.png,the sky\n" * 300
+    big = make_zip({"a.png": png_bytes(64), "manifest.csv": manifest.encode()})
+    ex = _inprocess(tmp_path, pipeline, job_slice_s=0.5)
+    try:
+        a = ex.submit_batch(big, owner="client:a")
+        _wait(lambda: ex.status(a, "client:a").done >= 8, 120, "A started")
+        b = ex.submit_batch(make_zip({f"{i}.png": png_bytes(seed=i) for i in range(8)}), "the sky", owner="client:b")
+        sb = _finished(ex, b, owner="client:b")
+        sa = ex.status(a, "client:a")
+        assert sb.state == JobState.DONE and sb.done == 8, sb
+        assert sa.done < 150, f"B finished when A had done {sa.done} of 300"
+        assert _finished(ex, a, owner="client:a").done == 300  # and A still completes, once each
+        with zipfile.ZipFile(ex.batch_results(a, "client:a")) as zf:
+            rows = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+        assert [r["index"] for r in rows] == list(range(300))
+    finally:
+        ex.close()
+
+
+def test_images_past_pillows_own_limit_quote_ours():
+    """Past ~179 MP Pillow refused first, and its own limit (178,956,970) was the message."""
+    with pytest.raises(ImageError) as e:
+        validate_image(png_header(20000, 20000), default_settings())
+    assert str(e.value) == "The image has 400,000,000 pixels; the limit is 40,000,000 pixels. Downscale it first."
+
+
+def test_a_float_tiff_holding_nan_is_said_as_such():
+    """It was "corrupt or truncated: cannot convert float NaN to integer"."""
+    import numpy as np
+    from PIL import Image
+
+    arr = np.full((64, 64), np.nan, np.float32)
+    arr[:32] = 0.5
+    buf = io.BytesIO()
+    Image.fromarray(arr, mode="F").save(buf, "TIFF")
+    with pytest.raises(ImageError, match="NaN \\(not-a-number\\) or infinite values") as e:
+        validate_image(buf.getvalue(), default_settings())
+    assert "corrupt" not in str(e.value)
+
+
+def test_cli_submit_batch_refusals_of_the_second_pass_are_one_line(tmp_path, cli):
+    """`arrcoc submit batch` (no worker needed: refused before anything is queued): a lone
+    surrogate in a manifest query, a job over the disk budget, a job over the work bound."""
+    env = {"ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13", "ARRCOC_DATA_DIR": str(tmp_path / "data"),
+           "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{uuid.uuid4().hex[:8]}"}  # fmt: skip
+    rows = "\n".join(json.dumps({"file": "a.png", "query": q}) for q in ("the sky", "\ud800"))
+    cases = [
+        (make_zip({"a.png": png_bytes(), "manifest.jsonl": rows.encode()}), {}, "holds a lone surrogate"),
+        (compressible_zip(4, 5 * MIB), {"ARRCOC_MAX_DATA_BYTES": "10000000"}, "ARRCOC_MAX_DATA_BYTES"),
+        (make_zip({"a.png": png_bytes(), "manifest.csv": b"file,query\n" + b"a.png,the sky\n" * 50}),
+         {"ARRCOC_MAX_JOB_MEGAPIXELS": "0.01"}, "ARRCOC_MAX_JOB_MEGAPIXELS"),
+    ]  # fmt: skip
+    for i, (data, extra, message) in enumerate(cases):
+        path = tmp_path / f"{i}.zip"
+        path.write_bytes(data)
+        assert_one_line_error(cli("submit", "batch", str(path), "-q", "the sky", env=env | extra), message)
+    assert du(tmp_path / "data") == 0
+
+
+def test_results_nobody_can_fetch_are_swept_before_their_ttl(settings):
+    """A restarted in-process executor forgot its jobs (its store is memory) and a flushed Redis
+    forgets them too: their folders stayed the whole TTL (7 days). The reaper removes them."""
+    from arrcoc.service.jobs.files import sweep_unreachable
+    from arrcoc.service.jobs.types import JobKind
+
+    root = Path(settings.data_dir) / "jobs"
+    store = MemoryJobStore()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folders = {}
+    for name, pid in (("forgotten", dead.pid), ("alive", os.getpid()), ("known", dead.pid), ("young", dead.pid)):
+        jd = folders[name] = root / f"batch-{uuid.uuid4().hex[:16]}"
+        (jd / "inputs").mkdir(parents=True)
+        (jd / "job.json").write_text(json.dumps({"expires_at": time.time() + 86400}))
+        (jd / "reserved.json").write_text(json.dumps({"owner": "", "bytes": 1, "host": os.uname().nodename, "pid": pid}))
+        if name != "young":
+            os.utime(jd / "job.json", (time.time() - 3600,) * 2)
+    store.create(folders["known"].name, JobKind.BATCH, 1, 3600, {})
+    assert sweep_unreachable(settings, store, in_memory=True) == 1
+    assert not folders["forgotten"].exists()  # its process is gone: nobody can fetch it
+    assert all(folders[n].exists() for n in ("alive", "known", "young"))  # another live executor's, known, being made
+    assert sweep_unreachable(settings, MemoryJobStore(), in_memory=False) == 2  # a store that forgot: all but young
+    assert folders["young"].exists()

@@ -135,6 +135,11 @@ def test_slider_values_of_the_wrong_type_get_clear_errors(app):
     photo = handle_file(str(Path(__file__).parent.parent / "arrcoc/examples/coffee.jpg"))
     with pytest.raises(AppError, match="must be a number"):
         client(url).predict(photo, "the cup", "1.0", 1.0, 1.0, 200, 25600, "server default", "sqrt", api_name="/run")
+    # K None and a list as the backend gave a generic server error
+    with pytest.raises(AppError, match=r"K \(cells kept.*must be a number, got NoneType"):
+        client(url).predict(photo, "the cup", 1.0, 1.0, 1.0, None, 25600, "server default", "sqrt", api_name="/run")
+    with pytest.raises(AppError, match="backend must be one of its choices \\(text\\), got list"):
+        client(url).predict(photo, "the cup", 1.0, 1.0, 1.0, 200, 25600, ["eager"], "sqrt", api_name="/run")
 
 
 def test_responses_never_name_the_data_store(app):

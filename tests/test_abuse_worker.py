@@ -170,3 +170,108 @@ def test_cancelled_benchmark_frees_a_worker_groups_engine_process(env, tmp_path)
         if ex is not None:
             ex.close()
         w.stop()
+
+
+# ---- second pass: a job always ends, a lost worker's chunk comes back within a minute --------------
+
+
+def test_a_lone_surrogate_query_is_refused_before_anything_is_queued(ex):
+    """Through Celery the job stayed "running 0/8" forever and `arrcoc submit batch` never returned."""
+    rows = [{"file": f"{i}.png", "query": "\ud800" if i == 3 else "the sky"} for i in range(8)]
+    manifest = "\n".join(json.dumps(r) for r in rows).encode()
+    files = {f"{i}.png": png_bytes(48, seed=i) for i in range(8)} | {"manifest.jsonl": manifest}
+    with pytest.raises(InvalidInputError, match="lone surrogate"):
+        ex.submit_batch(make_zip(files))
+
+
+def test_a_chunk_that_raises_ends_its_job_with_counts(ex):
+    """A chunk whose task raised left its job "running" forever (nothing recorded its items). Its
+    items are recorded as failed with the reason, and the job ends."""
+    from arrcoc.service.client.queue import PRIORITY_CHUNK, TASK_CHUNK
+    from arrcoc.service.jobs import batch
+
+    job, chunks = batch.create_batch_job(make_zip({f"{i}.png": png_bytes(48, seed=i) for i in range(6)}), "the sky",
+                                         None, ex.settings, ex.store)  # fmt: skip
+    (ex.settings.data_dir / "jobs" / job / "items.jsonl").unlink()  # the chunk cannot read its items
+    for start, stop in chunks:
+        ex._send(TASK_CHUNK, [job, start, stop], ex.settings.queue_gpu, PRIORITY_CHUNK)
+    st = wait(lambda: (s := ex.status(job)).state.finished and s, 60, "the job ended")
+    assert (st.state, st.done, st.failed) == (JobState.FAILED, 0, 6), st
+    assert "the job's worker failed (FileNotFoundError" in st.message, st.message
+
+
+def test_a_chunk_whose_worker_was_killed_resumes_within_a_minute(tmp_path):
+    """After a SIGKILL the job sat at 104/300 "running" for an hour (the 3,600 s visibility timeout)
+    with nothing in its status to explain it. A live worker renews what it holds, so the timeout
+    is short (60 s by default; 8 s here): no chunk is delivered twice while its worker lives, a
+    dead worker's chunk is taken up again within the timeout, and meanwhile the job says a worker
+    was lost."""
+    import signal
+
+    from arrcoc.service.client.celery_executor import CeleryExecutor
+    from arrcoc.settings import Settings
+
+    assert Settings.model_fields["visibility_timeout_s"].default <= 60
+    with worker_settings(tmp_path, "arrcoc-lost", buckets="[1,2]", batch_max_size="2",
+                         visibility_timeout_s="8") as s:  # fmt: skip
+        env = worker_env(BROKER, tmp_path / "data", **s)
+        first = Worker(env, tmp_path / "w1.log").ready()
+        second = None
+        fields = {k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "visibility_timeout_s")}
+        ex = CeleryExecutor(default_settings(**fields, buckets=(1, 2), broker_url=BROKER, data_dir=tmp_path / "data",
+                                             visibility_timeout_s=8))  # fmt: skip
+        try:
+            total = 480  # long enough that the kill lands mid-chunk on a fast CPU too
+            job = ex.submit_batch(make_zip({f"{i:03d}.png": png_bytes(48, seed=i) for i in range(total)}), "the sky")
+            wait(lambda: ex.status(job).done >= 8, 180, "the job got going")
+            time.sleep(12)  # the chunk runs past its 8 s visibility timeout: renewed, not delivered again
+            attempts = ex.store.r.hgetall(ex.store.key(job, "attempts"))
+            assert max(int(n) for n in attempts.values()) == 1, attempts
+            first.kill(signal.SIGKILL)
+            first.p.wait(10)
+            t_kill = time.monotonic()
+            at_kill = ex.status(job)
+            assert at_kill.state == JobState.RUNNING and at_kill.done < total, at_kill
+            second = Worker(env, tmp_path / "w2.log")  # starts while the chunk waits out its timeout
+            lost = wait(lambda: "worker was lost" in (m := ex.status(job).message) and m, 30, "the status said so")
+            assert "resuming" in lost, lost
+            second.ready()
+            wait(lambda: ex.status(job).done > at_kill.done, 120, "the job resumed")
+            resumed_s = time.monotonic() - t_kill
+            assert resumed_s < 90, resumed_s
+            st = wait(lambda: (x := ex.status(job)).state.finished and x, 180, "the job finished")
+            assert (st.state, st.done, st.failed) == (JobState.DONE, total, 0), st
+            assert "worker was lost" not in st.message
+            with zipfile.ZipFile(ex.batch_results(job)) as zf:
+                rows = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
+            assert sorted(r["index"] for r in rows) == list(range(total))  # every item once
+        finally:
+            ex.close()
+            for w in (first, second):
+                if w is not None:
+                    w.stop()
+
+
+def test_a_small_job_of_another_owner_overtakes_a_big_one_on_a_worker(env, worker):
+    """A worker ran every chunk of a big job it had taken before the first chunk of a small job that
+    came after it. Owner A's 10 chunks, then owner B's one: B is done while A has most left."""
+    from arrcoc.service.client.celery_executor import CeleryExecutor
+
+    root, s = env
+    fields = {k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "max_bench_iterations")}
+    ex8 = CeleryExecutor(default_settings(**fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data",
+                                          batch_chunk_items=8))  # fmt: skip
+    a_owner, b_owner = "client:" + "a" * 32, "client:" + "b" * 32
+    try:
+        manifest = "file,query\n" + "a.png,the sky\n" * 80
+        a = ex8.submit_batch(make_zip({"a.png": png_bytes(48), "manifest.csv": manifest.encode()}), owner=a_owner)
+        wait(lambda: ex8.status(a, a_owner).done >= 1, 120, "A started")
+        b = ex8.submit_batch(make_zip({f"{i}.png": png_bytes(48, seed=i) for i in range(8)}), "the sky", owner=b_owner)
+        sb = wait(lambda: (x := ex8.status(b, b_owner)).state.finished and x, 180, "B finished")
+        sa = ex8.status(a, a_owner)
+        assert sb.state == JobState.DONE and sb.done == 8, sb
+        assert sa.done <= 40, f"B finished when A had done {sa.done} of 80"
+        sa = wait(lambda: (x := ex8.status(a, a_owner)).state.finished and x, 300, "A finished")
+        assert (sa.state, sa.done) == (JobState.DONE, 80), sa
+    finally:
+        ex8.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import unicodedata
 import uuid
 import zipfile
 from pathlib import Path
@@ -85,6 +86,9 @@ def test_validate_query_keeps_its_rules(text):
     assert 0 < len(q) <= 500 and q == " ".join(q.split())
     assert not any(ord(c) in _CONTROL for c in q)
     assert any(c.isalnum() for c in q)
+    # what the tokenizer takes: valid UTF-8, no invisible format characters
+    q.encode("utf-8")
+    assert not any(unicodedata.category(c) in ("Cs", "Cf") for c in q)
 
 
 @FAST

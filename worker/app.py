@@ -54,6 +54,14 @@ def _warm_before_consuming(sender=None, instance=None, **_) -> None:
     state.host().warm()
 
 
+@signals.task_received.connect
+def _hold(request=None, **_) -> None:
+    """Every message this worker takes is kept alive until it is acknowledged (state.heartbeat)."""
+    message = getattr(request, "message", None)
+    if message is not None:
+        state.heartbeat.hold(message)
+
+
 @signals.worker_shutdown.connect
 def _close(**_) -> None:
     state.close()

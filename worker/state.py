@@ -19,10 +19,15 @@ from typing import Any
 from arrcoc.errors import ArrcocError, ServiceUnavailableError
 from arrcoc.request import Controls
 from arrcoc.result import RelevanceResult
+from arrcoc.service.client.queue import UNACKED_INDEX
 from arrcoc.service.codec import error_to_frame, error_to_wire, result_to_frame, result_to_wire
 from arrcoc.service.host.interface import EngineHost
 from arrcoc.service.jobs import batch, bench
+from arrcoc.service.jobs.budget import release
+from arrcoc.service.jobs.files import job_dir
+from arrcoc.service.jobs.guard import TRANSPORT_ERRORS, fail_unrecorded, reason_for
 from arrcoc.service.jobs.store import RedisJobStore, redis_client
+from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,10 +45,117 @@ def _riding_out_redis(fn, waits: tuple[float, ...] = (0.5, 1, 2, 4, 8, 15)):
             time.sleep(wait)
 
 
+class FairGate:
+    """One batch chunk (or benchmark) at a time in this process, owners in turn: when the gate
+    frees, the waiting chunk whose owner was served longest ago goes next (arrival order among
+    equals). Threads of a worker hold chunks it prefetched; a FIFO gate would run every chunk of a
+    big job before the first chunk of a small job that came after it."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._busy = False
+        self._waiting: list[tuple[int, str]] = []  # (arrival, owner)
+        self._served: dict[str, float] = {}  # owner: when its last chunk started
+        self._seq = 0
+
+    @contextlib.contextmanager
+    def turn(self, owner: str):
+        with self._cv:
+            self._seq += 1
+            me = (self._seq, owner)
+            self._waiting.append(me)
+            while self._busy or min(self._waiting, key=lambda w: (self._served.get(w[1], 0.0), w[0])) != me:
+                self._cv.wait()
+            self._waiting.remove(me)
+            self._busy = True
+            self._served[owner] = time.monotonic()
+            if len(self._served) > 10_000:  # bounded: the oldest owners are forgotten
+                for old in sorted(self._served, key=self._served.get)[:5_000]:
+                    del self._served[old]
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+
+class Heartbeat:
+    """What this worker holds, kept alive while it holds it: every `every_s` (a quarter of the
+    visibility timeout) the delivery times of the messages it received and has not acknowledged are
+    renewed in the broker (a dead worker's stop being renewed, and come back within the timeout),
+    and each chunk it runs is marked alive in the job store (a job whose chunk's marks stop says
+    "a worker was lost, resuming" until another worker takes the chunk up)."""
+
+    def __init__(self, state: WorkerState):
+        self.state = state
+        self._lock = threading.Lock()
+        self._messages: dict[str, Any] = {}  # delivery tag: kombu message
+        self._chunks: set[tuple[str, int, int]] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def every_s(self) -> float:
+        return max(1.0, self.state.settings.visibility_timeout_s / 4)
+
+    @property
+    def resume_s(self) -> float:
+        """How long a lost chunk waits to be delivered again, at most (timeout, then a restore scan)."""
+        vt = self.state.settings.visibility_timeout_s
+        return vt + max(1, min(10, vt // 4))
+
+    def hold(self, message: Any) -> None:
+        tag = getattr(message, "delivery_tag", None)
+        if tag is not None:
+            with self._lock:
+                self._messages[str(tag)] = message
+
+    @contextlib.contextmanager
+    def chunk(self, job_id: str, start: int, stop: int):
+        with self._lock:
+            self._chunks.add((job_id, start, stop))
+        with contextlib.suppress(Exception):
+            self.state.store().chunk_alive(job_id, start, stop, self.every_s, self.resume_s)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._chunks.discard((job_id, start, stop))
+            with contextlib.suppress(Exception):
+                self.state.store().chunk_over(job_id, start, stop)
+
+    def beat(self) -> None:
+        with self._lock:
+            for tag in [t for t, m in self._messages.items() if getattr(m, "acknowledged", False)]:
+                del self._messages[tag]
+            tags, chunks = list(self._messages), list(self._chunks)
+        if tags:  # XX: only what is still unacknowledged there (a restored message is not re-added)
+            self.state.raw.zadd(UNACKED_INDEX, dict.fromkeys(tags, time.time()), xx=True)
+        for job_id, start, stop in chunks:
+            self.state.store().chunk_alive(job_id, start, stop, self.every_s, self.resume_s)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="arrcoc-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.beat()
+            except Exception as e:  # noqa: BLE001 -- Redis blinked: the next beat tries again
+                log.warning("heartbeat failed: %s", e)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 class WorkerState:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.settings: Settings | None = None
+        self.heartbeat = Heartbeat(self)
         self.reset()
 
     def configure(self, settings: Settings) -> None:
@@ -55,7 +167,7 @@ class WorkerState:
         self._host: EngineHost | None = None
         self._store: RedisJobStore | None = None
         self._raw = None
-        self.chunk_gate = threading.Semaphore(1)  # one batch chunk at a time; interactive work interleaves
+        self.chunk_gate = FairGate()  # one batch chunk at a time, owners in turn; interactive work interleaves
 
     def host(self) -> EngineHost:
         """The engine in this process, or the group's engine process (`arrcoc worker --processes N`)."""
@@ -89,16 +201,19 @@ class WorkerState:
         """Once per worker: the reaper of expired jobs' files, and the API token's hash where
         `arrcoc submit/job` checks tokens (arrcoc.service.access)."""
         from arrcoc.service.access import publish_token
-        from arrcoc.service.jobs.files import Reaper
+        from arrcoc.service.jobs.files import Reaper, sweep_unreachable
 
+        self.heartbeat.start()
         if getattr(self, "_reaper", None) is None:
-            self._reaper = Reaper(self.settings).start()
+            # expired jobs' files, and those of jobs nobody can fetch (Redis lost their records)
+            self._reaper = Reaper(self.settings, [lambda: sweep_unreachable(self.settings, self.store(), False)]).start()
         try:
             publish_token(self.store().r, self.settings)
         except Exception as e:  # noqa: BLE001 -- Redis not up yet: the worker still starts
             log.warning("could not publish the API token's hash: %s", e)
 
     def close(self) -> None:
+        self.heartbeat.stop()
         if getattr(self, "_reaper", None) is not None:
             self._reaper.stop()
         if self._host is not None:
@@ -168,12 +283,38 @@ class WorkerState:
         pipe.execute()
         return None
 
+    def _owner(self, job_id: str) -> str:
+        """Whose job this is (the fair gate's key); the job itself when the store does not say."""
+        try:
+            return self.store().record(job_id).get("owner") or job_id
+        except Exception:  # noqa: BLE001 -- Redis blinked or the job is gone: the chunk says so itself
+            return job_id
+
     def batch_chunk(self, job_id: str, start: int, stop: int) -> dict[str, Any]:
         s = self.settings
-        deadline = time.monotonic() + s.task_time_limit_s
-        with self.chunk_gate:
-            return _riding_out_redis(lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s,
-                                                             deadline))  # fmt: skip
+        with self.chunk_gate.turn(self._owner(job_id)):
+            deadline = time.monotonic() + s.task_time_limit_s  # from its turn: waiting is not working
+            try:
+                with self.heartbeat.chunk(job_id, start, stop):
+                    out = _riding_out_redis(lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s,
+                                                                    deadline))  # fmt: skip
+            except TRANSPORT_ERRORS:
+                raise  # Redis or the engine process gone: the chunk is tried again
+            except Exception as e:  # noqa: BLE001 -- never a job left "running": its items fail with the reason
+                log.exception("batch job %s, items %d-%d: the chunk failed", job_id, start, stop)
+                reason = reason_for(e)
+                _riding_out_redis(lambda: fail_unrecorded(job_id, start, stop, self.store(), s, reason))
+                try:
+                    batch.maybe_finalize(job_id, self.store(), s)
+                except Exception as again:  # noqa: BLE001 -- e.g. the disk still full: the job still ends
+                    log.warning("batch job %s: could not finish its results (%s)", job_id, again)
+                    self.store().set_state(job_id, JobState.FAILED, reason_for(again),
+                                           expect=(JobState.PENDING, JobState.RUNNING))  # fmt: skip
+                out = {"job_id": job_id, "error": reason}
+            with contextlib.suppress(Exception):
+                if JobState(self.store().record(job_id)["state"]).finished:
+                    release(job_dir(s, job_id))  # over: its inputs go, its reservation shrinks to its results
+            return out
 
     def bench(self, job_id: str) -> dict[str, Any]:
         s = self.settings
@@ -191,5 +332,5 @@ class WorkerState:
                 with contextlib.suppress(Exception):
                     lock.release()
 
-        with self.chunk_gate:
+        with self.chunk_gate.turn(self._owner(job_id)):
             return _riding_out_redis(lambda: bench.run_bench_job(job_id, self.host(), store, s, device_lock))

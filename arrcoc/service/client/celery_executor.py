@@ -98,8 +98,10 @@ class CeleryExecutor(Executor):
         self._check_types(archive, controls)
         job_id, chunks = batch.create_batch_job(bytes(archive), query, controls, self.settings, self.store, owner)
         try:
-            for start, stop in chunks:
-                self._send(TASK_CHUNK, [job_id, start, stop], self.settings.queue_gpu, PRIORITY_CHUNK)
+            # a job's later chunks queue behind every job's first ones (Redis serves lower numbers
+            # first): a small job submitted after a big one starts after the big one's first chunk
+            for k, (start, stop) in enumerate(chunks):
+                self._send(TASK_CHUNK, [job_id, start, stop], self.settings.queue_gpu, PRIORITY_CHUNK + min(k, 3))
         except ServiceUnavailableError as e:
             self.store.set_state(job_id, JobState.FAILED, str(e))
             raise

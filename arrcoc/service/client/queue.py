@@ -3,7 +3,8 @@ Celery configuration both sides need (broker, JSON serialisers, transport option
 adds the worker-only part (pool, concurrency, time limits, events) on top.
 
 JSON only (no pickle). Acks are late, and a message whose worker died is redelivered (after
-`visibility_timeout_s` on Redis) up to a cap kept in the job store.
+`visibility_timeout_s` on Redis, which a live worker keeps renewing for what it holds) up to a cap
+kept in the job store.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ TASKS = (TASK_INFER, TASK_CHUNK, TASK_BENCH)
 # Redis priorities: 0 is served first. Interactive requests overtake queued batch chunks.
 PRIORITY_INFER = 0
 PRIORITY_CHUNK = 6
+
+# kombu's Redis transport keeps each delivered, unacknowledged message's delivery time in this
+# sorted set and restores a message once its time is `visibility_timeout_s` old: a worker renews
+# the times of the messages it holds (worker/state.py, Heartbeat), so the timeout can be short
+# (a dead worker's chunk comes back within it) while a long chunk runs on.
+UNACKED_INDEX = "unacked_index"
 
 
 def queue_config(settings: Settings) -> dict[str, Any]:
@@ -45,6 +52,7 @@ def queue_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_timeout": timeout,
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_s,
+            "unacked_index_key": UNACKED_INDEX,
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
             "unacked_restore_throttle": 1,
             # a worker SIGKILLed while it held the restore mutex would block every redelivery for

@@ -14,6 +14,9 @@ import csv
 import io
 import json
 import posixpath
+import shutil
+import struct
+import unicodedata
 import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -21,9 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import InvalidInputError
+from PIL import Image
+
+from ...errors import InvalidInputError, ServiceUnavailableError
 from ...request import validate_query
 from ...settings import Settings
+from .budget import RESERVED, disk_full, reserve, results_estimate
 from .parts import stored_data_start
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
@@ -74,8 +80,40 @@ def _clean(name: str) -> str | None:
 
 
 def _is_junk(name: str) -> bool:
+    """A folder or an OS's litter (__MACOSX/, dot files); judged on the name with backslashes as
+    separators, so that `..\\..\\x.jpg` is an unsafe path, reported, not a dot file dropped."""
+    name = name.replace("\\", "/")
     base = posixpath.basename(name)
-    return name.startswith("__MACOSX/") or base.startswith(".") or not base
+    return name.startswith("__MACOSX/") or (base.startswith(".") and base not in (".", "..")) or not base
+
+
+# The end-of-central-directory record (EOCD) and the zip64 locator and record, as PKWARE's
+# APPNOTE lays them out: read before zipfile parses anything, so that the count of entries and the
+# central directory's size are refused on what the archive declares, before a ZipInfo is built.
+_EOCD = struct.Struct("<4sHHHHIIH")
+_ZIP64_LOCATOR = struct.Struct("<4sIQI")
+_ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")
+# what one central-directory entry may take on average (46 fixed bytes, its name, extra field and
+# comment): the directory's size is bounded by the entry limit times this
+CENTRAL_BYTES_PER_ENTRY = 512
+
+
+def declared_directory(archive: bytes | memoryview) -> tuple[int, int] | None:
+    """(entries, central directory bytes) as the archive's end records declare them (zip64 when
+    the classic record says so); None when there is no end record (not a zip)."""
+    tail_from = max(0, len(archive) - (_EOCD.size + 0xFFFF))
+    at = bytes(archive[tail_from:]).rfind(b"PK\x05\x06")
+    if at < 0 or tail_from + at + _EOCD.size > len(archive):
+        return None
+    at += tail_from
+    _, _, _, _, entries, cd_size, _, _ = _EOCD.unpack_from(archive, at)
+    if (entries == 0xFFFF or cd_size == 0xFFFFFFFF) and at >= _ZIP64_LOCATOR.size:
+        sig, _, rec_at, _ = _ZIP64_LOCATOR.unpack_from(archive, at - _ZIP64_LOCATOR.size)
+        if sig == b"PK\x06\x07" and 0 <= rec_at <= len(archive) - _ZIP64_EOCD.size:
+            rec = _ZIP64_EOCD.unpack_from(archive, rec_at)
+            if rec[0] == b"PK\x06\x06":
+                entries, cd_size = rec[7], rec[8]
+    return entries, cd_size
 
 
 def open_archive(archive: bytes, settings: Settings) -> zipfile.ZipFile:
@@ -86,6 +124,19 @@ def open_archive(archive: bytes, settings: Settings) -> zipfile.ZipFile:
             f"The zip is {len(archive) / 1e6:.0f} MB; the limit is {settings.max_archive_bytes / 1e6:.0f} MB."
             " Split it into several jobs."
         )
+    declared = declared_directory(archive)
+    if declared is not None:  # none: zipfile says what is wrong below
+        entries, cd_size = declared
+        if entries > settings.max_archive_entries:
+            raise InvalidInputError(f"The zip has {entries} entries; the limit is {settings.max_archive_entries}."
+                                    " Split it into several jobs.")  # fmt: skip
+        if cd_size > settings.max_archive_entries * CENTRAL_BYTES_PER_ENTRY:
+            raise InvalidInputError(
+                f"The zip's list of entries (its central directory) is {cd_size / 1e6:.1f} MB; the limit is"
+                f" {settings.max_archive_entries * CENTRAL_BYTES_PER_ENTRY / 1e6:.1f} MB (names of about"
+                f" {CENTRAL_BYTES_PER_ENTRY} bytes for each of {settings.max_archive_entries} entries)."
+                " Use shorter names or split the job."
+            )  # fmt: skip
     try:
         zf = zipfile.ZipFile(io.BytesIO(archive))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
@@ -219,12 +270,18 @@ def parse_manifest(raw: str, name: str, default_query: str | None, max_query_cha
         file, query = row.get("file"), row.get("query")
         if not isinstance(file, str) or not file.strip():
             raise InvalidInputError(f"{name} row {n} has no 'file' (a text value).")
+        if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in file):  # no zip entry is named so
+            raise InvalidInputError(f"{name} row {n}: the file name {ascii(file.strip())} holds a control character"
+                                    " or a lone surrogate (not valid UTF-8); name the file as the zip does.")  # fmt: skip
         if query is None or (isinstance(query, str) and not query.strip()):
             if not default_query:
                 raise InvalidInputError(f"{name} row {n} ({file.strip()!r}) has no query, and no default query was given.")
             query = default_query
         if not isinstance(query, str):  # a number or a list is not turned into text
             raise InvalidInputError(f"{name} row {n} ({file.strip()!r}): the query must be text, got {type(query).__name__}.")
+        if any(unicodedata.category(ch) == "Cs" for ch in query):  # not text the tokenizer (or a row) can hold
+            raise InvalidInputError(f"{name} row {n} ({file.strip()!r}): the query {ascii(query)} holds a lone surrogate,"
+                                    " which is not valid UTF-8 text; fix the manifest.")  # fmt: skip
         # a query the model refuses (too long, control characters) fails its item only, with the reason
         out.append((file.strip(), query.strip()))
     if not out:
@@ -267,11 +324,11 @@ def _write_archive(archive: bytes, view: memoryview, spans: dict[str, tuple[int,
                                 " rebuild the zip.")  # fmt: skip
 
 
-def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings) -> list[Item]:
+def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings, owner: str | None = None) -> list[Item]:
     """Check the zip, write its items under job_dir/inputs and job_dir/items.jsonl; return them.
     Stored entries stay where they are in the archive, written once (ARCHIVE); compressed ones
     are decompressed into packs. Disk: at most the archive plus its declared expansion, both
-    bounded by the settings."""
+    bounded by the settings and reserved for `owner` in the data store's budget before writing."""
     zf = open_archive(archive, settings)
     by_name = inspect(zf, settings)
     if query is not None and not (isinstance(query, str) and not query.strip()):
@@ -299,16 +356,48 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings)
         raise InvalidInputError(
             f"The zip holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))}); add some and upload again."
         )
+    named = {name for name, _ in pairs} | set(manifests)
+    skipped = sorted(n for n in by_name if n not in named)
+    why = "not named in the manifest" if manifests else f"not an image ({', '.join(sorted(IMAGE_EXTENSIONS))})"
     if len(pairs) > settings.max_batch_items:
         raise InvalidInputError(f"The zip has {len(pairs)} items; the limit is {settings.max_batch_items} per job.")
-    inputs = job_dir / "inputs"
-    inputs.mkdir(parents=True, exist_ok=True)
     view = memoryview(archive)
     spans: dict[str, tuple[int, int, int]] = {}  # stored entries, read in place: offset, length, CRC
     for name in dict.fromkeys(name for name, _ in pairs):  # once each
         info = by_name[name]
         if (span := _stored_span(view, info)) is not None:
             spans[name] = (*span, info.CRC)
+    _check_work(zf, view, by_name, spans, pairs, settings)
+    # what the job may write, reserved before a byte is written: the archive (when entries are read
+    # in place from it), each decompressed file at its declared size (extraction stops there), results
+    unique = dict.fromkeys(name for name, _ in pairs)
+    need = ((len(archive) if spans else 0) + sum(by_name[n].file_size for n in unique if n not in spans)
+            + results_estimate(len(pairs), settings))  # fmt: skip
+    reserve(settings, job_dir, owner, need)
+    try:
+        items = _extract(archive, zf, view, by_name, spans, pairs, job_dir, settings)
+        with open(job_dir / "items.jsonl", "w") as f:
+            for it in items:
+                f.write(json.dumps(it.to_json()) + "\n")
+        if skipped:  # said in the job's status, never dropped silently
+            (job_dir / SKIPPED).write_text(json.dumps({"files": skipped, "why": why}))
+    except BaseException as e:  # nothing of a refused job is kept, its reservation included
+        shutil.rmtree(job_dir / "inputs", ignore_errors=True)
+        for name in (RESERVED, SKIPPED, "items.jsonl"):
+            (job_dir / name).unlink(missing_ok=True)
+        if disk_full(e):
+            raise ServiceUnavailableError("The service's disk is full; the job was not accepted and nothing of it"
+                                          " was kept. Try again later.") from e  # fmt: skip
+        raise
+    return items
+
+
+def _extract(archive: bytes, zf: zipfile.ZipFile, view: memoryview, by_name: dict[str, zipfile.ZipInfo],
+             spans: dict[str, tuple[int, int, int]], pairs: list[tuple[str, str]], job_dir: Path,
+             settings: Settings) -> list[Item]:  # fmt: skip
+    """The items' bytes written under job_dir/inputs: stored ones in place in the archive (written
+    once), compressed ones into packs, one copy per file."""
+    (job_dir / "inputs").mkdir(parents=True, exist_ok=True)
     if spans:
         _write_archive(archive, view, spans, job_dir / ARCHIVE)
     budget = _Budget(settings.max_unpacked_bytes)
@@ -331,6 +420,8 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings)
                     with zf.open(info) as src:
                         length = budget.copy(src, pack, name, min(info.file_size, settings.max_image_bytes))
                 except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
+                    if disk_full(e):  # our disk, not the zip: said as such by the caller
+                        raise
                     raise InvalidInputError(f"The zip entry {name!r} is corrupt or encrypted ({e}); rebuild the zip.") from e
                 where = written[name] = (rel, offset, length)
                 packed += 1
@@ -338,10 +429,67 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings)
     finally:
         if pack is not None:
             pack.close()
-    with open(job_dir / "items.jsonl", "w") as f:
-        for it in items:
-            f.write(json.dumps(it.to_json()) + "\n")
     return items
+
+
+# What a header read may take of a compressed entry to learn an image's size: a JPEG's frame header
+# follows its metadata (EXIF, ICC: each segment at most 64 KiB).
+HEADER_BYTES = 256 * 1024
+
+
+def _decoded_pixels(head: bytes | memoryview, side: int, unknown: int) -> int:
+    """Pixels an image is decoded at, from its header: a JPEG at the reduced size its decoder's
+    draft gives for `side`, anything else at full size; `unknown` when the header cannot be read
+    (the item then fails alone, or decodes within the per-image pixel limit)."""
+    try:
+        with Image.open(io.BytesIO(head)) as img:
+            if img.format == "JPEG":
+                img.draft(img.mode if img.mode in ("RGB", "L") else None, (side, side))
+            w, h = img.size
+        return w * h
+    except Exception:  # noqa: BLE001 -- any header Pillow cannot read costs the limit
+        return unknown
+
+
+def _check_work(zf: zipfile.ZipFile, view: memoryview, by_name: dict[str, zipfile.ZipInfo],
+                spans: dict[str, tuple[int, int, int]], pairs: list[tuple[str, str]], settings: Settings) -> None:  # fmt: skip
+    """Refuse a job whose items' decoded pixels, summed, pass ARRCOC_MAX_JOB_MEGAPIXELS (one large
+    image named by many manifest rows counts once a row), from the headers alone."""
+    pixels: dict[str, int] = {}
+    for name in dict.fromkeys(name for name, _ in pairs):
+        if name in spans:
+            start, length, _ = spans[name]
+            head: bytes | memoryview = view[start : start + min(length, HEADER_BYTES)]
+        else:
+            try:
+                with zf.open(by_name[name]) as src:
+                    head = src.read(HEADER_BYTES)
+            except Exception:  # noqa: BLE001 -- a broken entry is refused when it is extracted
+                head = b""
+        pixels[name] = _decoded_pixels(head, settings.overlay_max_side, settings.max_image_pixels)
+    total = sum(pixels[name] for name, _ in pairs) / 1e6
+    if total > settings.max_job_megapixels:
+        raise InvalidInputError(
+            f"The job is {total:,.0f} megapixels of decoding ({len(pairs)} items); the limit is"
+            f" {settings.max_job_megapixels:,.0f} (ARRCOC_MAX_JOB_MEGAPIXELS). Split it into smaller jobs"
+            " or downscale the images."
+        )  # fmt: skip
+
+
+SKIPPED = "skipped.json"  # the zip's files that are no item, and why
+
+
+def skipped_note(job_dir: Path) -> str:
+    """What the zip held that is no item, in words ("" when nothing was skipped)."""
+    try:
+        doc = json.loads((job_dir / SKIPPED).read_text())
+    except (OSError, ValueError):
+        return ""
+    files = doc.get("files") or []
+    if not files:
+        return ""
+    noun = "file" if len(files) == 1 else "files"
+    return f"Skipped {len(files)} {noun} of the zip, {doc.get('why', '')}: {_listing(files)}."
 
 
 def load_items(job_dir: Path) -> list[Item]:

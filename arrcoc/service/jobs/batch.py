@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from ...errors import JobError
 from ...request import Controls
 from ...settings import OVERLAY_EXTENSIONS, Settings
-from .archive import Item, load_items, unpack
+from .archive import Item, load_items, skipped_note, unpack
 from .files import job_dir, new_job_id
+from .guard import process_isolated
 from .parts import ItemKey, item_row, write_part
 from .results_zip import ResultsZip, build_results_zip
 from .store import JobStore
@@ -47,13 +48,14 @@ def create_batch_job(
     jd = job_dir(settings, job_id)
     jd.mkdir(parents=True)
     try:
-        items = unpack(archive, query, jd, settings)
+        items = unpack(archive, query, jd, settings, owner)
         chunk = max(1, settings.batch_chunk_items)
         meta = {"job_id": job_id, "kind": "batch", "query": query, "controls": (controls or Controls()).to_wire(),
                 "total": len(items), "chunk": chunk, "expires_at": time.time() + settings.job_ttl_s}  # fmt: skip
         (jd / "job.json").write_text(json.dumps(meta))
         store.create(job_id, JobKind.BATCH, len(items), settings.job_ttl_s,
-                     {"controls": meta["controls"], "chunk": str(chunk)} | ({"owner": owner} if owner else {}))  # fmt: skip
+                     {"controls": meta["controls"], "chunk": str(chunk), "skipped": skipped_note(jd)}
+                     | ({"owner": owner} if owner else {}))  # fmt: skip
     except BaseException:
         shutil.rmtree(jd, ignore_errors=True)
         raise
@@ -104,9 +106,11 @@ def _fail_items(jd: Path, store: JobStore, job_id: str, failed: list[tuple[Item,
 
 def run_chunk(
     job_id: str, start: int, stop: int, host: EngineHost, store: JobStore, settings: Settings,
-    deadline: float | None = None,
+    deadline: float | None = None, yield_now: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Process items [start, stop) of a batch job; skips what is already recorded."""
+    """Process items [start, stop) of a batch job; skips what is already recorded. `yield_now`,
+    asked between steps, stops the chunk early (what ran is recorded; "yielded" in the answer):
+    the in-process scheduler turns to another owner's job."""
     t_chunk = time.perf_counter()
     rec = store.record(job_id)
     state = JobState(rec["state"])
@@ -135,11 +139,18 @@ def run_chunk(
     processed = 0
     # a job run whole from its start (in-process, or one Celery chunk) writes results.zip as it goes
     streamed = ResultsZip(jd) if len(fresh) == len(every) else None
+    yielded: list[bool] = []
+
+    def yielding() -> bool:
+        if yield_now is not None and yield_now():
+            yielded.append(True)
+        return bool(yielded)
+
     try:
         for group in [fresh] + [[it] for it in suspect]:  # after a crash, suspects run alone
-            if not group:
+            if not group or yielded:
                 continue
-            done = _run_group(job_id, jd, group, controls, host, store, settings, deadline, stages, streamed)
+            done = _run_group(job_id, jd, group, controls, host, store, settings, deadline, stages, streamed, yielding)
             if done is None:
                 return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
             processed += done
@@ -156,7 +167,7 @@ def run_chunk(
     finally:
         if streamed is not None and not streamed.finished:
             streamed.abandon()
-    return {"job_id": job_id, "processed": processed, "stage_ms": stages}
+    return {"job_id": job_id, "processed": processed, "stage_ms": stages, "yielded": bool(yielded)}
 
 
 def _read(jd: Path, items: list[Item]) -> list[bytes]:
@@ -176,7 +187,7 @@ def _read(jd: Path, items: list[Item]) -> list[bytes]:
 
 def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, host: EngineHost, store: JobStore,
                settings: Settings, deadline: float | None, stages: dict[str, float],
-               streamed: ResultsZip | None) -> int | None:  # fmt: skip
+               streamed: ResultsZip | None, yield_now: Callable[[], bool] | None = None) -> int | None:  # fmt: skip
     """The group's items through the pipeline; how many ran, or None if the job was cancelled.
     Each part, once recorded, goes into `streamed` (which gives up if they come out of order)."""
     size = step_items(host)
@@ -232,11 +243,13 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
                     while writing:
                         written()
                     return None
+                if k > 0 and yield_now is not None and yield_now():
+                    break  # what is in flight is written and recorded below
                 if deadline is not None and time.monotonic() > deadline:
                     _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
                                                     for it in step])  # fmt: skip
                     continue
-                running.append((step, engine.submit(host.process, datas, [it.query for it in step], controls, fmt)))
+                running.append((step, engine.submit(process_isolated, host, datas, [it.query for it in step], controls, fmt)))
                 if len(running) == queued:
                     write_next()
             while running:
@@ -288,8 +301,8 @@ def results_zip(job_id: str, store: JobStore, settings: Settings) -> Path:
     if st.kind != JobKind.BATCH:
         raise JobError(f"Job {job_id} is a {st.kind.value} job; it has a report, not a results zip.")
     jd = job_dir(settings, job_id)
-    if st.state == JobState.CANCELLED:  # whatever finished before the cancel
-        return build_results_zip(jd)
+    if st.state == JobState.CANCELLED or (st.state == JobState.FAILED and not (jd / "results.zip").exists()):
+        return build_results_zip(jd)  # whatever was recorded before the cancel or the failure (a full disk)
     if st.state not in (JobState.DONE, JobState.FAILED) or not (jd / "results.zip").exists():
         raise JobError(f"Job {job_id} is {st.state.value} ({st.done + st.failed}/{st.total}); fetch it when done.")
     return jd / "results.zip"

@@ -12,10 +12,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ...errors import JobError
+from ...errors import ArrcocError, JobError
 from ...settings import Settings
-from .types import JobKind
+from .types import JobKind, JobState
+
+if TYPE_CHECKING:
+    from .store import JobStore
 
 log = logging.getLogger(__name__)
 _JOB_ID = re.compile(r"^(batch|bench)-[0-9a-f]{16}$")
@@ -57,6 +61,36 @@ def sweep_expired(settings: Settings, now: float | None = None) -> int:
         except (OSError, ValueError, TypeError):
             continue
         if expires <= now:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+UNREACHABLE_AGE_S = 600  # a job folder younger than this may still be being created
+
+
+def sweep_unreachable(settings: Settings, store: JobStore, in_memory: bool, now: float | None = None) -> int:
+    """Delete the folders of jobs nobody can fetch any more, before their TTL: jobs the store does
+    not know or reports expired (a flushed Redis), and, for a store held in a process's memory,
+    jobs whose creating process has ended (a restart forgot them). Returns how many."""
+    from .budget import creator_gone
+
+    root = Path(settings.data_dir) / "jobs"
+    now = now or time.time()
+    removed = 0
+    for folder in root.iterdir() if root.is_dir() else ():
+        if not _JOB_ID.match(folder.name) or not (folder / "job.json").exists():
+            continue
+        try:
+            if (folder / "job.json").stat().st_mtime + UNREACHABLE_AGE_S > now:
+                continue
+            try:
+                gone = store.record(folder.name).get("state") == JobState.EXPIRED.value
+            except JobError:
+                gone = not in_memory or creator_gone(folder)
+        except (OSError, ArrcocError):  # the store unreachable: nothing is removed on a guess
+            continue
+        if gone:
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
     return removed

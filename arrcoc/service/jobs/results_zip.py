@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .csvcells import safe_rows
 from .parts import SUMMARY_FIELDS, PartReader, read_parts, runs, zip_name
 
 # results.jsonl is deflated in blocks on several threads (zlib lets go of the GIL), each block an
@@ -81,7 +82,7 @@ class ResultsZip:
 
     def add(self, path: Path, start: int, stop: int, summaries: list[dict[str, Any]]) -> None:
         """Lines [start, stop) of a part, whose summaries are `summaries`."""
-        self._summary.writerows(_copy_pictures(path, summaries, self._parts, self._zf))
+        self._summary.writerows(safe_rows(_copy_pictures(path, summaries, self._parts, self._zf)))
         self._pending.append(self._parts.rows(path, start, stop))
         self._pending_size += len(self._pending[-1]) + 1
         if self._pending_size >= JSONL_BLOCK:

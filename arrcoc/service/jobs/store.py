@@ -83,6 +83,11 @@ class JobStore(ABC):
                 total[name] = round(total.get(name, 0.0) + ms, 3)
             self.set_fields(job_id, stage_ms=total)
 
+    def lost_note(self, job_id: str) -> str:
+        """What to say of a chunk whose worker stopped beating ("" when none did; workers beat
+        only through Redis)."""
+        return ""
+
     def record(self, job_id: str) -> dict[str, str]:
         """The job's fields; {"state": "expired"} past its TTL; JobError for an unknown id."""
         fields = self._fields(job_id)
@@ -116,9 +121,11 @@ class JobStore(ABC):
         done, failed = self.counts(job_id) if state != JobState.EXPIRED else (0, 0)
         kind, created = JobKind(f.get("kind", "batch")), float(f.get("created_at", 0))
         position = self.jobs_ahead(job_id, kind, created) if state == JobState.PENDING else None
+        lost = self.lost_note(job_id) if state == JobState.RUNNING else ""
+        message = " ".join(m for m in (lost, f.get("message", ""), f.get("skipped", "")) if m)
         return JobStatus(
             job_id=job_id, kind=kind, state=state,
-            total=int(f.get("total", 0)), done=done, failed=failed, message=f.get("message", ""),
+            total=int(f.get("total", 0)), done=done, failed=failed, message=message,
             queue_position=position, created_at=created, updated_at=float(f.get("updated_at", 0)),
         )  # fmt: skip
 
@@ -313,6 +320,35 @@ class RedisJobStore(JobStore):
             for kind in JobKind:
                 self._call(self.r.zrem, self.queue_key(kind), job_id)
         return changed
+
+    # -- liveness of running chunks: a worker beats for each chunk it runs (worker/state.py) ------
+    LOST_AFTER_BEATS = 3  # a chunk whose worker missed this many beats is lost
+
+    def chunk_alive(self, job_id: str, start: int, stop: int, every_s: float, resume_s: float) -> None:
+        key = self.key(job_id, "alive")
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(key, mapping={f"{start}-{stop}": str(time.time()), "_every": str(every_s), "_resume": str(resume_s)})
+        pipe.expire(key, self._ttl(job_id))
+        self._call(pipe.execute)
+
+    def chunk_over(self, job_id: str, start: int, stop: int) -> None:
+        self._call(self.r.hdel, self.key(job_id, "alive"), f"{start}-{stop}")
+
+    def lost_note(self, job_id):
+        marks = self._call(self.r.hgetall, self.key(job_id, "alive"))
+        try:
+            every, resume = float(marks.pop("_every", 0)), float(marks.pop("_resume", 0))
+            now = time.time()
+            lost = sorted((tuple(int(x) for x in span.split("-")) for span, at in marks.items()
+                           if now - float(at) > self.LOST_AFTER_BEATS * every))  # fmt: skip
+        except ValueError:
+            return ""
+        if not lost:
+            return ""
+        start, stop = lost[0]
+        more = f" (and {len(lost) - 1} more chunks)" if len(lost) > 1 else ""
+        return (f"A worker was lost while it ran items {start}-{stop - 1}{more}; resuming: another worker takes"
+                f" them up within about {resume:.0f} s.")  # fmt: skip
 
     def jobs_ahead(self, job_id, kind, created_at):
         return int(self._call(self.r.zcount, self.queue_key(kind), "-inf", f"({created_at!r}"))

@@ -1,0 +1,145 @@
+"""The data store's disk budget: what batch jobs may hold on disk, in all and per owner.
+
+A job reserves, before a byte of it is written, what it may write: the upload when its stored
+entries are read in place, every entry it decompresses at the size the central directory
+declares (extraction stops at that size: `archive._Budget`), and an estimate of its results. The
+reservation is a file in the job's folder (`reserved.json`: owner, bytes), so the budget is the
+sum over the folders that exist: a job the reaper removed frees its share, whichever process made
+it. Reserving is a check-and-write under a lock (a thread lock and an advisory file lock, for
+the processes that share the data store). Once a job is over, its inputs go (nothing reads them
+again) and its reservation becomes what its folder holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from ...errors import InvalidInputError
+from ...settings import Settings
+
+RESERVED = "reserved.json"
+# What an item's results may take on disk, estimated: its row (the maps as JSON numbers) and its
+# overlay, twice (the step's part, then results.zip). The estimate only reserves: once the job is
+# over, what its folder holds replaces it.
+ROW_BYTES = 64 * 1024
+OVERLAY_BYTES = {"jpeg": 320 * 1024, "png": 2 * 1024 * 1024, "none": 0}
+
+_lock = threading.Lock()
+# reservations read from the folders, by folder name (a reservation is rewritten only by
+# `release`, which updates this too); a folder that is gone is dropped at the next scan
+_known: dict[str, tuple[int, str, int]] = {}  # name: (reservation's mtime, owner, bytes)
+
+
+def disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def results_estimate(items: int, settings: Settings) -> int:
+    return 2 * items * (ROW_BYTES + OVERLAY_BYTES.get(settings.overlay_format, 0))
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with _lock, open(root / ".budget.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _read(folder: Path) -> tuple[str, int]:
+    try:
+        mtime = (folder / RESERVED).stat().st_mtime_ns
+        known = _known.get(folder.name)
+        if known is None or known[0] != mtime:  # new, or released by another process
+            doc = json.loads((folder / RESERVED).read_text())
+            known = _known[folder.name] = (mtime, str(doc.get("owner", "")), int(doc.get("bytes", 0)))
+    except (OSError, ValueError, TypeError):
+        return "", 0  # not reserved yet (being created) or made before budgets: counted as nothing
+    return known[1], known[2]
+
+
+def usage(root: Path, owner: str) -> tuple[int, int]:
+    """(bytes reserved by every job, by this owner's jobs) under `root` (<data_dir>/jobs)."""
+    total = mine = 0
+    names = set()
+    for folder in root.iterdir() if root.is_dir() else ():
+        if folder.name.startswith(".") or not folder.is_dir():
+            continue
+        names.add(folder.name)
+        who, n = _read(folder)
+        total += n
+        mine += n if who == owner else 0
+    for gone in set(_known) - names:
+        _known.pop(gone, None)
+    return total, mine
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def reserve(settings: Settings, job_dir: Path, owner: str | None, nbytes: int) -> None:
+    """Reserve `nbytes` for the job in `job_dir` (owner None: the anonymous owner), or refuse it in
+    words naming the limit it would pass."""
+    owner = owner or ""
+    root = job_dir.parent
+    with _locked(root):
+        total, mine = usage(root, owner)
+        if settings.max_data_bytes and total + nbytes > settings.max_data_bytes:
+            raise InvalidInputError(
+                f"The service's disk for batch jobs is full: this job needs up to {_gb(nbytes)} and"
+                f" {_gb(max(0, settings.max_data_bytes - total))} of {_gb(settings.max_data_bytes)} are free"
+                " (ARRCOC_MAX_DATA_BYTES). Try again when older jobs have expired, or submit a smaller job."
+            )
+        if settings.max_owner_bytes and mine + nbytes > settings.max_owner_bytes:
+            raise InvalidInputError(
+                f"Your batch jobs hold {_gb(mine)} of the {_gb(settings.max_owner_bytes)} each user may use"
+                f" (ARRCOC_MAX_OWNER_BYTES); this job needs up to {_gb(nbytes)}. Fetch and wait for your"
+                " earlier jobs to expire, or submit a smaller job."
+            )
+        job_dir.mkdir(parents=True, exist_ok=True)
+        # the creating process, by host and pid: a job held in its memory is unreachable once it is gone
+        doc = {"owner": owner, "bytes": nbytes, "host": socket.gethostname(), "pid": os.getpid()}
+        (job_dir / RESERVED).write_text(json.dumps(doc))
+
+
+def folder_bytes(path: Path) -> int:
+    """What a job's folder holds, its reservation left out."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and f.name != RESERVED) if path.exists() else 0
+
+
+def release(job_dir: Path) -> None:
+    """A job that is over: its inputs removed (nothing reads them again) and its reservation set
+    to what its folder holds now."""
+    shutil.rmtree(job_dir / "inputs", ignore_errors=True)
+    with contextlib.suppress(OSError, ValueError):
+        with _locked(job_dir.parent):
+            doc = json.loads((job_dir / RESERVED).read_text())
+            doc["bytes"] = folder_bytes(job_dir)
+            (job_dir / RESERVED).write_text(json.dumps(doc))
+
+
+def creator_gone(job_dir: Path) -> bool:
+    """Whether the process that made the job (on this host) has ended; False when unknown."""
+    try:
+        doc = json.loads((job_dir / RESERVED).read_text())
+        if doc.get("host") != socket.gethostname():
+            return False
+        os.kill(int(doc["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    return False
