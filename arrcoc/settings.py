@@ -79,10 +79,9 @@ class Settings(BaseSettings):
     # wait the batching delay even when idle: off, a request arriving in a quiet period (the last
     # batch was a single request and nobody is waiting) runs at once instead of waiting for company
     batch_idle_wait: bool = False
-    # 16, not 32: with 32 callers on the H100 two batches then take turns, one decoding while the
-    # other runs: 2,497 / 2,324 against 2,168 / 2,255 req/s at 32, interleaved in one
-    # tools/interactive_probe.py run at 1288376 (the one-thread pipelined batcher); 2,771 against
-    # 2,546 at 32 and 2,472 at 8 with the former two-thread batcher at c924697
+    # 16, not 32: with many callers on a GPU two batches then take turns, one decoding while the
+    # other runs, which serves more requests a second than one larger batch
+    # (docs/service.md#dynamic-batching; tools/interactive_probe.py measures it)
     batch_max_size: int = 16
     task_time_limit_s: int = 600
     max_redeliveries: int = 3

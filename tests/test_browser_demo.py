@@ -32,7 +32,8 @@ SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 QUERIES = ["the red one", "the top right", "the silver one", "the white saucer", "the left side", "a giraffe"]
 VIEWS = {  # tab label -> what must be on screen in it
     "Homunculus": "img", "Three ways": "img", "Overlays": "img", "Texture": "img", "LOD budget": "#budget-chart svg.main-svg",
-    "vs uniform": "img", "Metrics": "text=spatial entropy", "Query impact": "img", "Attribution": "#attribution-chart svg.main-svg",
+    "vs uniform": "img", "foveated": "#foveated img", "Metrics": "text=spatial entropy", "Query impact": "img",
+    "Attribution": "#attribution-chart svg.main-svg",
 }  # fmt: skip
 VIEWPORT = {"width": 1440, "height": 900}
 # plotly draws bars as paths in .barlayer, lines as path.js-line and markers as path.point in .scatterlayer

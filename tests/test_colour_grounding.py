@@ -4,6 +4,8 @@ is the check that its colour words carry over to photos."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -42,7 +44,8 @@ CHECKS = [  # (photo, named colour, contrasting colour): colours a person sees i
 
 @pytest.fixture(scope="module")
 def model():
-    return create_model("arrcoc-texture").eval()
+    # ARRCOC_COLOUR_WEIGHTS: check candidate weights (a .safetensors path) before they are bundled
+    return create_model("arrcoc-texture", weights=os.environ.get("ARRCOC_COLOUR_WEIGHTS", "default")).eval()
 
 
 def _top_colour(model, photo: str, queries: list[str], encoder) -> list[tuple[float, float, float]]:

@@ -40,7 +40,7 @@ def wait_for(client: Client, endpoint: str, job_id: str, timeout: float = 120.0)
 
 def test_named_endpoints(client):
     api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-    public = {"/infer", "/run", "/batch_submit", "/batch_status", "/batch_cancel", "/bench_submit", "/bench_status"}
+    public = {"/infer", "/infer_foveated", "/run", "/batch_submit", "/batch_status", "/batch_cancel", "/bench_submit", "/bench_status"}
     assert public <= set(api)
     for name in public:  # written for users, not a handler's docstring
         text = api[name].get("description") or ""
@@ -73,6 +73,32 @@ def test_infer_matches_cli_json(client, examples_dir, tmp_path):
 
     with Image.open(overlay_path) as im:
         assert im.size == tuple(cli["image_size"])
+
+
+def test_infer_foveated_gives_the_photo_sharp_only_in_the_selected_boxes(client, examples_dir):
+    """/infer_foveated: /infer's JSON and the picture a VLM would be given, at the photo's size: the
+    photo's own pixels inside the selected boxes (each affords them at the default budgets), blurred
+    elsewhere. /infer keeps its overlay."""
+    from PIL import Image
+
+    from arrcoc.images import load_image
+
+    photo = examples_dir / "coffee.jpg"
+    doc, view_path = client.predict(handle_file(str(photo)), "the red one", api_name="/infer_foveated")
+    plain, _ = client.predict(handle_file(str(photo)), "the red one", api_name="/infer")
+    assert list(doc) == list(plain) and doc["selected"] == plain["selected"]
+    original = np.asarray(load_image(photo.read_bytes()), dtype=np.float64)
+    with Image.open(view_path) as im:
+        assert im.size == tuple(doc["image_size"])
+        view = np.asarray(im.convert("RGB"), dtype=np.float64)
+    inside = np.zeros(original.shape[:2], dtype=bool)
+    assert len(doc["selected_boxes"]) == doc["k"]
+    for x0, y0, x1, y1, tokens in doc["selected_boxes"]:
+        assert tokens >= 64
+        inside[y0:y1, x0:x1] = True
+    err = np.abs(original - view).mean(axis=2)
+    assert err[inside].max() == 0, "selected cells: the photo's own pixels"
+    assert err[~inside].mean() > 3, "the rest: reduced to a low base resolution"
 
 
 @pytest.mark.parametrize(

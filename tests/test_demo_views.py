@@ -154,7 +154,7 @@ def test_building_the_page_loads_no_model():
     page = build_demo()
     assert service._executor is None  # the executor (and the model) come with the first request
     api = {d.api_name for d in page.fns.values() if d.api_visibility == "public"}
-    assert api == {"infer", "run", "batch_submit", "batch_status", "batch_cancel", "bench_submit", "bench_status"}
+    assert api == {"infer", "infer_foveated", "run", "batch_submit", "batch_status", "batch_cancel", "bench_submit", "bench_status"}
 
 
 def test_arrcoc_demo_command():
@@ -178,6 +178,12 @@ def test_charts_facet_variants_and_group_buckets():
     assert "No report" in charts.latency(reports.report_frame(None)).layout.annotations[0].text
 
 
+def _replace(result, **changes):
+    import dataclasses
+
+    return dataclasses.replace(result, **changes)
+
+
 def _result(match: float | None, query: str = "the red one"):
     from arrcoc.result import RelevanceResult
 
@@ -189,6 +195,34 @@ def _result(match: float | None, query: str = "the red one"):
         selected=np.array([33, 0]), budgets=np.array([400, 64]), budget_map=np.zeros((g, g)), texture=np.zeros((13, g, g)),
         image_size=(600, 400), token_budget=25600, match_score=match,
     )  # fmt: skip
+
+
+def test_the_foveated_tab_shows_the_foveated_view_beside_vs_uniform():
+    """Every view tab gets its value from render_views in order; the foveated tab follows "vs uniform"
+    and shows the photo sharp in the selected cells only."""
+    import gradio as gr
+    from PIL import Image
+
+    from demo import views
+    from demo.tabs.infer import render_views
+    from demo.tabs.infer_views import view_tabs
+
+    with gr.Blocks():
+        rest, *_ = view_tabs()
+        tabs = [b.label for b in gr.context.Context.root_block.blocks.values() if isinstance(b, gr.Tab)]
+    assert tabs.index("foveated") == tabs.index("vs uniform") + 1
+    pixels = np.random.default_rng(1).integers(0, 256, (400, 600, 3), dtype=np.uint8)
+    run = views.Run(image=Image.fromarray(pixels), result=_result(0.9))
+    budget_map = np.zeros((32, 32))
+    budget_map.flat[[33, 0]] = [400, 64]
+    run = views.Run(image=run.image, result=_replace(run.result, budget_map=budget_map))
+    out = render_views(run, "relevance (balanced)", 0.5)
+    assert len(out) == len(rest) == len(render_views(None, "", 0.0))
+    at = next(i for i, c in enumerate(rest) if getattr(c, "elem_id", None) == "foveated")
+    view = np.asarray(out[at])
+    assert view.shape == pixels.shape and "2 selected cells" in out[at + 1]
+    assert (view[:12, :18] == pixels[:12, :18]).all(), "the selected top-left cell keeps the photo's pixels"
+    assert np.abs(view[200:].astype(float) - pixels[200:]).mean() > 20, "the rest: a low base resolution"
 
 
 def test_match_score_is_shown_and_weak_matches_say_so():
@@ -291,7 +325,7 @@ def test_the_page_reads_the_variant_and_settings():
 EXAMPLE_REGIONS = {
     ("chelsea.jpg", "the black one"): ((9, 16), (9, 25)),  # the two pupils
     ("coffee.jpg", "the red one"): ((10, 16), (20, 25)),  # the red cup's handle side
-    ("astronaut.jpg", "the orange one"): ((13, 31), (0, 31)),  # the orange suit, lower half
+    ("astronaut.jpg", "the orange"): ((13, 31), (0, 31)),  # the orange suit, lower half
     ("astronaut.jpg", "the text"): ((21, 28), (8, 12)),  # the mission patch with its lettering
     ("coffee.jpg", "the top left"): ((0, 10), (0, 10)),
     ("shapes.jpg", "the green circle in the top right"): ((0, 12), (19, 31)),
@@ -311,6 +345,8 @@ def test_examples_ground_where_their_labels_say():
         if label.startswith("LIMIT"):
             assert r.weak_match, (label, r.match_score)  # the page says the score calls it weak
             continue
+        if not label.startswith("position"):  # the page says a position query scores low
+            assert not r.weak_match, (label, r.match_score)  # an example the model answers well
         (r0, r1), (c0, c1) = EXAMPLE_REGIONS[(f, query)]
         cells = [divmod(int(i), r.grid) for i in r.selected[:5]]
         inside = [r0 <= y <= r1 and c0 <= x <= c1 for y, x in cells]

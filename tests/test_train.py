@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import colorsys
 import json
 from pathlib import Path
 
@@ -202,3 +203,35 @@ def test_extended_training_phrasings_stay_clear_of_the_heldout_ones() -> None:
         assert not any(re.search(pattern, c) for c in captions), w
     prefixes = tuple(f.split("{d}")[0] for f in HELDOUT_FRAMES if f.split("{d}")[0])
     assert not any(c.startswith(prefixes) or c.endswith(", please") for c in captions)
+
+
+def test_some_training_scenes_have_a_large_area_of_one_colour_named_by_it() -> None:
+    # photos have large coloured areas (a dusk sky); without them in training, "the blue one" on a
+    # photo points at small bright things instead
+    from arrcoc.train.scenes import COLOURS, REGION
+
+    config = SceneConfig(knowing=2, colour_regions=0.5)
+    scenes = make_scenes(24, 21, config)
+    named = [s for s in scenes if any(kind == REGION for _, _, kind in s.captions)]
+    assert 0.25 <= len(named) / len(scenes) <= 0.75
+    for s in named:
+        text, t, _ = next(c for c in s.captions if c[2] == REGION)
+        o, mask = s.objects[t], s.masks[t]
+        assert o.kind == REGION and o.colour in text and mask.mean() > 0.2, (text, mask.mean())
+        assert not (s.masks.sum(0) > 1).any() and hit_cells(s.masks[t : t + 1]).sum() > 200
+        assert all(x.colour != o.colour for x in s.objects[:t]), "the colour names the region alone"
+        # what a person would call it: the named hue (saturated), or bright / dark for white / black
+        r, g, b = s.image[mask].mean(0) / 255
+        hue, sat, val = colorsys.rgb_to_hsv(r, g, b)
+        if o.colour in ("white", "black"):
+            assert (min(r, g, b) > 0.7) if o.colour == "white" else (max(r, g, b) < 0.25), (text, r, g, b)
+        else:
+            named = colorsys.rgb_to_hsv(*(np.array(COLOURS[o.colour]) / 255))[0]
+            assert min(abs(hue - named), 1 - abs(hue - named)) < 0.05 and sat > 0.4, (text, r, g, b)
+    # drawn from their own generator: the objects, their masks and captions are those without regions
+    base = make_scenes(24, 21, SceneConfig(knowing=2))
+    for a, b in zip(base, scenes, strict=True):
+        assert b.captions[: len(a.captions)] == a.captions
+        assert np.array_equal(b.masks[: len(a.objects)], a.masks)
+    # the held-out sets have none (SceneConfig's default), and the training data asks for some
+    assert SceneConfig().colour_regions == 0 and TrainConfig().colour_regions > 0

@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra training captions per object, from the extended training vocabulary")  # fmt: skip
     p.add_argument("--knowing", type=int, default=d.knowing,
                    help="captions per training scene for the other ways of knowing (detail, salience, plain, edges)")
+    p.add_argument("--colour-regions", type=float, default=d.colour_regions,
+                   help="share of training scenes with a large area of one colour (a background, one side), captioned by it")
     p.add_argument("--time-limit", type=float, default=d.time_limit_s,
                    help="seconds for the whole run (data, training, evaluation): fewer steps and a shorter schedule if needed; 0: none")
     p.add_argument("--warmup", type=int, default=d.warmup, help="linear warm-up steps before the cosine decay")
@@ -57,6 +59,8 @@ def run(args) -> int:
 
     if args.extra_phrasings < 0 or args.knowing < 0 or args.warmup < 1 or args.time_limit < 0:
         raise InvalidInputError("--extra-phrasings, --knowing and --time-limit must be at least 0 and --warmup at least 1.")
+    if not 0.0 <= args.colour_regions <= 1.0:
+        raise InvalidInputError(f"--colour-regions is a share of scenes, from 0 to 1 (got {args.colour_regions}).")
     if args.steps < 1 or args.scenes < 1 or args.eval_scenes < 1 or args.batch < 1:
         raise InvalidInputError("--steps, --scenes, --eval-scenes and --batch must be at least 1.")
     device = args.device
@@ -65,7 +69,7 @@ def run(args) -> int:
     cfg = TrainConfig(variant=args.variant, scenes=args.scenes, eval_scenes=args.eval_scenes, steps=args.steps,
                       batch=args.batch, lr=args.lr, seed=args.seed, threads=args.threads, workers=args.workers,
                       query_noise=args.query_noise, extra_phrasings=args.extra_phrasings, warmup=args.warmup,
-                      knowing=args.knowing, time_limit_s=args.time_limit,
+                      knowing=args.knowing, colour_regions=args.colour_regions, time_limit_s=args.time_limit,
                       compile=not args.no_compile, bf16=not args.no_bf16,
                       device=device)  # fmt: skip
     cache = None if args.no_cache else (args.cache_dir or Path.home() / ".cache" / "arrcoc")

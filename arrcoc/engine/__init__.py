@@ -23,9 +23,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 def exact_float32() -> None:
     """float32 means IEEE float32 on every backend. PyTorch lets cuDNN convolutions use TF32 by
-    default (its matmuls not), ONNX Runtime runs with use_tf32=0: eager and compiled disagreed
-    with onnx wherever cuDNN picked a TF32 kernel (clip-b16's patch convolution at bucket 64:
-    1.4e-3 on the participatory map; tools/clip_drift.py). Process-wide, read by cuDNN per call."""
+    default (its matmuls not), ONNX Runtime runs with use_tf32=0: eager and compiled would disagree
+    with onnx wherever cuDNN picks a TF32 kernel (clip-b16's patch convolution at large buckets;
+    docs/model.md, tools/clip_drift.py). Process-wide, read by cuDNN per call."""
     torch.backends.cudnn.allow_tf32 = False  # the legacy switch: sets conv and RNN alike
 
 

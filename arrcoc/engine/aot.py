@@ -133,11 +133,11 @@ def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, 
 def shared_runtime_cxx(candidates: tuple[str, ...] | None = None) -> str | None:
     """The first C++ compiler (CXX, then g++, c++) that links libstdc++ as a shared library.
 
-    A package's wrapper.so must use the libstdc++.so every torch process has loaded. The H100
-    machine's CXX (/opt/gcc/bin/g++) ships only a static libstdc++, so its wrapper.so carried a
-    private copy whose std::locale facet ids differ from the process's: std::regex (AOTInductor
-    parses the device string with one) fetched the wrong facet and every CUDA package, even a toy
-    model's, segfaulted while loading (benchmarks/2026-11-23-h100-aot-debug.md).
+    A package's wrapper.so must use the libstdc++.so every torch process has loaded. A CXX that
+    ships only a static libstdc++ (some GCC builds installed under /opt) gives wrapper.so a private
+    copy whose std::locale facet ids differ from the process's: std::regex (AOTInductor parses the
+    device string with one) then fetches the wrong facet and every CUDA package, even a toy model's,
+    segfaults while loading (benchmarks/2026-11-23-h100-aot-debug.md tells how this was found).
     """
     for name in candidates or (os.environ.get("CXX", ""), "g++", "c++"):
         path = shutil.which(name) if name else None
@@ -179,8 +179,8 @@ class PackageRunner:
 def load_runner(path: Path, device: torch.device, single_threaded: bool) -> PackageRunner:
     """Load a package with AOTInductor's C++ loader. Not through `aoti_load_package`: before
     loading, that compares the package's device facts with this machine's, and to know the CPU's
-    vector ISA it compiles and imports test programs (over 35 s on the H100 host, measured) only
-    to log a warning; a package's key already pins the device and the torch version.
+    vector ISA it compiles and imports test programs (on a many-core host, longer than loading the
+    package itself) only to log a warning; a package's key already pins the device and the torch version.
     single_threaded: no per-call locking or CUDA events, which a CUDA-graph capture forbids."""
     index = (device.index or 0) if device.type == "cuda" else -1
     return PackageRunner(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", single_threaded, 1, index))

@@ -160,7 +160,7 @@ class Backend(ABC):
         if images.dtype != torch.uint8 or images.ndim != 4 or tuple(images.shape[1:]) != (3, s, s):
             raise EngineError(
                 f"{self.name} backend expects uint8 images (B, 3, {s}, {s}), got {images.dtype}"
-                f" {tuple(images.shape)}; resize with arrcoc.images.to_tensor."
+                f" {tuple(images.shape)}; resize with arrcoc.preprocess.to_tensor."
             )
         b = images.shape[0]
         if b == 0:

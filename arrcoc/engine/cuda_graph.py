@@ -9,7 +9,7 @@ captured is an EngineError, never a late capture.
 Each graph also packs its outputs, row by row, into one byte buffer (`RowLayout`), so that
 `launch_host` brings a batch's every output to the host in one copy. On a server every torch
 call lets another thread take the GIL; eleven clones, eleven copies and their bookkeeping per
-batch were the bulk of an interactive engine stage's calls (issue 12).
+batch would be the bulk of an interactive engine stage's calls (docs/service.md#dynamic-batching).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """ONNX Runtime: torch.onnx.export(dynamo=True) of the same forward, run by ONNX Runtime.
 
 Exports are cached on disk. On CUDA every bucket gets its own static-shape export (a dynamic
-batch dimension left shape arithmetic and host copies in the graph, which broke CUDA-graph
-capture on the H100) and its own session with the CUDA execution provider, IO binding to static device buffers and a CUDA graph
-(`enable_cuda_graph`). CPU fallback of any node is refused (`session.disable_cpu_ep_fallback`),
+batch dimension leaves shape arithmetic and host copies in the graph, which CUDA-graph capture
+cannot take) and its own session with the CUDA execution provider, IO binding to static device
+buffers and a CUDA graph (`enable_cuda_graph`). CPU fallback of any node is refused (`session.disable_cpu_ep_fallback`),
 and a GPU machine without the CUDA provider is an error, not a silent CPU run. On CPU one
 export with a dynamic batch dimension and one session with the CPU provider serve every bucket.
 

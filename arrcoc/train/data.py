@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from .scenes import KNOWING_OBJECT, SceneConfig, make_scenes
 
-DATA_VERSION = "scenes/8"  # bump when scenes, the fixed maps or the cached tensors change: invalidates caches
+DATA_VERSION = "scenes/9"  # bump when scenes, the fixed maps or the cached tensors change: invalidates caches
 HIT_COVERAGE = 0.5  # a cell is "inside" an object when at least half its pixels are the object
 # share of cells that a map-defined caption's target takes: "detail" / "salience" the top 2% of
 # their map (21 of 1024: at 3% the information map's best cell fell among the perspectival map's
@@ -122,7 +122,7 @@ def _chunk(args: tuple[int, int, SceneConfig]) -> tuple[np.ndarray, list[tuple[i
 
 def cache_key(n: int, seed: int, config: SceneConfig, model_config: object) -> str:
     scene_spec = asdict(config)
-    for key in ("extra_phrasings", "knowing"):  # options added later: when off, the data is what it was
+    for key in ("extra_phrasings", "knowing", "colour_regions"):  # options added later: when off, the data is what it was
         if not scene_spec[key]:
             del scene_spec[key]
     spec = json.dumps([DATA_VERSION, n, seed, scene_spec, repr(model_config)], sort_keys=True)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..balancing import Balanced
 from ..result import SCORER_NAMES
 from .data import Dataset
-from .scenes import CAPTION_KINDS, KNOWING_KINDS
+from .scenes import CAPTION_KINDS, KNOWING_KINDS, REGION
 
 CATEGORIES = ("kind", "colour", "shape", "position", "size")
 
@@ -85,7 +85,8 @@ def balance_summary(weights: Tensor, kinds: list[str]) -> dict:
     groups: dict[str, list[int]] = defaultdict(list)
     for i, k in enumerate(kinds):
         groups[k].append(i)
-        groups["objects (all kinds)" if k in CAPTION_KINDS else "other ways (all kinds)"].append(i)
+        if k != REGION:  # a colour region is neither an object nor another way of knowing
+            groups["objects (all kinds)" if k in CAPTION_KINDS else "other ways (all kinds)"].append(i)
         groups["all captions"].append(i)
     out = {}
     for g, rows in groups.items():
@@ -98,7 +99,7 @@ def balance_summary(weights: Tensor, kinds: list[str]) -> dict:
                             "p10": round(float(q[0, j]), 4), "p50": round(float(q[1, j]), 4),
                             "p90": round(float(q[2, j]), 4)}  # fmt: skip
         out[g]["largest"] = {name: round(float(largest[j]), 4) for j, name in enumerate(SCORER_NAMES)}
-    order = [*CAPTION_KINDS, "objects (all kinds)", *KNOWING_KINDS, "other ways (all kinds)", "all captions"]
+    order = [*CAPTION_KINDS, "objects (all kinds)", REGION, *KNOWING_KINDS, "other ways (all kinds)", "all captions"]
     return {g: out[g] for g in order if g in out}
 
 

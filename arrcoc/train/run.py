@@ -65,7 +65,7 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
         model = create_model(cfg.variant, weights=init, device=device)
     init_version = getattr(model, "weights_version", "untrained") if init is not None else None
     encoder = QueryEncoder(encoder_source, cache_size=64, device=str(device))
-    train_scenes = SceneConfig(extra_phrasings=cfg.extra_phrasings, knowing=cfg.knowing)
+    train_scenes = SceneConfig(extra_phrasings=cfg.extra_phrasings, knowing=cfg.knowing, colour_regions=cfg.colour_regions)
     train_data = build_dataset(model, encoder, cfg.scenes, cfg.seed, train_scenes, cache_dir=cache_dir,
                                desc="training scenes", workers=cfg.workers, progress=progress)  # fmt: skip
     eval_data, eval_seen = heldout_sets(model, encoder, cfg, cache_dir, progress)
@@ -205,7 +205,8 @@ def markdown_report(r: dict) -> str:
         f"- seed {r['seed']}; {s['scenes']} training scenes ({r['data']['train_captions']} captions),"
         f" {s['steps']} steps of batch {s['batch']}, AdamW lr {s['lr']}, logit scale {s['logit_scale']},"
         f" query noise {s.get('query_noise', '?')}, extra phrasings per object {s.get('extra_phrasings', 0)},"
-        f" captions for the other ways of knowing per scene {s.get('knowing', 0)}"
+        f" captions for the other ways of knowing per scene {s.get('knowing', 0)},"
+        f" share of scenes with a colour region {s.get('colour_regions', 0)}"
         + (f"; {r['steps_run']} steps run (time limit)" if r.get("steps_run", s["steps"]) != s["steps"] else ""),
         f"- initialised from {r.get('initialised_from', 'a seeded random initialisation')};"
         f" trained on scene generator {r.get('trained_on', '?')}",

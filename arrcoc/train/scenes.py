@@ -123,6 +123,18 @@ KNOWING_WORDS = {
 }  # fmt: skip
 KNOWING_OBJECT = -1  # the object index of a caption whose target comes from the scorer maps
 
+# Large areas of one colour (`SceneConfig.colour_regions`): the whole background or one side of a
+# straight edge, in a colour no object of the scene has, captioned by that colour ("the blue one").
+# Photos have such areas (a dusk sky, a wall); desaturated backgrounds alone teach the model that a
+# colour word always means a small object. Their captions have their own kind: not an object caption.
+REGION = "region"
+REGION_NOUNS = {"background": ["background", "one", "area", "part"],
+                "side": ["area", "region", "part", "one", "side", "half"]}  # fmt: skip
+REGION_COVER = (0.3, 0.7)  # share of the image that a one-sided region takes (before objects cover some)
+# brightness range of a region's colour: a dark blue or green is still blue or green, a dark yellow
+# or orange is brown, a dark white is grey
+REGION_SHADE = {"yellow": (0.8, 1.0), "orange": (0.75, 1.0), "white": (0.85, 1.0), "black": (1.0, 1.0)}
+
 
 @dataclass(frozen=True)
 class SceneConfig:
@@ -138,11 +150,14 @@ class SceneConfig:
     # captions per scene for the other ways of knowing (KNOWING_KINDS), from another independent
     # generator: the scenes and their object captions do not change either
     knowing: int = 0
+    # share of scenes with a large area of one colour (REGION), captioned by its colour, from another
+    # independent generator: the scenes' objects, layout and their captions do not change
+    colour_regions: float = 0.0
 
 
 @dataclass
 class SceneObject:
-    kind: str  # a SHAPES name or TEXT
+    kind: str  # a SHAPES name, TEXT or REGION
     colour: str
     size: str
     cx: float
@@ -242,6 +257,32 @@ def _draw_text(draw: ImageDraw.ImageDraw, rng: np.random.Generator, cx: float, c
             w = rng.uniform(4, 10)
             draw.rectangle([x, y0 + rng.uniform(0, 2), min(x + w, cx + r), y1], fill=255)
             x += w + rng.uniform(2, 5) + (rng.uniform(5, 9) if rng.random() < 0.2 else 0)
+
+
+def _colour_region(rng: np.random.Generator, objs: list[SceneObject],
+                   s: int) -> tuple[str, str, np.ndarray, np.ndarray] | None:  # fmt: skip
+    """A large area in a colour no object has: (colour, style, mask (S, S) bool, fill (S, S, 3) float),
+    or None when the objects take every colour. The fill is shaded by a gradient, like a sky."""
+    free = [c for c in COLOURS if all(o.colour != c for o in objs)]
+    if not free:
+        return None
+    colour = free[rng.integers(len(free))]
+    style = ("background", "side")[rng.integers(2)]
+    yy, xx = np.mgrid[0:s, 0:s].astype(np.float32) / s
+    if style == "background":
+        mask = np.ones((s, s), dtype=bool)
+    else:  # one side of a slightly wavy straight edge
+        a = rng.uniform(0, 2 * math.pi)
+        along = np.cos(a) * xx + np.sin(a) * yy
+        across = np.cos(a) * yy - np.sin(a) * xx
+        edge = along + 0.02 * np.sin(across * rng.uniform(4, 14) + rng.uniform(0, 6.3))
+        mask = edge <= np.quantile(edge, rng.uniform(*REGION_COVER))
+    lo, hi = REGION_SHADE.get(colour, (0.4, 1.0))
+    rgb = np.array(COLOURS[colour], np.float32) * rng.uniform(lo, hi)
+    rgb = rgb + (rgb.mean() - rgb) * rng.uniform(0, 0.25)  # a little desaturated, as photos are
+    a = rng.uniform(0, 2 * math.pi)
+    shade = (np.cos(a) * xx + np.sin(a) * yy - 0.5) * rng.uniform(0, 40)
+    return colour, style, mask, np.clip(rgb + shade[..., None], 0, 255)
 
 
 def _region(cx: float, cy: float, s: int) -> tuple[str, str]:
@@ -451,13 +492,15 @@ def _design(rng: np.random.Generator, kind: str, s: int) -> list[SceneObject]:
 
 
 def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig(),
-               aux: np.random.Generator | None = None, knowing: np.random.Generator | None = None) -> Scene:  # fmt: skip
+               aux: np.random.Generator | None = None, knowing: np.random.Generator | None = None,
+               regions: np.random.Generator | None = None) -> Scene:  # fmt: skip
     """One scene with up to `captions_per_scene` captions, each naming one object uniquely.
 
     With config.extra_phrasings (training only) each captioned object gets that many more
     captions of the same kind from the extended vocabulary, drawn from `aux`: `rng` draws exactly
     what it draws without them, so the scenes and their first captions do not change. Likewise
-    config.knowing captions come from `knowing`.
+    config.knowing captions come from `knowing`, and config.colour_regions' regions from `regions`
+    (the region is the last object, its caption the last caption).
     """
     s = config.size
     words = _Words(rng, config.heldout_phrasing)
@@ -470,7 +513,13 @@ def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig(),
         o = _new_object(rng, objs, s, kind=TEXT, colour=("black", "white")[rng.integers(2)])
         if o is not None:
             objs.append(o)
-    image, masks = render(rng, objs, s)
+    region = None
+    if config.colour_regions > 0:
+        if regions is None:
+            raise ValueError("colour regions need an independent generator")
+        if regions.random() < config.colour_regions:
+            region = _colour_region(regions, objs, s)
+    image, masks = render(rng, objs, s, under=None if region is None else (region[2], region[3]))
     for o, m in zip(objs, masks, strict=True):
         o.area = int(m.sum())
     scene = Scene(image, masks, objs)
@@ -500,7 +549,26 @@ def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig(),
         if knowing is None:
             raise ValueError("knowing captions need an independent generator")
         scene.captions += knowing_captions(objs, config.knowing, _Words(knowing, config.heldout_phrasing))
+    if region is not None:
+        # as many captions as an object with its extra phrasings gets (training only)
+        n = 1 + (config.extra_phrasings if not config.heldout_phrasing else 0)
+        _add_region(scene, *region[:3], _Words(regions, config.heldout_phrasing), n)
     return scene
+
+
+def _add_region(scene: Scene, colour: str, style: str, mask: np.ndarray, words: _Words, n: int) -> None:
+    """The coloured region as the scene's last object (its mask: what the objects leave of it) and
+    n captions by its colour."""
+    visible = mask & ~scene.masks.any(axis=0)
+    ys, xs = np.nonzero(visible)
+    s = visible.shape[0]
+    cx, cy = float(xs.mean()), float(ys.mean())
+    area = int(visible.sum())
+    scene.objects.append(SceneObject(REGION, colour, "large", cx, cy, 0.0, _region(cx, cy, s), area))
+    scene.masks = np.concatenate([scene.masks, visible[None]])
+    for _ in range(n):
+        text = words.frame(f"the {colour} {words.choose(REGION_NOUNS[style])}")
+        scene.captions.append((text, len(scene.objects) - 1, REGION))
 
 
 def knowing_captions(objs: list[SceneObject], n: int, words: _Words) -> list[tuple[str, int, str]]:
@@ -534,12 +602,18 @@ def _new_object_and_add(rng, objs, s) -> None:
         objs.append(o)
 
 
-def render(rng: np.random.Generator, objs: list[SceneObject], s: int) -> tuple[np.ndarray, np.ndarray]:
+def render(rng: np.random.Generator, objs: list[SceneObject], s: int,
+           under: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Draw the objects over a background: (image (S, S, 3) uint8, masks (n, S, S) bool).
 
     A text mark's mask is the box around its strokes: "the text" names the block, not the ink.
+    under: (mask, fill) of a coloured region painted over the background, below the objects; it
+    keeps a faint copy of the background's texture. It draws nothing from rng.
     """
     canvas = _background(rng, s)
+    if under is not None:
+        mask, fill = under
+        canvas = np.where(mask[..., None], np.clip(fill + 0.3 * (canvas - canvas.mean((0, 1))), 0, 255), canvas)
     masks = np.zeros((len(objs), s, s), dtype=bool)
     for i, o in enumerate(objs):
         ink_img = Image.new("L", (s, s), 0)
@@ -570,9 +644,10 @@ def make_scenes(n: int, seed: int, config: SceneConfig = SceneConfig()) -> list[
     rng = np.random.default_rng(seed)
     aux = np.random.default_rng([seed, 0xE7]) if config.extra_phrasings > 0 else None
     knowing = np.random.default_rng([seed, 0x6B]) if config.knowing > 0 else None
+    regions = np.random.default_rng([seed, 0xC0]) if config.colour_regions > 0 else None
     out: list[Scene] = []
     while len(out) < n:
-        scene = make_scene(rng, config, aux, knowing)
+        scene = make_scene(rng, config, aux, knowing, regions)
         if any(kind in CAPTION_KINDS for _, _, kind in scene.captions):
             out.append(scene)
     return out

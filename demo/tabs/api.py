@@ -34,6 +34,19 @@ def api_infer(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
         raise user_error(e) from e
 
 
+def api_infer_foveated(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
+    """/infer's result and, in place of the overlay, the foveated view at the photo's size (torch is
+    imported on the first call, not with the demo)."""
+    from arrcoc.foveate import foveated_image
+
+    try:
+        data = read_image(image_path)
+        result = service.infer(data, query_text(query), Controls())
+        return result.to_json(), foveated_image(load_image(data, side=API_OVERLAY_SIDE), result.budget_map)
+    except Exception as e:
+        raise user_error(e) from e
+
+
 def api_batch_submit(zip_path: str | None, manifest_path: str | None, query: str,
                      request: gr.Request = None) -> dict[str, Any]:  # fmt: skip
     try:
@@ -97,10 +110,17 @@ def build_api(settings: Settings) -> None:
         buckets = gr.CheckboxGroup([str(b) for b in settings.buckets], label="batch buckets")
         iters = gr.Slider(1, settings.max_bench_iterations, step=1, label="timed iterations")
         device = gr.Radio(["auto", "cpu", "cuda"], value="auto", label="device")
+        foveated, fov_button = gr.Image(type="pil", format="png", label="foveated view"), gr.Button()
         buttons = [gr.Button() for _ in range(5)]
     button.click(api_infer, [image, query], [doc, picture], api_name="infer",
                  api_description="One photo and a query with default controls -> (the result as JSON, the same keys as "
                                  "`arrcoc infer --json`, including match_score and weak_match; the relevance overlay PNG).")  # fmt: skip
+    fov_button.click(api_infer_foveated, [image, query], [doc, foveated], api_name="infer_foveated",
+                     api_description="One photo and a query with default controls -> (the result as JSON, as /infer "
+                                     "gives it, with selected_boxes: the selected cells in the photo's pixels and their "
+                                     "tokens; the foveated view PNG at the photo's size: what a vision-language model "
+                                     "would be given under the budgets, each selected cell as sharp as its tokens "
+                                     "afford, the rest at a low base resolution; see arrcoc.foveate).")  # fmt: skip
     buttons[0].click(api_batch_submit, [zip_in, manifest, batch_query], status, api_name="batch_submit",
                      api_description="Submit a batch job: (images .zip, optional manifest .csv/.jsonl with file,query, "
                                      "query for every image) -> the job's status as JSON: job_id, state, counts.")  # fmt: skip

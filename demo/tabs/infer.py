@@ -32,7 +32,7 @@ EXAMPLES_DIR = ROOT / "arrcoc" / "examples"
 EXAMPLES = [  # tests/test_demo_views.py checks that each still lands where its label says
     ("chelsea.jpg", "the black one", "colour · the black one (pupils)"),
     ("coffee.jpg", "the red one", "colour · the red one (the cup)"),
-    ("astronaut.jpg", "the orange one", "colour · the orange one (suit)"),
+    ("astronaut.jpg", "the orange", "colour · the orange (suit)"),
     ("astronaut.jpg", "the text", "text · the text (the patch)"),
     ("coffee.jpg", "the top left", "position · the top left"),
     ("shapes.jpg", "the green circle in the top right", "shapes · green circle in the top right"),
@@ -126,7 +126,7 @@ def set_scale(run: Run | None, scale: str) -> tuple:
 
 def render_views(run: Run | None, map_label: str, opacity: float) -> tuple:
     if run is None:
-        return (None,) * 22
+        return (None,) * 24
     return (
         *views.homunculus_view(run),
         *views.three_ways(run),
@@ -134,6 +134,7 @@ def render_views(run: Run | None, map_label: str, opacity: float) -> tuple:
         *views.texture_view(run),
         *views.budget_view(run),
         *views.comparison_view(run),
+        *views.foveated_view(run),
         *views.metrics_view(run),
         *views.attribution_view(run),
     )

@@ -111,6 +111,13 @@ def _compare_tab() -> list[Any]:
         return [ours, base, table, md]
 
 
+def _foveated_tab() -> list[Any]:
+    with gr.Tab("foveated", id="foveated"):
+        _caption("What a vision-language model would be given under these budgets: each selected cell as sharp as its "
+                 "tokens afford, the rest at a low base resolution.")  # fmt: skip
+        return [gr.Image(label="foveated view", interactive=False, height=420, elem_id="foveated"), gr.Markdown()]
+
+
 def _metrics_tab() -> list[Any]:
     with gr.Tab("Metrics", id="metrics"):
         _caption("How the kept cells spread over the image (regions: a 4×4 split of the grid).")
@@ -140,7 +147,8 @@ def view_tabs() -> tuple[list[Any], gr.Radio, gr.Slider, gr.Image, list[Any]]:
     with gr.Tabs(elem_id="views"):
         hom, three = _homunculus_tab(), _three_ways_tab()
         map_in, opacity, ovl = _overlays_tab()
-        rest = [*hom, *three, ovl, *_texture_tab(), *_budget_tab(), *_compare_tab(), *_metrics_tab()]
+        rest = [*hom, *three, ovl, *_texture_tab(), *_budget_tab(), *_compare_tab(), *_foveated_tab(),
+                *_metrics_tab()]
         impact = _impact_tab()
         rest += _attribution_tab()
     return rest, map_in, opacity, ovl, impact

@@ -59,13 +59,13 @@ class Item:
 
 
 # Inputs are unpacked PACK_ITEMS to a file (inputs/<first index>.pack, items at offsets): creating
-# a file per item was most of what unpacking cost (0.20 ms an item on the H100 host, 4bf7b19; 0.12 after).
+# a file per item would be most of what unpacking costs (docs/service.md#batch-jobs).
 PACK_ITEMS = 64
 # Entries stored as they are (photos mostly: deflate does not shrink a JPEG, so zip tools store
 # them) are not copied at all: the archive is written once, as ARCHIVE, and such an item is read
 # at its offset there, its CRC checked on a few threads while the archive is written (both let go
-# of the GIL). Copying them one by one through zipfile was still most of what unpacking cost (0.12
-# ms an item on the H100 host, a serial stage before the job runs; 0.03-0.05 since: BENCHMARKS.md).
+# of the GIL). Copying them one by one through zipfile would be most of what is left of unpacking, a
+# serial stage before the job runs (docs/service.md#batch-jobs).
 ARCHIVE = "inputs/upload.zip"
 CRC_THREADS = 4
 
