@@ -388,7 +388,8 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     finally:
         ex.close()
     if cfg.peers and cfg.items:
-        report["peers"] = run_peers(cfg, work["jpeg_800x600"], root, device, progress)
+        dtype = (report.get("serving") or {}).get("dtype", "float32")
+        report["peers"] = run_peers(cfg, work["jpeg_800x600"], root, device, dtype, progress)
         report["job_over_best_peer"] = job_over_best_peer(report)
     if cfg.celery:
         try:
@@ -399,9 +400,11 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     return report
 
 
-def run_peers(cfg: E2EConfig, photos: list[bytes], root: Path, device: torch.device, progress) -> dict[str, Any]:
+def run_peers(cfg: E2EConfig, photos: list[bytes], root: Path, device: torch.device, dtype: str,
+              progress) -> dict[str, Any]:  # fmt: skip
     """Each peer script (arrcoc.bench.peers) in a process of its own on the job's 800x600 photos,
-    written out as files; its own timing, and the rows it wrote."""
+    written out as files, with the model the job served (`dtype`: as it ran); its own timing, and
+    the rows it wrote."""
     folder = root / "photos"
     folder.mkdir(exist_ok=True)
     for i in range(cfg.items):
@@ -411,7 +414,8 @@ def run_peers(cfg: E2EConfig, photos: list[bytes], root: Path, device: torch.dev
         progress(f"peer script: {peer} on {cfg.items} photos")
         rows = root / f"peer-{peer}.jsonl"
         proc = subprocess.run([sys.executable, "-m", "arrcoc.bench.peers", peer, "--photos", str(folder), "--out",
-                               str(rows), "--device", str(device), "--backend", cfg.backend],
+                               str(rows), "--device", str(device), "--backend", cfg.backend, "--variant", cfg.variant,
+                               "--weights", e2e_weights(cfg) or "default", "--dtype", dtype],
                               capture_output=True, text=True, timeout=3600)  # fmt: skip
         if proc.returncode != 0:
             out[peer] = {"error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}

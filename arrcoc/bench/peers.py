@@ -32,13 +32,14 @@ QUERY = "the red one"
 BATCH = 64
 
 
-def load_model(device: str, backend: str):
+def load_model(device: str, backend: str, variant: str, weights: str, dtype: str):
+    from ..engine.base import parse_dtype
     from ..pipeline import RelevancePipeline
     from ..settings import default_settings
 
     s = default_settings(device=device, backend=backend)
-    pipe = RelevancePipeline(s.variant, backend=backend, device=device, cache_dir=s.cache_dir,
-                             buckets=tuple(b for b in s.buckets if b <= BATCH))  # fmt: skip
+    pipe = RelevancePipeline(variant, weights, backend=backend, device=device, cache_dir=s.cache_dir,
+                             buckets=tuple(b for b in s.buckets if b <= BATCH), dtype=parse_dtype(dtype))  # fmt: skip
     pipe.warmup()
     return pipe
 
@@ -59,12 +60,12 @@ class Photos(torch.utils.data.Dataset):
         return pillow_pixels(self.paths[i], self.side)
 
 
-def write_rows(out, names: list[str], result) -> None:
-    """One JSON line per image: its maps and selected cells with their budgets."""
+def write_rows(out, names: list[str], result, k: int) -> None:
+    """One JSON line per image: its maps and its k selected cells with their budgets."""
     for i, name in enumerate(names):
         out.write(orjson.dumps({"file": name, "relevance": result.relevance[i], "information": result.information[i],
                                 "perspectival": result.perspectival[i], "participatory": result.participatory[i],
-                                "selected": result.order[i, :200], "budgets": result.budgets[i, :200],
+                                "selected": result.order[i, :k], "budgets": result.budgets[i, :k],
                                 "match_score": float(result.match[i])}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")  # fmt: skip
 
 
@@ -75,7 +76,7 @@ def run_dataloader(pipe, paths: list[str], out, workers: int) -> None:
     done = 0
     for images in loader:
         result = pipe.backend.run_host(images.to(pipe.device, non_blocking=True), query.expand(len(images), -1))
-        write_rows(out, [Path(p).name for p in paths[done : done + len(images)]], result)
+        write_rows(out, [Path(p).name for p in paths[done : done + len(images)]], result, pipe.model.config.k)
         done += len(images)
 
 
@@ -94,7 +95,7 @@ def run_batched(pipe, paths: list[str], out) -> None:
         else:
             images = torch.stack([pillow_pixels(p, side) for p in names])
         result = pipe.backend.run_host(images, query.expand(len(names), -1))
-        write_rows(out, [Path(p).name for p in names], result)
+        write_rows(out, [Path(p).name for p in names], result, pipe.model.config.k)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,9 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="auto")
     p.add_argument("--backend", default="eager")
+    p.add_argument("--variant", default="arrcoc-texture")
+    p.add_argument("--weights", default="default", help="the variant's bundled ones (default), random, or a file")
+    p.add_argument("--dtype", default="float32")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     args = p.parse_args(argv)
-    pipe = load_model(args.device, args.backend)
+    pipe = load_model(args.device, args.backend, args.variant, args.weights, args.dtype)
     paths = sorted(str(f) for f in args.photos.iterdir() if f.is_file())
     t0 = time.perf_counter()
     with open(args.out, "wb") as out:
