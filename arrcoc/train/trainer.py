@@ -34,7 +34,9 @@ class TrainConfig:
     query_noise: float = 0.02  # Gaussian noise on the (unit) query embeddings: paraphrase robustness
     extra_phrasings: int = 2  # extra training captions per object from the extended vocabulary (scenes.py)
     knowing: int = 4  # captions per scene for the other ways of knowing (detail, salience, plain, edges)
-    colour_regions: float = 0.3  # share of training scenes with a large area of one colour, captioned by it
+    # share of training scenes with a large area of one colour, captioned by it: off by default, as
+    # fine-tuning the bundled weights with it diverged under bf16 (docs/model.md, Training)
+    colour_regions: float = 0.0
     logit_scale: float = 20.0  # maps are in [0, 1]: scale them to softmax logits in the loss
     seed: int = 0
     threads: int = 2  # CPU threads: the machine is shared

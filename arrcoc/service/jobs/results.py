@@ -34,6 +34,10 @@ JSONL_NAME = "results.jsonl"
 # the schema's version, in the file's metadata: readers check it, columns are added, never renamed
 SCHEMA_VERSION = "arrcoc.batch.results/1"
 COMPRESSION = "zstd"
+# Dictionary encoding only where values repeat: on the maps' floats it costs more than the rest of
+# writing a step and grows the file (docs/service.md, "Batch results").
+DICTIONARY = ["status", "variant", "weights_version", "backend"]
+WRITE_OPTIONS = {"compression": COMPRESSION, "use_dictionary": DICTIONARY}
 
 # what a step's table is built with per item: (index, file name in the zip, query)
 ItemKey = tuple[int, str, str]
@@ -91,7 +95,7 @@ def _metadata() -> dict[bytes, bytes]:
 def to_bytes(table: pa.Table) -> bytes:
     """A table as a Parquet file of one row group (a part's rows)."""
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression=COMPRESSION, row_group_size=max(1, table.num_rows))
+    pq.write_table(table, buf, row_group_size=max(1, table.num_rows), **WRITE_OPTIONS)
     return buf.getvalue()
 
 
@@ -117,7 +121,7 @@ class ResultsWriter:
             if not pc.any(pc.equal(table["status"], "ok")).as_py():
                 self._waiting.append(table)
                 return
-            self._writer = pq.ParquetWriter(self.path, table.schema, compression=COMPRESSION)
+            self._writer = pq.ParquetWriter(self.path, table.schema, **WRITE_OPTIONS)
             for waiting in self._waiting:
                 self._write(waiting)
             self._waiting = []
@@ -136,7 +140,7 @@ class ResultsWriter:
 
     def close(self) -> None:
         if self._writer is None and self._waiting:  # no item of the job ran
-            self._writer = pq.ParquetWriter(self.path, self._waiting[0].schema, compression=COMPRESSION)
+            self._writer = pq.ParquetWriter(self.path, self._waiting[0].schema, **WRITE_OPTIONS)
             for waiting in self._waiting:
                 self._write(waiting)
             self._waiting = []
