@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     # results.jsonl in a batch job's results zip beside results.parquet (the same rows as JSON lines):
     # off by default, as it is several times the Parquet file and built at the job's end
     results_jsonl: bool = False
+    # a batch job writes step k-1's results on a second thread while step k runs on the engine
+    # (docs/service.md#concurrency; the A/B is in BENCHMARKS.md)
+    batch_write_behind: bool = True
 
     # Service
     broker_url: str | None = None  # None: in-process executor

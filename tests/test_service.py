@@ -558,14 +558,18 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
     assert "the worker stopped each time" in inprocess.store.failed_items(job)[1]
 
 
-def test_a_chunk_runs_one_step_at_a_time_reading_the_next_meanwhile(inprocess, settings, monkeypatch):
+@pytest.mark.parametrize("write_behind", [True, False])
+def test_a_chunk_runs_one_step_at_a_time_reading_the_next_meanwhile(inprocess, settings, monkeypatch, write_behind):
     """One engine-host call at a time; the next step's files are read while a step runs (the one
-    prefetch), never more: however long the job and however slow the disk, the steps held stay
-    bounded; every item is recorded once."""
+    prefetch) and, with write-behind, the last step's results are written meanwhile, never more:
+    however long the job and however slow the disk, the steps held stay bounded; every item is
+    recorded once."""
     from arrcoc.service.jobs import batch as jobs
 
+    settings = settings.model_copy(update={"batch_write_behind": write_behind})
     lock = threading.Lock()
-    seen = {"active": 0, "most_active": 0, "read": 0, "written": 0, "most_held": 0, "read_while_running": 0}
+    seen = {"active": 0, "most_active": 0, "read": 0, "written": 0, "most_held": 0, "read_while_running": 0,
+            "written_while_running": 0}  # fmt: skip
     real_read, real_write = jobs._read, jobs.write_part
 
     def read(jd, items):
@@ -577,6 +581,8 @@ def test_a_chunk_runs_one_step_at_a_time_reading_the_next_meanwhile(inprocess, s
 
     def write(*args):
         time.sleep(0.05)  # a slow disk: the job waits for it rather than reading on
+        with lock:
+            seen["written_while_running"] += seen["active"]
         out = real_write(*args)
         with lock:
             seen["written"] += 1
@@ -608,7 +614,10 @@ def test_a_chunk_runs_one_step_at_a_time_reading_the_next_meanwhile(inprocess, s
     assert (st.state, st.done, st.failed) == (JobState.DONE, n, 0)
     assert (seen["read"], seen["written"]) == (steps, steps)
     assert seen["most_active"] == 1 and seen["read_while_running"] >= 1
-    assert seen["most_held"] <= 2  # the step running and the next one read
+    if write_behind:  # the step being written, the one running and the next one read
+        assert seen["written_while_running"] >= 1 and seen["most_held"] <= 3
+    else:
+        assert seen["written_while_running"] == 0 and seen["most_held"] <= 2
 
 
 def test_inprocess_serves_each_backend_it_is_allowed(settings):

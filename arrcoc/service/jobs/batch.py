@@ -16,7 +16,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,34 +180,53 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
     fmt = settings.overlay_format
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
     ran = 0
-    # the one thread beside this one: it reads step k+1's files while step k runs
-    with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-prefetch") as prefetch:
+    writing: Future | None = None
+    # beside this thread: one reads step k+1's files while step k runs; with write-behind, one
+    # writes step k-1's results while step k is on the engine (docs/service.md#concurrency)
+    with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-prefetch") as prefetch, \
+            ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write") as writer:
         reading = prefetch.submit(_read, jd, steps[0])
-        for k, step in enumerate(steps):
-            t0 = time.perf_counter()
-            datas = reading.result()
-            _add(stages, "read_wait", t0)
-            if k + 1 < len(steps):
-                reading = prefetch.submit(_read, jd, steps[k + 1])
-            if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
-                return None
-            if k > 0 and yield_now is not None and yield_now():
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
-                                                for it in step])  # fmt: skip
-                continue
-            batch = process_isolated(host, datas, [it.query for it in step], controls, fmt)
-            for name, ms in batch.stage_ms.items():
-                stages[name] = stages.get(name, 0.0) + ms
-            t1 = time.perf_counter()
-            part, marks, rows = write_part(jd, [_key(it) for it in step], batch.outputs, batch.errors, batch.overlays, ext)
-            store.mark_items(job_id, marks)  # recorded once its part is on disk
-            _add(stages, "write", t1)
-            if streamed is not None:
-                streamed.add_part(part, rows)
-            ran += len(step)
+        try:
+            for k, step in enumerate(steps):
+                t0 = time.perf_counter()
+                datas = reading.result()
+                _add(stages, "read_wait", t0)
+                if k + 1 < len(steps):
+                    reading = prefetch.submit(_read, jd, steps[k + 1])
+                if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
+                    return None
+                if k > 0 and yield_now is not None and yield_now():
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
+                                                    for it in step])  # fmt: skip
+                    continue
+                batch = process_isolated(host, datas, [it.query for it in step], controls, fmt)
+                for name, ms in batch.stage_ms.items():
+                    stages[name] = stages.get(name, 0.0) + ms
+                if writing is not None:  # one step waits to be written at most: memory stays bounded
+                    writing.result()
+                args = (job_id, jd, step, batch, ext, store, stages, streamed)
+                if settings.batch_write_behind:
+                    writing = writer.submit(_write_step, *args)
+                else:
+                    _write_step(*args)
+                ran += len(step)
+        finally:
+            if writing is not None:  # what was processed is recorded, also when the job stops early
+                writing.result()
     return ran
+
+
+def _write_step(job_id: str, jd: Path, step: list[Item], batch, ext: str, store: JobStore,
+                stages: dict[str, float], streamed: ResultsZip | None) -> None:  # fmt: skip
+    """A processed step's part on disk, then its items recorded, then its rows into `streamed`."""
+    t1 = time.perf_counter()
+    part, marks, rows = write_part(jd, [_key(it) for it in step], batch.outputs, batch.errors, batch.overlays, ext)
+    store.mark_items(job_id, marks)  # recorded once its part is on disk
+    _add(stages, "write", t1)
+    if streamed is not None:
+        streamed.add_part(part, rows)
 
 
 def _add(stages: dict[str, float], name: str, since: float) -> None:
