@@ -220,7 +220,7 @@ def test_malformed_calls_are_counted_and_refused_at_the_door_with_throttled_logs
         out = _post_calls(url, "/infer", [None, 123], 60, "198.51.100.7")
     codes = [c for c, _ in out]
     assert codes.count(200) == INFER_PER_MIN and codes.count(429) == 60 - INFER_PER_MIN, codes
-    assert max(t for c, t in out if c == 429) < 2.0  # answered at the door, not after queueing
+    assert max(t for c, t in out if c == 429) < 5.0  # answered at the door, not after queueing (tens of s)
     lines = [r for r in caplog.records if r.name == "arrcoc.demo" and "rate limit" in r.getMessage()]
     assert 1 <= len(lines) <= 5, [r.getMessage() for r in lines]  # throttled: was one line (and a traceback) each
     assert all(r.exc_info is None for r in caplog.records if r.name == "arrcoc.demo")

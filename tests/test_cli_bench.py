@@ -65,8 +65,10 @@ def test_piped_output_is_one_plain_line_per_step(tmp_path):
         assert "\r" not in stream and "it/s" not in stream
         assert "Warning" not in stream, stream[-2000:]
     steps = [line for line in proc.stdout.splitlines() if re.match(r"\[\s*\d+%\s+[\d.]+ s\] ", line)]
-    assert [s.split("] ", 1)[1] for s in steps] == [
-        "arrcoc-texture: eager ready", "arrcoc-texture: bucket 1", "arrcoc-texture: bucket 2"]  # fmt: skip
+    assert [s.split("] ", 1)[1] for s in steps] == [  # what starts, then what is done
+        "arrcoc-texture: loading the model", "arrcoc-texture: preparing eager (building and warming up)",
+        "arrcoc-texture: eager ready", "arrcoc-texture: timing batches of 1", "arrcoc-texture: bucket 1",
+        "arrcoc-texture: timing batches of 2", "arrcoc-texture: bucket 2"]  # fmt: skip
     assert steps[-1].startswith("[100%")
     report = json.loads((tmp_path / "piped.json").read_text())
     assert {(r["backend"], r["bucket"]) for r in report["results"]} == {("eager", 1), ("eager", 2)}

@@ -385,6 +385,7 @@ def test_compiled_shares_one_dynamic_program_across_buckets(eager, model, tmp_pa
     with no recompile, parity with eager; the portable cache artefacts are written."""
     from arrcoc.engine.compiled import compile_count
 
+    torch._dynamo.reset()  # programs compiled by earlier tests in this process would be reused
     be = create_backend("compiled", model, CPU, (1, 2, 4), cache_dir=tmp_path)
     before = compile_count()
     be.warmup()

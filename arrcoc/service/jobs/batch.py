@@ -25,6 +25,7 @@ from ...request import Controls
 from ...settings import OVERLAY_EXTENSIONS, Settings
 from ..host.interface import StepOutputs
 from .archive import Item, load_items, skipped_note, unpack
+from .budget import release
 from .files import job_dir, new_job_id
 from .guard import process_isolated
 from .parts import write_part
@@ -250,6 +251,7 @@ def maybe_finalize(job_id: str, store: JobStore, settings: Settings, before_done
             streamed.finish()
         else:
             build_results_zip(jd, settings.results_jsonl)
+    release(jd)  # every item recorded: its inputs go before anyone sees the job finished
     if before_done is not None:
         before_done()
     if st.state.finished:
