@@ -222,8 +222,8 @@ class RelevancePipeline:
 class BatchResults:
     """A batch's outputs on the host; `result(i)` builds item i's RelevanceResult in the thread that
     asks. The interactive batcher hands each caller its item unbuilt, so that sixteen results are
-    not built one after another on the batcher's thread while the next batch waits (a GIL profile
-    of 32 callers on the H100 put a sixth of that thread's Python in building them)."""
+    not built one after another on the batcher's serial thread while the next batch waits
+    (docs/service.md#concurrency)."""
 
     out: ModelOutput  # the engine's outputs as numpy arrays over the batch
     budgets: np.ndarray  # out.budgets as int64

@@ -73,7 +73,7 @@ class E2EConfig:
     peers: bool = True  # the two hand-written peer scripts (arrcoc.bench.peers) on the 800x600 photos
     # the many-callers phases and each batch job run this many times in a row; the figure is the
     # round of median req/s or images/s, every round listed beside it (runs of the same code minutes
-    # apart moved by 10-20% on the H100)
+    # apart differ on a lent machine: BENCHMARKS.md)
     rounds: int = 3
 
 
@@ -184,10 +184,9 @@ def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "th
 
 def repeated_job(ex, archive: bytes, n: int, device: torch.device, rounds: int = 1) -> dict[str, Any]:
     """The job once, then `rounds` times: the figure is the timed job of median images/s, the first
-    beside it (the first large job after start-up ran up to ~30% slower on the H100: 655 vs 907
-    images/s, the same job at the start and the end of one tools/batch_probe.py run), and every
-    timed job's images/s and GPU busy under `rounds` (on one H100 the same code's job moved between
-    1,270 and 1,343 images/s and 0.289 and 0.307 GPU busy from one run to the next)."""
+    beside it (the first large job after start-up runs slower: caches and allocators still warming),
+    and every timed job's images/s and GPU busy under `rounds` (the same code's job moves from one
+    run to the next on a lent machine)."""
     first = batch_job(ex, archive, n, device)
     runs = [batch_job(ex, archive, n, device) for _ in range(max(1, rounds))]
     return _median(runs, "images_per_s", ("gpu_busy",)) | {"first_images_per_s": first["images_per_s"]}

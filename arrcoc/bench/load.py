@@ -1,8 +1,7 @@
 """N concurrent clients calling Executor.infer: throughput, latency percentiles, batch sizes.
 
 Clients are threads, spread over one or more client processes: one Python process's GIL caps
-what its threads can send (~5 ms of client CPU per request through Celery on the H100 host),
-so measuring a fast server needs several, as real clients would be.
+what its threads can send (a few ms of client CPU per request through Celery), so measuring a fast server needs several, as real clients would be.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ With `prepare_batch` (on a GPU: decode a batch's JPEGs) the batching thread runs
 own: it starts batch k on the device (`launch_batch`), gathers batch k+1 from what queued meanwhile
 while the device runs, waits for batch k and hands its results out, then prepares batch k+1 — and
 while that decodes (nvJPEG holds no GIL) batch k's callers send their next requests, which batch
-k+2 gathers at once. Two threads handing batches to each other under one GIL (this batcher's form
-until issue 12's fifth session) took turns more than they overlapped: BENCHMARKS.md. A batch
+k+2 gathers at once. Two threads handing batches to each other under one GIL take turns more than they overlap
+(docs/service.md#concurrency). A batch
 gathers while the device is busy and as long as callers keep arriving; with the device idle, what
 has queued goes at once.
 """

@@ -1,7 +1,7 @@
 """The engine in a process of its own, fed by several Celery worker processes on the same device.
 
 Why: one Celery process takes its messages through one consumer thread under one GIL (receive,
-acks_late bookkeeping, task events, results), ~135 requests/s on the H100 host, so batching in
+acks_late bookkeeping, task events, results), so batching in
 that process cannot go faster than that (docs/service.md). `arrcoc worker --processes N` runs N
 Celery processes that take messages and fetch image bytes in parallel and send them here, where
 one Runtime (engine + dynamic batcher) decodes them on the engine's own path (nvJPEG on a GPU, so a

@@ -46,8 +46,8 @@ ItemResult = Callable[[], RelevanceResult]  # builds one item's result, in the t
 @contextlib.contextmanager
 def on_stream(stream: torch.cuda.Stream) -> Iterator[None]:
     """`torch.cuda.stream(stream)` without its device lookups, each of which asks
-    torch.cuda.is_available() (an environment read): a few percent of the interactive batcher's
-    Python in a GIL profile of 32 callers on the H100."""
+    torch.cuda.is_available() (an environment read): the interactive batcher enters a stream for
+    every batch, on its one serial thread (docs/service.md#concurrency)."""
     previous = torch.cuda.current_stream(stream.device_index)
     torch.cuda.set_stream(stream)
     try:
@@ -280,8 +280,7 @@ class Runtime(EngineHost):
             def stamp() -> float:
                 # the engine's stream reads these pixels: they must be whole first; and they are
                 # freed only after the engine's outputs came back to the host, so the allocator
-                # may reuse them. (Handing the engine a CUDA event instead of this wait measured no
-                # faster on the H100: BENCHMARKS.md, issue 12's fourth session.)
+                # may reuse them. (A plain wait: handing the engine a CUDA event instead was no faster.)
                 stream.synchronize()
                 return (time.perf_counter() - t0) * 1e3  # batch_decode_ms, in each result's timings
 
