@@ -7,6 +7,7 @@ header; jobs are bound to it, or else to the caller's session."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
@@ -26,12 +27,7 @@ API_OVERLAY_SIDE = 2048  # /infer's overlay: the photo's own size, unless a big 
 
 
 def api_infer(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
-    try:
-        data = read_image(image_path)
-        result = service.infer(data, query_text(query), Controls())
-        return result.to_json(), overlay(load_image(data, side=API_OVERLAY_SIDE), result.relevance)
-    except Exception as e:
-        raise user_error(e) from e
+    return _infer(image_path, query, lambda photo, result: overlay(photo, result.relevance))
 
 
 def api_infer_foveated(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
@@ -39,10 +35,15 @@ def api_infer_foveated(image_path: str | None, query: str) -> tuple[dict[str, An
     imported on the first call, not with the demo)."""
     from arrcoc.foveate import foveated_image
 
+    return _infer(image_path, query, lambda photo, result: foveated_image(photo, result.budget_map))
+
+
+def _infer(image_path: str | None, query: str, picture: Callable[[Any, Any], Any]) -> tuple[dict[str, Any], Any]:
+    """One request's result as JSON and `picture(photo, result)`, errors in the page's words."""
     try:
         data = read_image(image_path)
         result = service.infer(data, query_text(query), Controls())
-        return result.to_json(), foveated_image(load_image(data, side=API_OVERLAY_SIDE), result.budget_map)
+        return result.to_json(), picture(load_image(data, side=API_OVERLAY_SIDE), result)
     except Exception as e:
         raise user_error(e) from e
 
