@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal, get_args
@@ -38,6 +39,10 @@ class Settings(BaseSettings):
     variant: str = "arrcoc-texture"
     weights: str | None = None  # None: the weights bundled for the variant
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # a worker group over several devices (`arrcoc worker --devices`): "all" (every visible GPU)
+    # or a list such as "cuda:0,cuda:1"; empty: the one `device`. Engine and Celery processes
+    # (engine_processes, worker_processes) are counted per device
+    devices: Annotated[tuple[str, ...], NoDecode] = ()
     backend: str = "eager"  # eager | compiled | onnx: what interactive requests use
     # lists: "eager,onnx" or JSON '["eager","onnx"]'
     backends: Annotated[tuple[str, ...], NoDecode] = BACKENDS  # what a worker may serve
@@ -145,18 +150,26 @@ class Settings(BaseSettings):
     # bound by its GIL while the GPU idles (docs/service.md); several share the device as model
     # instances do in Triton's instance groups. At most worker_processes of them are started.
     engine_processes: int = Field(1, ge=1, le=16)
-    # set by `arrcoc worker --processes N` for its Celery processes: where their engine listens
+    # set by `arrcoc worker --processes N`: where an engine process listens; for a Celery process,
+    # the engine it prefers when engines are equally loaded
     engine_socket: str | None = None
     engine_authkey: str | None = None
-    # set by the supervisor for its engine processes: every engine socket of the group, in order
-    # (a benchmark in one holds the device in all of them, taking their locks in this order)
+    # set by the supervisor for its Celery processes: every engine of the group (all devices),
+    # the preferred one first; each call goes to the one with the least work in flight
+    engine_pool: Annotated[tuple[str, ...], NoDecode] = ()
+    # an engine process that exits is started again, at most this many times in ten minutes
+    # (past that the whole group stops and its supervisor exits non-zero)
+    engine_restarts: int = Field(5, ge=0, le=100)
+    # set by the supervisor for its engine processes: every engine socket on the same device, in
+    # order (a benchmark in one holds the device in all of them, taking their locks in this order)
     engine_group: Annotated[tuple[str, ...], NoDecode] = ()
     # the engine process's GIL switch interval (sys.setswitchinterval): how long a thread may keep
     # the GIL while others wait for it; there, the batch threads share it with a connection thread
     # per request in flight
     engine_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
-    @field_validator("backends", "buckets", "token_scope", "engine_group", "trusted_proxies", mode="before")
+    @field_validator("backends", "buckets", "token_scope", "engine_group", "engine_pool", "devices", "trusted_proxies",
+                     mode="before")
     @classmethod
     def _list_from_env(cls, v: object) -> object:
         if isinstance(v, str):
@@ -171,6 +184,13 @@ class Settings(BaseSettings):
         if name not in DTYPES:
             raise ValueError(f"ARRCOC_DTYPE must be one of {', '.join(DTYPES)}")
         return name
+
+    @field_validator("devices")
+    @classmethod
+    def _known_devices(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if v == ("all",) or all(d == "cpu" or re.fullmatch(r"cuda(:\d+)?", d) for d in v):
+            return v
+        raise ValueError("ARRCOC_DEVICES must be all, or devices such as cuda:0,cuda:1 (cpu for a test group)")
 
     @field_validator("backend")
     @classmethod

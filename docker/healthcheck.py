@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Container healthchecks. `arrcoc-healthcheck worker`: each of this container's worker processes
-answers a ping over the broker. `arrcoc-healthcheck demo`: the demo answers HTTP on its port."""
+"""Container healthchecks. `arrcoc-healthcheck worker`: each of this container's Celery processes
+answers a ping over the broker and, in a worker group, every engine process (every device's)
+answers one of them. `arrcoc-healthcheck demo`: the demo answers HTTP on its port."""
 
 import os
 import socket
@@ -15,11 +16,32 @@ def worker() -> int:
     app.conf.update(accept_content=["json"], task_serializer="json", result_serializer="json")
     from worker.group import node_name  # no torch: the naming rule only
 
-    n = int(os.environ.get("ARRCOC_WORKER_PROCESSES", "1"))
+    processes = int(os.environ.get("ARRCOC_WORKER_PROCESSES", "1"))
+    grouped = processes > 1 or bool(os.environ.get("ARRCOC_DEVICES", "").strip())  # as `arrcoc worker` decides
     name = f"arrcoc@{socket.gethostname()}"
-    names = [name] if n <= 1 else [node_name(name, i) for i in range(1, n + 1)]
+    names = [node_name(name, i) for i in range(1, processes * _devices() + 1)] if grouped else [name]
     replies = app.control.ping(destination=names, timeout=5.0)
-    return 0 if len(replies) == len(names) else 1
+    if len(replies) != len(names):
+        print(f"unhealthy: {len(replies)} of {len(names)} Celery processes answered", file=sys.stderr)
+        return 1
+    if not grouped:
+        return 0  # the engine is inside the one Celery process that answered
+    engines = app.control.broadcast("arrcoc_engines", destination=names[:1], reply=True, timeout=10.0)
+    down = [e for reply in engines for e in next(iter(reply.values())) if not e.get("up")]
+    if not engines or down:
+        print(f"unhealthy: engine processes not answering: {down or 'no reply'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _devices() -> int:
+    """How many devices the worker group serves (ARRCOC_DEVICES: all, or a list)."""
+    devices = [d for d in os.environ.get("ARRCOC_DEVICES", "").split(",") if d.strip()]
+    if devices == ["all"]:
+        import torch
+
+        return torch.cuda.device_count()
+    return max(len(devices), 1)
 
 
 def demo() -> int:

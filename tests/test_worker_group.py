@@ -1,7 +1,8 @@
 """`arrcoc worker --processes N` for real: two Celery processes feeding two engine processes
 (ARRCOC_ENGINE_PROCESSES) on one device, on their own redis-server. Results equal the in-process
 ones whichever engine process served them, batches form there, a benchmark holds the device in
-both engine processes, and the group lives and dies as one. (One engine process fed by several
+both engine processes, an engine process that dies is started again alone, and a Celery process's
+death takes the group down. (One engine process fed by several
 Celery processes: tests/test_worker_faults.py and tests/test_abuse_worker.py.)"""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import signal
 import time
 import zipfile
+from pathlib import Path
 
 import pytest
 from helpers import assert_same_result, make_zip, png_bytes, result_rows, seeded_weights
@@ -128,14 +130,27 @@ def test_batch_job_and_benchmark_through_the_group(celery_ex):
     assert other["held_ms"] >= held["held_ms"], held
 
 
-def test_engine_killed_stops_the_whole_group(rig):
+def test_engine_killed_is_started_again_alone(rig, celery_ex):
     w = rig["worker"]
     first, second, *fronts = child_pids(w.p.pid)  # the engine processes start first
     assert len(fronts) == 2
     os.kill(second, signal.SIGKILL)
+    # the group stays: requests meanwhile go to the other engine process, the killed one comes back
+    assert celery_ex.infer(png_bytes(11), "the sky", timeout=60).relevance is not None
+    wait_until(lambda: len(child_pids(w.p.pid)) == 4 and second not in child_pids(w.p.pid), 30, "the engine started again")
+    assert w.alive() and all(alive(p) for p in [first, *fronts])
+    assert "starting it again" in w.text()
+
+
+def test_celery_process_killed_stops_the_whole_group(rig):
+    w = rig["worker"]
+    members = child_pids(w.p.pid)
+    front, *others = [p for p in members if b"engine_process" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    others += [p for p in members if p not in (front, *others)]
+    os.kill(front, signal.SIGKILL)
     w.p.wait(60)  # the supervisor stops the others and exits: compose restarts the group
     assert w.p.returncode != 0
-    wait_until(lambda: not any(alive(p) for p in [first, *fronts]), 10, "the other members gone")
+    wait_until(lambda: not any(alive(p) for p in others), 10, "the other members gone")
 
 
 def test_killed_supervisor_leaves_no_orphans(rig):

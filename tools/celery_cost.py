@@ -32,7 +32,7 @@ from arrcoc.bench.load import run_load  # noqa: E402
 from arrcoc.bench.processes import Proc, RedisServer, Worker, child_pids, proc_stat, worker_env  # noqa: E402
 from arrcoc.service.client.celery_executor import CeleryExecutor  # noqa: E402
 from arrcoc.settings import default_settings  # noqa: E402
-from worker.group import member_envs  # noqa: E402
+from worker.group import front_env, plan_engines  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -74,16 +74,18 @@ def _serve_canned(address: str, authkey: str) -> None:
 def _canned_group(redis_url: str, root: Path, processes: int) -> tuple[list[Proc], list[int], int]:
     """The stand-in engine process and `processes` Celery processes pointed at it, in the
     environments run_group gives its members (worker/group.py)."""
-    address, authkey = str(root / "engine.sock"), secrets.token_bytes(16)
+    authkey = secrets.token_bytes(16)
     settings = default_settings(broker_url=redis_url, device="cpu", backend="eager", data_dir=root / "data")
-    env, front_env = member_envs(settings, address, authkey, worker_env(redis_url, root / "data"))
+    base = worker_env(redis_url, root / "data")
+    (spec,) = plan_engines(settings, ["cpu"], 1, root, authkey, base)
+    address, env, fronts_env = spec.address, spec.env, front_env(spec, [spec.address], base, settings)
     engine = Proc([sys.executable, __file__, "--serve-canned", address, authkey.hex()], env, root / "engine.log")
     while not os.path.exists(address):
         if not engine.alive():
             raise RuntimeError(engine.text()[-2000:])
         time.sleep(0.2)
     fronts = [Proc([sys.executable, "-m", "arrcoc", "worker", "-P", "threads", "-l", "info", "-n", f"canned-{i}@%h"],
-                   front_env, root / f"celery-{i}.log") for i in range(processes)]  # fmt: skip
+                   fronts_env, root / f"celery-{i}.log") for i in range(processes)]  # fmt: skip
     while sum("serves this worker" in f.text() and "ready" in f.text() for f in fronts) < processes:
         if not all(f.alive() for f in fronts):
             raise RuntimeError([f.text()[-2000:] for f in fronts])

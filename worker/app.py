@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from celery import Celery, signals
+from celery.worker.control import inspect_command
 
 from arrcoc.settings import Settings, get_settings
 
@@ -65,3 +66,10 @@ def _hold(request=None, **_) -> None:
 @signals.worker_shutdown.connect
 def _close(**_) -> None:
     state.close()
+
+
+@inspect_command()
+def arrcoc_engines(_panel) -> list[dict]:
+    """`app.control.broadcast("arrcoc_engines", reply=True)`: the engines this process sends work
+    to, each with whether it answers and what it has served (docker/healthcheck.py asks it)."""
+    return state.engines()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import socket
 import threading
 import time
@@ -46,14 +47,17 @@ def _riding_out_redis(fn, waits: tuple[float, ...] = (0.5, 1, 2, 4, 8, 15)):
 
 
 class FairGate:
-    """One batch chunk (or benchmark) at a time in this process, owners in turn: when the gate
+    """`slots` batch chunks (or benchmarks) at a time in this process, owners in turn: when a slot
     frees, the waiting chunk whose owner was served longest ago goes next (arrival order among
     equals). Threads of a worker hold chunks it prefetched; a FIFO gate would run every chunk of a
-    big job before the first chunk of a small job that came after it."""
+    big job before the first chunk of a small job that came after it. A worker group over several
+    devices gives each Celery process a slot per device, so that the chunks one process has taken
+    can keep every device busy."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int = 1) -> None:
         self._cv = threading.Condition()
-        self._busy = False
+        self._slots = slots
+        self._busy = 0
         self._waiting: list[tuple[int, str]] = []  # (arrival, owner)
         self._served: dict[str, float] = {}  # owner: when its last chunk started
         self._seq = 0
@@ -64,10 +68,10 @@ class FairGate:
             self._seq += 1
             me = (self._seq, owner)
             self._waiting.append(me)
-            while self._busy or min(self._waiting, key=lambda w: (self._served.get(w[1], 0.0), w[0])) != me:
+            while self._busy >= self._slots or min(self._waiting, key=lambda w: (self._served.get(w[1], 0.0), w[0])) != me:
                 self._cv.wait()
             self._waiting.remove(me)
-            self._busy = True
+            self._busy += 1
             self._served[owner] = time.monotonic()
             if len(self._served) > 10_000:  # bounded: the oldest owners are forgotten
                 for old in sorted(self._served, key=self._served.get)[:5_000]:
@@ -76,7 +80,7 @@ class FairGate:
             yield
         finally:
             with self._cv:
-                self._busy = False
+                self._busy -= 1
                 self._cv.notify_all()
 
 
@@ -167,7 +171,9 @@ class WorkerState:
         self._host: EngineHost | None = None
         self._store: RedisJobStore | None = None
         self._raw = None
-        self.chunk_gate = FairGate()  # one batch chunk at a time, owners in turn; interactive work interleaves
+        # a batch chunk at a time per device of the group, owners in turn; interactive work interleaves
+        s = self.settings
+        self.chunk_gate = FairGate(max(1, len(s.devices)) if s is not None and s.engine_socket else 1)
 
     def host(self) -> EngineHost:
         """The engine in this process, or the group's engine process (`arrcoc worker --processes N`)."""
@@ -177,12 +183,21 @@ class WorkerState:
                 if s.engine_socket and s.engine_authkey:
                     from arrcoc.service.host.engine_process import EngineClient
 
-                    self._host = EngineClient(s, s.engine_socket, bytes.fromhex(s.engine_authkey))
+                    self._host = EngineClient(s, s.engine_pool or (s.engine_socket,), bytes.fromhex(s.engine_authkey))
                 else:
                     from arrcoc.service.host.runtime import Runtime
 
                     self._host = Runtime(s)
         return self._host
+
+    def engines(self) -> list[dict[str, Any]]:
+        """The engines this process sends work to, each with whether it answers (the health check)."""
+        from arrcoc.service.host.engine_process import EngineClient
+
+        host = self.host()
+        if isinstance(host, EngineClient):
+            return host.engines()
+        return [{"address": None, "up": True, "pid": os.getpid(), "device": str(host.pipeline.device)}]
 
     def store(self) -> RedisJobStore:
         with self._lock:

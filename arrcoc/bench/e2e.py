@@ -70,6 +70,11 @@ class E2EConfig:
     client_processes: int = 8  # client processes driving the Celery measurements
     redis_io_threads: int = 1  # redis-server's I/O threads (its --io-threads)
     overlay: str = "jpeg"
+    # a worker group over these devices (e.g. cuda:0,cuda:1) beside one over the first alone, in
+    # the same run: batch job and many callers through Celery, with the callers scaled by the
+    # number of devices (the same load per device); worker_processes and engine_processes per device
+    devices: tuple[str, ...] = ()
+    inprocess: bool = True  # the in-process phases (off: only the Celery ones, e.g. for the devices)
     peers: bool = True  # the two hand-written peer scripts (arrcoc.bench.peers) on the 800x600 photos
     # the many-callers phases and each batch job run this many times in a row; the figure is the
     # round of median req/s or images/s, every round listed beside it (runs of the same code minutes
@@ -337,6 +342,19 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     work = workload()
     root = Path(tempfile.mkdtemp(prefix="arrcoc-e2e-"))
     report: dict[str, Any] = {"schema": "arrcoc.bench.e2e/1", "env": collect_env(device), "config": asdict(cfg)}
+    if cfg.inprocess:
+        _inprocess(cfg, work, root, device, report, progress)
+    if cfg.celery:
+        try:
+            report.update(_celery(cfg, work, root, device, progress))
+        except Exception as e:  # noqa: BLE001 -- the in-process half still stands; say what failed
+            report["celery_error"] = f"{type(e).__name__}: {e}"
+            progress(f"Celery part failed: {report['celery_error']}")
+    return report
+
+
+def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, report: dict[str, Any],
+               progress) -> None:  # fmt: skip
     settings = _settings(cfg, root / "inprocess")
     progress(f"in-process executor: {cfg.variant} ({e2e_weights(cfg) or 'its bundled'} weights, dtype {cfg.dtype}),"
              f" {cfg.backend} on {device}, warming up")
@@ -390,13 +408,6 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
         dtype = (report.get("serving") or {}).get("dtype", "float32")
         report["peers"] = run_peers(cfg, work["jpeg_800x600"], root, device, dtype, progress)
         report["job_over_best_peer"] = job_over_best_peer(report)
-    if cfg.celery:
-        try:
-            report.update(_celery(cfg, work, root, device, progress))
-        except Exception as e:  # noqa: BLE001 -- the in-process half still stands; say what failed
-            report["celery_error"] = f"{type(e).__name__}: {e}"
-            progress(f"Celery part failed: {report['celery_error']}")
-    return report
 
 
 def run_peers(cfg: E2EConfig, photos: list[bytes], root: Path, device: torch.device, dtype: str,
@@ -439,44 +450,89 @@ def job_over_best_peer(report: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, progress) -> dict[str, Any]:
-    from ..service.client.celery_executor import CeleryExecutor
-    from .processes import RedisServer, Worker, worker_env
+    """The Celery phases on one worker group (its first device alone when `cfg.devices` names
+    several), then, with several devices, the batch job and many callers on a group over all of them."""
+    from .processes import RedisServer
 
     engines = cfg.engine_processes or (2 if device.type == "cuda" else 1)
+    devices = list(cfg.devices)
     out: dict[str, Any] = {"celery_engine_processes": engines}
     redis = RedisServer(root / "redis", io_threads=cfg.redis_io_threads)
-    data = root / "celery"
+    try:
+        out.update(_celery_group(cfg, work, root / "celery", device, engines, redis, devices[:1], progress))
+        if len(devices) > 1:
+            every = _celery_group(cfg, work, root / "celery-all", device, engines, redis, devices, progress,
+                                  full=False)  # fmt: skip
+            out["celery_devices"] = {"devices": devices, **every}
+            out["device_scaling"] = device_scaling(out, every, len(devices))
+    finally:
+        redis.stop()
+    return out
+
+
+def _celery_group(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, engines: int,
+                  redis, devices: list[str], progress, full: bool = True) -> dict[str, Any]:  # fmt: skip
+    """One worker group (`devices`: `arrcoc worker --devices`, none: the configured device)
+    measured: batch jobs, and one caller (`full`) and many; with several devices, as many callers
+    per device as the run has."""
+    from ..service.client.celery_executor import CeleryExecutor
+    from .processes import Worker, worker_env
+
+    out: dict[str, Any] = {}
+    data = root / "data"
     weights = {"weights": e2e_weights(cfg)} if e2e_weights(cfg) else {}
+    per_device = max(1, len(devices))
     env = worker_env(redis.url, data, device=cfg.device, backend=cfg.backend, backends=cfg.backend,
-                     variant=cfg.variant, dtype=cfg.dtype, **weights,
+                     variant=cfg.variant, dtype=cfg.dtype, **weights, devices=",".join(devices),
                      worker_processes=str(cfg.worker_processes), engine_processes=str(engines),
                      overlay_format=cfg.overlay,
                      worker_threads=str(cfg.clients + 4), max_batch_items=str(_max_items(cfg)))  # fmt: skip
+    root.mkdir(parents=True, exist_ok=True)
     worker = Worker(env, root / "worker.log")
     try:
-        progress(f"Celery: worker group of {cfg.worker_processes} Celery and {engines} engine processes,"
-                 " warming up")
+        where = f" on {', '.join(devices)}" if devices else ""
+        progress(f"Celery: worker group{where} of {cfg.worker_processes} Celery and {engines} engine processes"
+                 f" per device, warming up")  # fmt: skip
         worker.ready(900)
         make = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=data,
                                                                   max_batch_items=_max_items(cfg)))  # fmt: skip
         ex = make()
         try:
             out["batch_celery"] = {}
-            for kind, n, ext in (("jpeg_800x600", cfg.items, ".jpg"), ("jpeg_4032x3024", cfg.large_items, ".jpg")):
+            jobs = (("jpeg_800x600", cfg.items, ".jpg"), ("jpeg_4032x3024", cfg.large_items if full else 0, ".jpg"))
+            for kind, n, ext in jobs:
                 if n:
-                    progress(f"batch job through Celery: {n} x {kind}")
+                    progress(f"batch job through Celery{where}: {n} x {kind}")
                     out["batch_celery"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device, cfg.rounds)
         finally:
             ex.close()
         image = work["jpeg_800x600"][1]
-        progress("interactive through Celery: 1 caller")
-        out["interactive_celery_1"] = interactive(make, image, 1, min(cfg.requests, 256))
-        progress(f"interactive through Celery: {cfg.clients} callers in {cfg.client_processes} processes")
-        out["interactive_celery_n"] = interactive_rounds(make, image, cfg.clients, cfg.requests * 2,
+        if full:
+            progress("interactive through Celery: 1 caller")
+            out["interactive_celery_1"] = interactive(make, image, 1, min(cfg.requests, 256))
+        clients = cfg.clients * per_device
+        progress(f"interactive through Celery{where}: {clients} callers in {cfg.client_processes} processes")
+        out["interactive_celery_n"] = interactive_rounds(make, image, clients, cfg.requests * 2 * per_device,
                                                          cfg.client_processes, cfg.rounds)  # fmt: skip
     finally:
         worker.stop()
-        redis.stop()
+    return out
+
+
+def device_scaling(one: dict[str, Any], every: dict[str, Any], n: int) -> dict[str, Any]:
+    """Every device's figures over the first device's alone, and over n times it (1.0: linear)."""
+    out: dict[str, Any] = {"devices": n}
+    pairs = (("batch_images_per_s", ("batch_celery", "jpeg_800x600", "images_per_s")),
+             ("interactive_rps", ("interactive_celery_n", "throughput_rps")))  # fmt: skip
+    for name, path in pairs:
+        a, b = one, every
+        for key in path:
+            a, b = (a or {}).get(key), (b or {}).get(key)
+        if a and b:
+            out[name] = {"one": a, "all": b, "speedup": round(b / a, 3), "of_linear": round(b / (a * n), 3)}
+    p99 = (one.get("interactive_celery_n", {}).get("p99_ms"), every.get("interactive_celery_n", {}).get("p99_ms"))
+    if all(p99):
+        out["interactive_p99_ms"] = {"one": p99[0], "all": p99[1]}
     return out
 
 
@@ -546,7 +602,28 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Through Celery: a worker group of {cfg['worker_processes']} Celery processes and"
                       f" {report['celery_engine_processes']} engine processes; clients in {cfg['client_processes']}"
                       " processes."]  # fmt: skip
+    lines += _devices_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _devices_lines(report: dict[str, Any]) -> list[str]:
+    """The worker group over every device beside the one over the first."""
+    scaling, every = report.get("device_scaling"), report.get("celery_devices")
+    if not scaling or not every:
+        return []
+    n = scaling["devices"]
+    lines = ["", f"## Several devices: `arrcoc worker --devices {','.join(every['devices'])}`", "",
+             f"The same worker group per device, over the first device alone and over all {n}; many callers scale"
+             " with the devices (the same load per device).", "",
+             "| | 1 device | all | speedup | of linear |", "|---|---|---|---|---|"]  # fmt: skip
+    for name, label in (("batch_images_per_s", "batch job 800x600, images/s"), ("interactive_rps", "many callers, req/s")):
+        row = scaling.get(name)
+        if row:
+            lines.append(f"| {label} | {row['one']} | **{row['all']}** | {row['speedup']}x | {row['of_linear']} |")
+    p99 = scaling.get("interactive_p99_ms")
+    if p99:
+        lines.append(f"| many callers, p99 ms | {p99['one']} | {p99['all']} | | |")
+    return lines
 
 
 def _served(report: dict[str, Any]) -> str:

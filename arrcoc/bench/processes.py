@@ -100,8 +100,9 @@ def worker_env(broker: str, data_dir: Path, **settings: str) -> dict[str, str]:
 class Worker(Proc):
     """`arrcoc worker` as a subprocess; `ready()` waits until its engine is warm."""
 
-    def __init__(self, env: dict[str, str], log: Path, concurrency: int | None = None, pool: str = "threads"):
-        self.name = f"t{uuid.uuid4().hex[:8]}@%h"
+    def __init__(self, env: dict[str, str], log: Path, concurrency: int | None = None, pool: str = "threads",
+                 name: str | None = None):  # fmt: skip
+        self.name = name or f"t{uuid.uuid4().hex[:8]}@%h"
         argv = [sys.executable, "-m", "arrcoc", "worker", "-l", "info", "-n", self.name, "-P", pool]
         if concurrency:
             argv += ["-c", str(concurrency)]
@@ -111,7 +112,8 @@ class Worker(Proc):
     def ready(self, timeout: float = 120.0) -> Worker:
         """Until the engine is warm and, in a group (ARRCOC_WORKER_PROCESSES), every Celery process
         has reached it."""
-        processes = int(self.env.get("ARRCOC_WORKER_PROCESSES", "1"))
+        devices = [d for d in self.env.get("ARRCOC_DEVICES", "").split(",") if d.strip()]
+        processes = int(self.env.get("ARRCOC_WORKER_PROCESSES", "1")) * max(1, len(devices))
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             text = self.text()

@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
     e.add_argument("--clients", type=int)
     e.add_argument("--no-celery", action="store_true", help="in-process only (no redis-server and worker)")
     e.add_argument("--no-peers", action="store_true", help="without the two hand-written peer scripts")
+    e.add_argument("--devices", type=lambda v: tuple(d.strip() for d in v.split(",") if d.strip()),
+                   help="e.g. cuda:0,cuda:1: through Celery, a worker group over these beside one over the first")
+    e.add_argument("--no-inprocess", action="store_true", help="only the Celery phases")
     e.add_argument("--worker-processes", type=int)
     e.add_argument("--engine-processes", type=int, help="engine processes in the Celery worker group (2 on a GPU, 1 on a CPU)")
     e.add_argument("--client-processes", type=int)
@@ -89,7 +92,8 @@ def run_e2e(args) -> int:
     from ..bench.e2e import E2EConfig, markdown, run_e2e, write
 
     given = {f.name: getattr(args, f.name) for f in fields(E2EConfig) if getattr(args, f.name, None) is not None}
-    cfg = E2EConfig(**given | {"celery": not args.no_celery, "peers": not args.no_peers})
+    cfg = E2EConfig(**given | {"celery": not args.no_celery, "peers": not args.no_peers,
+                               "inprocess": not args.no_inprocess})  # fmt: skip
     report = run_e2e(cfg, progress=lambda m: print(m, flush=True))
     env = report["env"]
     dev = (env.get("gpu") or "cpu").replace("NVIDIA ", "").split()[0].lower()

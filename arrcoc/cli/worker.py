@@ -14,6 +14,10 @@ from ..settings import BACKENDS, DEFAULT_BROKER_URL, DTYPES
 def add_parser(sub) -> None:
     p = sub.add_parser("worker", help="start a Celery worker that serves the gpu and bench queues")
     p.add_argument("--device", help="cpu | cuda | cuda:N (default: settings, ARRCOC_DEVICE)")
+    p.add_argument("--devices",
+                   help="a worker group over several devices: all (every visible GPU) or a list such as cuda:0,cuda:1;"
+                        " one engine process (ARRCOC_ENGINE_PROCESSES) and --processes Celery processes per device"
+                        " (default: ARRCOC_DEVICES)")  # fmt: skip
     p.add_argument("--backend", choices=BACKENDS, help="for interactive requests (default: settings, ARRCOC_BACKEND)")
     p.add_argument("--dtype", choices=DTYPES,
                    help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_DTYPE)")
@@ -22,8 +26,9 @@ def add_parser(sub) -> None:
                    help="threads (default: needed for dynamic batching), solo, or prefork (one child)")  # fmt: skip
     p.add_argument("--concurrency", "-c", type=int, help="threads (default: batch size + 4)")
     p.add_argument("--processes", type=int,
-                   help="Celery processes sharing one engine process on the device (default: ARRCOC_WORKER_PROCESSES"
-                        " or 1, the engine inside the worker); several take more requests per second")  # fmt: skip
+                   help="Celery processes per device feeding the group's engine processes (default:"
+                        " ARRCOC_WORKER_PROCESSES or 1, the engine inside the worker); several take more requests per"
+                        " second")  # fmt: skip
     p.add_argument("--loglevel", "-l", default="info")
     p.add_argument("--hostname", "-n", default="arrcoc@%h")
     p.add_argument("--broker", help=f"Redis URL (default: ARRCOC_BROKER_URL or {DEFAULT_BROKER_URL})")
@@ -32,11 +37,13 @@ def add_parser(sub) -> None:
 
 def worker_settings(args):
     """The settings from the environment, with this command's options on top."""
-    from ..settings import get_settings
+    from ..settings import Settings, get_settings
 
     s = get_settings()
     overrides = {"device": args.device, "backend": args.backend, "dtype": args.dtype,
                  "broker_url": args.broker or s.queue_url}
+    if args.devices:  # validated as ARRCOC_DEVICES is
+        overrides["devices"] = Settings.model_validate(s.model_dump() | {"devices": args.devices}).devices
     return s.model_copy(update={k: v for k, v in overrides.items() if v})
 
 
@@ -52,7 +59,7 @@ def worker_argv(args, settings) -> list[str]:
 def run(args) -> int:
     settings = worker_settings(args)
     processes = args.processes or settings.worker_processes
-    if processes > 1 and not settings.engine_socket:
+    if (processes > 1 or settings.devices) and not settings.engine_socket:
         return _run_group(args, processes, settings)
     from worker.app import app, configure
 
@@ -67,13 +74,13 @@ def run(args) -> int:
 
 
 def _run_group(args, processes: int, settings) -> int:
-    """The supervisor of `--processes N` (worker/group.py); it never touches the device."""
+    """The supervisor of `--processes N` / `--devices` (worker/group.py); it never touches a device."""
     import logging
 
     from worker.group import run_group
 
     if args.pool == "prefork":
-        raise SystemExit("--processes runs threads-pool workers around one engine process; drop -P prefork")
+        raise SystemExit("--processes/--devices run threads-pool workers around engine processes; drop -P prefork")
     logging.basicConfig(level=args.loglevel.upper(), format="[%(asctime)s: %(levelname)s/group] %(message)s")
     # the group's members are new processes: this command's options reach them as options (the
     # Celery processes) and as their settings' environment (the engine process)

@@ -8,12 +8,13 @@ one Runtime (engine + dynamic batcher) decodes them on the engine's own path (nv
 result is the same whichever way it came) and serves them all: vLLM splits its API server from its
 engine core for the same reason.
 
-A group may run several engine processes on its one device (ARRCOC_ENGINE_PROCESSES), each fed by
-its share of the Celery processes, as Triton runs several instances of a model on one GPU: under
-load one engine process is bound by its own Python (decode and engine stages, a connection thread
-per request, one GIL) while the GPU idles (docs/service.md). Each builds the same engine from the
-same compile cache and decodes on the same path, so results do not depend on which one served.
-A benchmark in one holds the device in all of them (the `hold` operation).
+A group runs one or several engine processes per device (ARRCOC_ENGINE_PROCESSES, `--devices`),
+as Triton runs several instances of a model on one GPU: under load one engine process is bound by
+its own Python (decode and engine stages, a connection thread per request, one GIL) while the GPU
+idles (docs/service.md). Each builds the same engine from the same compile cache and decodes on the
+same path, so results do not depend on which one served. Every Celery process may reach every
+engine process of its group and sends each call to the least loaded (`EngineClient`). A benchmark in
+one holds its device in all of that device's engine processes (the `hold` operation).
 
 Wire: pickled tuples over a local socket (`multiprocessing.connection`, AF_UNIX, an auth key the
 supervisor makes per group). One connection per client thread; a request is `(op, *args)`, the
@@ -78,7 +79,9 @@ class EngineServer:
         self.runtime = runtime
         self.address = address
         self._authkey = authkey
-        self.group = tuple(group) or (address,)  # every engine process of the worker group, in order
+        self.group = tuple(group) or (address,)  # every engine process on this device, in order
+        self._served_lock = threading.Lock()
+        self.served = {"requests": 0, "items": 0}  # what this process has answered (the health check shows it)
         self.listener = Listener(address, family="AF_UNIX", authkey=authkey)
 
     def serve_forever(self) -> None:
@@ -115,20 +118,32 @@ class EngineServer:
                 except (OSError, ValueError):
                     return
 
+    def _count(self, items: int) -> None:
+        with self._served_lock:
+            self.served["requests"] += 1
+            self.served["items"] += items
+
     def _op_info(self, peer: _Peer) -> dict[str, Any]:
         return {
             "max_batch": self.runtime.max_batch,
             "pid": os.getpid(),
             "device": str(self.runtime.pipeline.device),
+            # the GPU this process is pinned to (its cuda:0), as the host numbers it
+            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "served": dict(self.served),
         }
 
     def _op_infer(self, peer: _Peer, image: Any, query: str, controls: Controls, timeout: float,
                   backend: str | None) -> RelevanceResult:  # fmt: skip
-        return self.runtime.infer(image, query, controls, timeout, backend)
+        result = self.runtime.infer(image, query, controls, timeout, backend)
+        self._count(1)
+        return result
 
     def _op_process(self, peer: _Peer, images: list[bytes], queries: list[str], controls: Controls,
                     overlay: str, backend: str | None) -> ProcessedBatch:  # fmt: skip
-        return self.runtime.process(images, queries, controls, overlay, backend)
+        processed = self.runtime.process(images, queries, controls, overlay, backend)
+        self._count(len(images))
+        return processed
 
     def _op_bench(self, peer: _Peer, request: BenchRequest) -> tuple[dict[str, Any], dict[str, Any]]:
         last = [0.0]
@@ -189,34 +204,91 @@ BENCH_PROGRESS_EVERY_S = 0.25  # a benchmark's progress (and with it a cancel) c
 
 
 # -- the client: in each Celery worker process ------------------------------------------------------
-class EngineClient(EngineHost):
-    """The engine host as a Celery worker process of a group sees it: the engine process, which
-    decodes, batches and runs what this process sends (see the module docstring)."""
+class _Route:
+    """One engine process of the pool as this client sees it."""
 
-    def __init__(self, settings: Settings, address: str, authkey: bytes):
+    def __init__(self, address: str):
+        self.address = address
+        self.local = threading.local()  # one connection per thread: replies never interleave
+        self.in_flight = 0  # items sent from this process and not answered yet
+        self.down_until = 0.0  # after a failed call: skipped until then while another engine is up
+
+
+class EngineClient(EngineHost):
+    """The engine host as a Celery worker process of a group sees it: the group's engine processes
+    (every device's), which decode, batch and run what this process sends (see the module
+    docstring). Each call goes to the engine with the fewest items in flight from this process,
+    the first of the pool when they are even: the least-outstanding-requests choice of load
+    balancers, which needs no shared state between Celery processes. A call whose engine stops
+    answering is sent once more to another engine; the one that failed is skipped for a while
+    (its supervisor starts it again)."""
+
+    DOWN_S = 2.0  # how long an engine that failed a call is passed over
+
+    def __init__(self, settings: Settings, addresses: str | Sequence[str], authkey: bytes):
         self.settings = settings
-        self._address = address
+        self._routes = [_Route(a) for a in ([addresses] if isinstance(addresses, str) else addresses)]
+        if not self._routes:
+            raise ValueError("an engine client needs at least one engine address")
         self._authkey = authkey
-        self._local = threading.local()  # one connection per thread: replies never interleave
+        self._lock = threading.Lock()
         self._info: dict[str, Any] | None = None
 
-    def _conn(self) -> Connection:
-        conn = getattr(self._local, "conn", None)
+    def _conn(self, route: _Route) -> Connection:
+        conn = getattr(route.local, "conn", None)
         if conn is None:
-            conn = self._local.conn = Client(self._address, family="AF_UNIX", authkey=self._authkey)
+            conn = route.local.conn = Client(route.address, family="AF_UNIX", authkey=self._authkey)
         return conn
 
-    def _drop(self) -> None:
+    def _drop(self, route: _Route) -> None:
         """Forget this thread's connection (a reply may still be on its way)."""
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
+        conn = getattr(route.local, "conn", None)
+        route.local.conn = None
         if conn is not None:
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def _call(self, msg: tuple, timeout: float | None = None, on_progress: Progress | None = None) -> Any:
+    def _pick(self, items: int, avoid: _Route | None = None) -> _Route | None:
+        """The engine with the least work in flight among those up (any when none is), reserved for
+        `items`; None when `avoid` is the only one."""
+        now = time.monotonic()
+        with self._lock:
+            routes = [r for r in self._routes if r is not avoid]
+            if not routes:
+                return None
+            up = [r for r in routes if r.down_until <= now] or routes
+            route = min(up, key=lambda r: r.in_flight)  # min keeps the first of equals: the preferred
+            route.in_flight += items
+            return route
+
+    def _release(self, route: _Route, items: int) -> None:
+        with self._lock:
+            route.in_flight -= items
+
+    def _routed(self, msg: tuple, items: int, timeout: float | None = None) -> Any:
+        """`msg` to the least-loaded engine; once more to another if that one stops answering."""
+        route = self._pick(items)
         try:
-            conn = self._conn()
+            return self._call(route, msg, timeout)
+        except EngineUnavailableError:
+            route.down_until = time.monotonic() + self.DOWN_S
+            other = self._pick(items, avoid=route)
+            if other is None:
+                raise
+            log.warning("the engine process at %s is not answering; its call goes to %s", route.address, other.address)
+            try:
+                return self._call(other, msg, timeout)
+            except EngineUnavailableError:
+                other.down_until = time.monotonic() + self.DOWN_S
+                raise
+            finally:
+                self._release(other, items)
+        finally:
+            self._release(route, items)
+
+    def _call(self, route: _Route, msg: tuple, timeout: float | None = None, on_progress: Progress | None = None) -> Any:
+        try:
+            conn = self._conn(route)
             _send(conn, msg)
             while True:
                 if not conn.poll(timeout):
@@ -232,27 +304,42 @@ class EngineClient(EngineHost):
                     on_progress = None
                     _send(conn, ("stop", str(e)))
         except (EOFError, OSError, AuthenticationError) as e:
-            self._drop()
+            self._drop(route)
             if isinstance(e, ArrcocError):  # DeadlineExceeded is a TimeoutError, hence an OSError
                 raise
-            raise EngineUnavailableError(f"The engine process is not answering ({type(e).__name__}); the worker"
-                                         " group restarts when it stops. Try again.") from None  # fmt: skip
+            raise EngineUnavailableError(f"The engine process is not answering ({type(e).__name__}); it is being"
+                                         " started again. Try again.") from None  # fmt: skip
         except BaseException:  # a reply may still come: this connection is out of step now
-            self._drop()
+            self._drop(route)
             raise
         if kind == "err":
             raise error_from_wire(payload[0])
         return payload[0]
-
     @property
     def info(self) -> dict[str, Any]:
         if self._info is None:
-            self._info = self._call(("info",), timeout=self.settings.redis_timeout_s * 6)
+            self._info = self._routed(("info",), 0, timeout=self.settings.redis_timeout_s * 6)
         return self._info
 
+    def engines(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Every engine of the pool, each asked on a connection of its own: its info and what it
+        has served, or `up: False` and why not (the worker group's health check)."""
+        out = []
+        for route in self._routes:
+            try:
+                with Client(route.address, family="AF_UNIX", authkey=self._authkey) as conn:
+                    _send(conn, ("info",))
+                    if not conn.poll(timeout):
+                        raise TimeoutError(f"no answer within {timeout:.0f} s")
+                    kind, payload = _recv(conn)
+                out.append({"address": route.address, "up": kind == "ok", **(payload if kind == "ok" else {})})
+            except (EOFError, OSError, AuthenticationError) as e:
+                out.append({"address": route.address, "up": False, "error": f"{type(e).__name__}: {e}"})
+        return out
+
     def warm(self) -> None:
-        log.info("engine process %s on %s serves this worker (max batch %d)", self.info["pid"], self.info["device"],
-                 self.max_batch)  # fmt: skip
+        log.info("engine process %s on %s serves this worker (max batch %d; %d engine(s) in its pool)",
+                 self.info["pid"], self.info["device"], self.max_batch, len(self._routes))  # fmt: skip
 
     @property
     def max_batch(self) -> int:
@@ -272,20 +359,27 @@ class EngineClient(EngineHost):
         self.settings.served_backend(backend)  # an unserved backend is a clear error, before any work
         t0 = time.perf_counter()
         # the engine keeps the deadline; the extra second is for the reply to arrive
-        result = self._call(("infer", image, query, controls, timeout, backend), timeout=timeout + 1.0)
+        result = self._routed(("infer", image, query, controls, timeout, backend), 1, timeout=timeout + 1.0)
         # the round trip: batching delay + engine + the socket both ways (model_ms is the engine's part)
         return dataclasses.replace(result, timings_ms=result.timings_ms | {"engine_wall_ms": (time.perf_counter() - t0) * 1e3})
 
     def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
                 backend: str | None = None) -> ProcessedBatch:  # fmt: skip
-        return self._call(("process", list(images), list(queries), controls, overlay, backend))
+        return self._routed(("process", list(images), list(queries), controls, overlay, backend), len(images))
 
     def benchmark(self, request: BenchRequest, progress: Progress | None = None
                   ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
-        return self._call(("bench", request), on_progress=progress)
+        """On the least-loaded engine, holding its device (not retried elsewhere: a benchmark job
+        that loses its engine is redelivered as a whole)."""
+        route = self._pick(0)
+        try:
+            return self._call(route, ("bench", request), on_progress=progress)
+        finally:
+            self._release(route, 0)
 
     def close(self) -> None:
-        self._drop()
+        for route in self._routes:
+            self._drop(route)
 
 
 # -- the engine process's entry point ------------------------------------------------------------------
