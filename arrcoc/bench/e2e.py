@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import io
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -126,19 +127,44 @@ def _zip(images: list[bytes], n: int, ext: str) -> bytes:
 
 
 # -- measuring ------------------------------------------------------------------------------------
-class GpuBusy:
-    """The GPU's utilisation (nvidia-smi, every 100 ms) while the block runs; None without one."""
+class HostBusy:
+    """How many of the host's cores were busy (all processes, /proc/stat) while the block ran: a
+    worker group and its clients share the host, and this says whether its CPUs bound a figure."""
 
-    def __init__(self, device: torch.device):
+    @staticmethod
+    def _jiffies() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def __enter__(self) -> HostBusy:
+        self._start = self._jiffies() if os.path.exists("/proc/stat") else None
+        self.cores: float | None = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._start is not None:
+            busy, total = (b - a for a, b in zip(self._start, self._jiffies(), strict=True))
+            self.cores = round(busy / max(total, 1) * (os.cpu_count() or 1), 1)
+
+
+class GpuBusy:
+    """The GPUs' mean utilisation (nvidia-smi, every 100 ms) while the block runs; None without one.
+    `devices`: how many GPUs, from `device`'s index on (a worker group over several)."""
+
+    def __init__(self, device: torch.device, devices: int = 1):
         self.device = device
+        self.devices = devices
         self.samples: list[float] = []
 
     def __enter__(self) -> GpuBusy:
         self._proc = None
         if self.device.type == "cuda":
             index = self.device.index or 0
+            gpus = ",".join(str(index + i) for i in range(self.devices))
             self._proc = subprocess.Popen(
-                ["nvidia-smi", "-i", str(index), "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                ["nvidia-smi", "-i", gpus, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
                  "-lms", "100"], stdout=subprocess.PIPE, text=True)  # fmt: skip
             self._reader = threading.Thread(target=self._read, daemon=True)
             self._reader.start()
@@ -161,9 +187,10 @@ class GpuBusy:
         return round(float(np.mean(self.samples)), 3) if self.samples else None
 
 
-def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "the red one") -> dict[str, Any]:
+def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "the red one", devices: int = 1
+              ) -> dict[str, Any]:  # fmt: skip
     """One batch job from submission until its results zip is complete."""
-    with GpuBusy(device) as busy:
+    with GpuBusy(device, devices) as busy, HostBusy() as host:
         t0, cpu0 = time.perf_counter(), time.process_time()
         job = ex.submit_batch(archive, query)
         t_unpacked = time.perf_counter()
@@ -182,19 +209,19 @@ def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "th
         "images_per_s": round(n / wall, 1), "gpu_busy": busy.fraction,
         # this process's CPU time over wall: in-process, ~1-2 of 16 cores busy means one thread
         # at a time (the GIL) bounds the job; through Celery the work is in the worker group
-        "process_cores": round(cores, 2),
+        "process_cores": round(cores, 2), "host_cores": host.cores,
         "stage_ms_per_item": {k: round(v / n, 3) for k, v in sorted(stages.items())},
     }  # fmt: skip
 
 
-def repeated_job(ex, archive: bytes, n: int, device: torch.device, rounds: int = 1) -> dict[str, Any]:
+def repeated_job(ex, archive: bytes, n: int, device: torch.device, rounds: int = 1, devices: int = 1) -> dict[str, Any]:
     """The job once, then `rounds` times: the figure is the timed job of median images/s, the first
     beside it (the first large job after start-up runs slower: caches and allocators still warming),
     and every timed job's images/s and GPU busy under `rounds` (the same code's job moves from one
     run to the next on a lent machine)."""
-    first = batch_job(ex, archive, n, device)
-    runs = [batch_job(ex, archive, n, device) for _ in range(max(1, rounds))]
-    return _median(runs, "images_per_s", ("gpu_busy",)) | {"first_images_per_s": first["images_per_s"]}
+    first = batch_job(ex, archive, n, device, devices=devices)
+    runs = [batch_job(ex, archive, n, device, devices=devices) for _ in range(max(1, rounds))]
+    return _median(runs, "images_per_s", ("gpu_busy", "host_cores")) | {"first_images_per_s": first["images_per_s"]}
 
 
 def _median(runs: list[dict[str, Any]], key: str, also: tuple[str, ...]) -> dict[str, Any]:
@@ -261,7 +288,9 @@ def decode_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any] | Non
 
 def interactive(make_executor, image: bytes, clients: int, requests: int, processes: int = 1) -> dict[str, Any]:
     t0, cpu0 = time.perf_counter(), time.process_time()
-    report = run_load(make_executor, image, QUERIES, clients, requests, timeout=120.0, processes=processes)
+    with HostBusy() as host:
+        report = run_load(make_executor, image, QUERIES, clients, requests, timeout=120.0, processes=processes)
+    report["host_cores"] = host.cores
     report["process_cores"] = round((time.process_time() - cpu0) / (time.perf_counter() - t0), 2)
     t = report["timings_ms_mean"]
     # on a GPU the caller only checks the header (preprocess_ms); the batch decodes (batch_decode_ms)
@@ -277,7 +306,7 @@ def interactive_rounds(make_executor, image: bytes, clients: int, requests: int,
     """`interactive` `rounds` times in a row: the round of median throughput, with every round's
     req/s, p50 and p99 under `rounds`."""
     runs = [interactive(make_executor, image, clients, requests, processes) for _ in range(max(1, rounds))]
-    return _median(runs, "throughput_rps", ("p50_ms", "p99_ms"))
+    return _median(runs, "throughput_rps", ("p50_ms", "p99_ms", "host_cores"))
 
 
 def e2e_weights(cfg: E2EConfig) -> str | None:
@@ -473,8 +502,8 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
 def _celery_group(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, engines: int,
                   redis, devices: list[str], progress, full: bool = True) -> dict[str, Any]:  # fmt: skip
     """One worker group (`devices`: `arrcoc worker --devices`, none: the configured device)
-    measured: batch jobs, and one caller (`full`) and many; with several devices, as many callers
-    per device as the run has."""
+    measured: batch jobs, and one caller (`full`) and many; with several devices, the same load per
+    device: as many items, callers and client processes per device as the run has for one."""
     from ..service.client.celery_executor import CeleryExecutor
     from .processes import Worker, worker_env
 
@@ -499,21 +528,23 @@ def _celery_group(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, devi
         ex = make()
         try:
             out["batch_celery"] = {}
-            jobs = (("jpeg_800x600", cfg.items, ".jpg"), ("jpeg_4032x3024", cfg.large_items if full else 0, ".jpg"))
+            jobs = (("jpeg_800x600", cfg.items * per_device, ".jpg"),
+                    ("jpeg_4032x3024", cfg.large_items if full else 0, ".jpg"))  # fmt: skip
             for kind, n, ext in jobs:
                 if n:
                     progress(f"batch job through Celery{where}: {n} x {kind}")
-                    out["batch_celery"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device, cfg.rounds)
+                    out["batch_celery"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device, cfg.rounds,
+                                                             per_device)  # fmt: skip
         finally:
             ex.close()
         image = work["jpeg_800x600"][1]
         if full:
             progress("interactive through Celery: 1 caller")
             out["interactive_celery_1"] = interactive(make, image, 1, min(cfg.requests, 256))
-        clients = cfg.clients * per_device
-        progress(f"interactive through Celery{where}: {clients} callers in {cfg.client_processes} processes")
+        clients, processes = cfg.clients * per_device, cfg.client_processes * per_device
+        progress(f"interactive through Celery{where}: {clients} callers in {processes} processes")
         out["interactive_celery_n"] = interactive_rounds(make, image, clients, cfg.requests * 2 * per_device,
-                                                         cfg.client_processes, cfg.rounds)  # fmt: skip
+                                                         processes, cfg.rounds)  # fmt: skip
     finally:
         worker.stop()
     return out
@@ -530,9 +561,15 @@ def device_scaling(one: dict[str, Any], every: dict[str, Any], n: int) -> dict[s
             a, b = (a or {}).get(key), (b or {}).get(key)
         if a and b:
             out[name] = {"one": a, "all": b, "speedup": round(b / a, 3), "of_linear": round(b / (a * n), 3)}
-    p99 = (one.get("interactive_celery_n", {}).get("p99_ms"), every.get("interactive_celery_n", {}).get("p99_ms"))
-    if all(p99):
-        out["interactive_p99_ms"] = {"one": p99[0], "all": p99[1]}
+    for name, path in (("interactive_p99_ms", ("interactive_celery_n", "p99_ms")),
+                       ("batch_gpu_busy", ("batch_celery", "jpeg_800x600", "gpu_busy")),
+                       ("batch_host_cores", ("batch_celery", "jpeg_800x600", "host_cores")),
+                       ("interactive_host_cores", ("interactive_celery_n", "host_cores"))):  # fmt: skip
+        a, b = one, every
+        for key in path:
+            a, b = (a or {}).get(key), (b or {}).get(key)
+        if a is not None and b is not None:
+            out[name] = {"one": a, "all": b}
     return out
 
 
@@ -620,9 +657,15 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
         row = scaling.get(name)
         if row:
             lines.append(f"| {label} | {row['one']} | **{row['all']}** | {row['speedup']}x | {row['of_linear']} |")
-    p99 = scaling.get("interactive_p99_ms")
-    if p99:
-        lines.append(f"| many callers, p99 ms | {p99['one']} | {p99['all']} | | |")
+    for name, label in (("interactive_p99_ms", "many callers, p99 ms"), ("batch_gpu_busy", "batch job, GPU busy (mean)"),
+                        ("batch_host_cores", "batch job, host cores busy"),
+                        ("interactive_host_cores", "many callers, host cores busy")):  # fmt: skip
+        row = scaling.get(name)
+        if row:
+            lines.append(f"| {label} | {row['one']} | {row['all']} | | |")
+    lines += ["", f"Over all {n} devices: the batch job has {n} times the items, the callers and client processes are"
+                  f" {n} times as many. Host cores busy: every process of the host (worker group, clients, Redis) over"
+                  " the phase, of the host's CPUs."]  # fmt: skip
     return lines
 
 
