@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from helpers import BROKER, make_zip, png_bytes, seeded_weights
+from PIL import Image
 
 from arrcoc.errors import DeadlineExceeded, ImageError, InvalidInputError, JobError
 from arrcoc.request import Controls
@@ -380,8 +381,9 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
     same; parts out of order make the streamed zip give up, leaving nothing."""
     from arrcoc.service.client.inprocess import InProcessExecutor
     from arrcoc.service.jobs import batch
+    from arrcoc.service.jobs.budget import folder_bytes
     from arrcoc.service.jobs.files import job_dir
-    from arrcoc.service.jobs.parts import PART_SUFFIX
+    from arrcoc.service.jobs.parts import PART_SUFFIX, part_pictures
     from arrcoc.service.jobs.results_zip import ResultsZip, build_results_zip
 
     def content(path):
@@ -410,6 +412,14 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
         assert sorted(p.name for p in jd.iterdir() if p.name.startswith(".")) == []  # no spool left
         streamed = content(jd / "results.zip")
         assert len([n for n in streamed[0] if n.startswith("overlays/")]) == 20
+        # each picture is on disk once: in the file that results.zip is a second name for, not in a part
+        for part in parts:
+            with zipfile.ZipFile(part) as zf:
+                assert not [n for n in zf.namelist() if n.startswith("overlays/")]
+        named = {part_pictures(part).file for part in parts}
+        assert len(named) == 1 and (jd / named.pop()).samefile(jd / "results.zip")
+        files = [f for f in jd.rglob("*") if f.is_file() and f.name != "reserved.json"]
+        assert folder_bytes(jd) == sum(f.stat().st_size for f in files) - (jd / "results.zip").stat().st_size
         assert pq.read_table(jd / "results.parquet").equals(streamed[2])  # the same file beside the zip
         (jd / "results.zip").unlink()
         rebuilt = content(build_results_zip(jd))
@@ -481,11 +491,17 @@ def pq_bytes(table) -> bytes:
     return buf.getvalue()
 
 
-def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeypatch):
+@pytest.mark.parametrize("stopped", ["exited", "killed"])
+def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeypatch, stopped):
     """A worker that wrote a step's part and died before recording it: the chunk delivered again
     writes those items again; results.parquet and summary.csv hold each item exactly once (the
-    later part's row)."""
+    later part's row), every picture whole, also those the first worker wrote straight into the
+    results.zip it was writing and never closed (killed: nothing of it ran after)."""
     from arrcoc.service.jobs import batch as jobs
+    from arrcoc.service.jobs.results_zip import ResultsZip
+
+    if stopped == "killed":
+        monkeypatch.setattr(ResultsZip, "abandon", lambda self: None)
 
     step = jobs.step_items(inprocess.runtime)
     n = 2 * step + 3
@@ -504,6 +520,7 @@ def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeyp
     with pytest.raises(SystemExit):
         jobs.run_chunk(job, 0, n, inprocess.runtime, inprocess.store, settings)
     assert inprocess.status(job).done == step
+    monkeypatch.undo()
     for start, stop in chunks:  # delivered again
         jobs.run_chunk(job, start, stop, inprocess.runtime, inprocess.store, settings)
     st = inprocess.status(job)
@@ -512,6 +529,8 @@ def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeyp
         table = pq.read_table(io.BytesIO(zf.read("results.parquet")))
         summary = list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode())))
         assert len([m for m in zf.namelist() if m.startswith("overlays/")]) == n
+        assert zf.testzip() is None  # every picture's bytes match its CRC
+        assert all(Image.open(io.BytesIO(zf.read(m))).size for m in table["overlay"].to_pylist())
     assert table["index"].to_pylist() == list(range(n)) and [int(r["index"]) for r in summary] == list(range(n))
     assert set(table["status"].to_pylist()) == {"ok"}
 
