@@ -35,8 +35,6 @@ from .parts import (
 )
 from .results import JSONL_NAME, RESULTS_NAME, SUMMARY_NAME, ResultsWriter, parquet_to_jsonl, write_summary
 
-DEFLATE_LEVEL = 1
-
 
 class ResultsZip:
     """results.zip being written: runs of the parts' rows added in index order, then finished."""
@@ -94,18 +92,6 @@ class ResultsZip:
         self.next_index += rows.num_rows
         self.ms += (time.perf_counter() - t0) * 1e3
 
-    def add_part(self, path: Path) -> None:
-        """A part already written, whole: added if its rows are the next ones in index order;
-        otherwise the zip is given up."""
-        if self.abandoned:
-            return
-        rows = part_table(path)
-        if not contiguous(rows["index"].to_numpy(), self.next_index):
-            self.abandon()
-            return
-        self.add(path, rows)
-        self.next_index += rows.num_rows
-
     def finish(self) -> Path:
         """results.parquet, summary.csv (and results.jsonl) appended; renamed to results.zip."""
         try:
@@ -126,7 +112,10 @@ class ResultsZip:
             os.replace(self._parquet.path, self.jd / RESULTS_NAME)
             if self.holds_pictures:  # parts name this file: results.zip is a second name for it
                 tmp = self.jd / f".results.{secrets.token_hex(4)}.zip"
-                os.link(self.path, tmp)
+                try:
+                    os.link(self.path, tmp)
+                except OSError:  # a filesystem without hard links: a copy
+                    shutil.copyfile(self.path, tmp)
                 os.replace(tmp, self.jd / "results.zip")
             else:
                 os.replace(self.path, self.jd / "results.zip")
