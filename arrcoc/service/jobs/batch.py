@@ -2,8 +2,9 @@
 
 A batch job lives in the data store (`<data_dir>/jobs/<id>/`: inputs/, items.jsonl, results/,
 results.parquet, results.zip) and in the job store (state, progress). Every step is idempotent:
-an item already recorded is skipped; each pipeline step's rows and overlays are written atomically
-as one part file (results/<time>-<rand>.part.zip) before its items are recorded; results.parquet
+an item already recorded is skipped; each pipeline step's rows are written atomically as one part
+file (results/<time>-<rand>.part.zip), after its overlays are on disk (in the part, or in the
+results.zip being written, which the part names) and before its items are recorded; results.parquet
 and results.zip are built from the parts in index order, one row per item (a part written by a
 worker that died before recording it is outlived by the part of the item's rerun), so a
 redelivered chunk adds no duplicate rows.

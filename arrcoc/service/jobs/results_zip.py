@@ -128,7 +128,7 @@ class ResultsZip:
             self._close()
 
     def complete(self, total: int) -> bool:
-        """Whether add_part's parts held every item of a job of `total` items, in order."""
+        """Whether the steps added held every item of a job of `total` items, in order."""
         return not self.abandoned and self.next_index == total
 
     def abandon(self) -> None:
