@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from .results import ItemKey, from_ipc, step_table, to_ipc
+from .results import ItemKey, from_bytes, from_ipc, step_table, to_ipc
 
 PART_SUFFIX = ".part.zip"
 ROWS = "rows.arrow"
@@ -87,7 +87,12 @@ class Pictures:
 
     def end(self, i: int) -> int:
         """Where entry i ends in `file`."""
-        return self.offsets[i] + zipfile.sizeFileHeader + len(self.names[i]) + self.sizes[i]
+        return self.offsets[i] + _header_size(self.names[i]) + self.sizes[i]
+
+
+def _header_size(name: str) -> int:
+    """A local header's size, for an entry written here (no extra field)."""
+    return zipfile.sizeFileHeader + len(name.encode())
 
 
 def _entry(name: str, crc: int, size: int, offset: int, date_time: tuple[int, ...]) -> zipfile.ZipInfo:
@@ -122,7 +127,7 @@ def append_pictures(out: zipfile.ZipFile, file: str, names: Sequence[str], datas
         offsets.append(at)
         crcs.append(info.CRC)
         sizes.append(info.file_size)
-        at += zipfile.sizeFileHeader + len(name) + info.file_size
+        at += _header_size(name) + info.file_size
     out.fp.flush()  # in the kernel before a part names them: a killed process loses none of them
     _register(out, infos, at)
     return Pictures(file, tuple(names), tuple(offsets), tuple(crcs), tuple(sizes))
@@ -195,14 +200,26 @@ def write_part(jd: Path, keys: Sequence[ItemKey], outputs, errors: Sequence[str 
     return jd / "results" / name, marks, table
 
 
+# a part written before rows were Arrow IPC (its pictures in it, listed by its central directory
+# only), read as it is: a job half done across an upgrade finishes
+_PARQUET_ROWS = "rows.parquet"
+
+
 def part_table(path: Path, columns: list[str] | None = None) -> pa.Table:
     with zipfile.ZipFile(path) as zf:
+        if ROWS not in zf.NameToInfo:
+            return from_bytes(zf.read(_PARQUET_ROWS), columns)
         return from_ipc(zf.read(ROWS), columns)
 
 
 def part_pictures(path: Path) -> Pictures:
     with zipfile.ZipFile(path) as zf:
-        return Pictures.from_json(zf.read(PICTURES))
+        if PICTURES in zf.NameToInfo:
+            return Pictures.from_json(zf.read(PICTURES))
+        infos = sorted((i for i in zf.infolist() if i.filename != _PARQUET_ROWS), key=lambda i: i.header_offset)
+    return Pictures(f"{path.parent.name}/{path.name}", tuple(i.filename for i in infos),
+                    tuple(i.header_offset for i in infos), tuple(i.CRC for i in infos),
+                    tuple(i.file_size for i in infos))  # fmt: skip
 
 
 # -- reading parts back ---------------------------------------------------------------------------

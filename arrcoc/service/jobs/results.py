@@ -99,6 +99,10 @@ def to_bytes(table: pa.Table) -> bytes:
     return buf.getvalue()
 
 
+def from_bytes(data: bytes, columns: list[str] | None = None) -> pa.Table:
+    return pq.read_table(pa.BufferReader(data), columns=columns)
+
+
 def to_ipc(table: pa.Table) -> bytes:
     """A step's rows as an Arrow IPC file: its arrays as they are, no encoding (a part's rows,
     encoded to Parquet once, when they go into results.parquet)."""
@@ -239,5 +243,5 @@ def parquet_to_jsonl(source: str | Path | IO[bytes], out: IO[bytes]) -> int:
     return f.metadata.num_rows
 
 
-__all__ = ["MAPS", "RESULTS_NAME", "SCHEMA_VERSION", "SUMMARY_FIELDS", "ResultsWriter", "from_ipc", "neutralised",
+__all__ = ["MAPS", "RESULTS_NAME", "SCHEMA_VERSION", "SUMMARY_FIELDS", "ResultsWriter", "from_bytes", "from_ipc", "neutralised",
            "parquet_to_jsonl", "step_table", "to_bytes", "to_ipc", "write_jsonl", "write_summary"]  # fmt: skip
