@@ -1,8 +1,11 @@
 """Batch-job overlays: the relevance map blended over the image, a step at a time, where the pixels are.
 
 On a GPU the step's pictures are drawn together as tensors (arrcoc.render.blend_overlays); JPEGs
-are encoded there in one batched `encode_jpeg` call and come to the host in one copy, PNGs come to
-the host in one copy and Pillow encodes them. On a CPU worker Pillow draws (arrcoc.render.overlay)
+are encoded there in one batched `encode_jpeg` call and come to the host in one copy, PNGs (and
+JPEGs with ARRCOC_OVERLAY_JPEG_ENCODER=cpu) come to the host in one copy and Pillow encodes them in
+the thread pool. torchvision's nvJPEG encoder is one per process and encodes one picture at a
+time, waiting for each, so steps from several callers take turns on it
+(docs/service.md#concurrency). On a CPU worker Pillow draws (arrcoc.render.overlay)
 and encodes each picture in a thread pool: its C code lets go of the GIL, so the step's pictures
 use every core, where the same tensor operations run several times slower. Both draw the same
 picture (to one level of rounding: tests/test_decode.py).
@@ -24,16 +27,19 @@ JPEG_QUALITY = 90
 
 
 def encode(views: Sequence[torch.Tensor], maps: np.ndarray, fmt: str, pool: Executor | None = None,
-           quality: int = JPEG_QUALITY) -> list[bytes]:  # fmt: skip
+           quality: int = JPEG_QUALITY, gpu_jpeg: bool = True) -> list[bytes]:  # fmt: skip
     """One encoded overlay per (view (3, h, w) uint8, map (G, G) in [0, 1]); `fmt` jpeg or png,
-    `quality` JPEG's."""
+    `quality` JPEG's; `gpu_jpeg` False: JPEGs drawn on the GPU are encoded by Pillow, as PNGs are."""
     if not len(views):
         return []
     if views[0].is_cuda:
         pictures = blend_overlays(views, maps)
-        if fmt == "jpeg":
+        if fmt == "jpeg" and gpu_jpeg:
             from torchvision.io import encode_jpeg
 
+            # torchvision's encoder reads the pictures on a stream of its own, which does not wait
+            # for the one they were drawn on
+            torch.cuda.current_stream(views[0].device).synchronize()
             return _to_host_bytes(encode_jpeg(pictures, quality=quality))
         work = lambda a: _save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality)  # noqa: E731
         items = to_host(pictures)

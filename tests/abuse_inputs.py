@@ -116,10 +116,10 @@ def png16(side: int) -> bytes:
 
 
 def du(path: Path) -> int:
-    """Bytes on disk under path (0 when it does not exist)."""
+    """Bytes on disk under path (0 when it does not exist), a file under two names counted once."""
     if not path.exists():
         return 0
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return sum({(st.st_dev, st.st_ino): st.st_size for st in (f.stat() for f in path.rglob("*") if f.is_file())}.values())
 
 
 def rss_bytes() -> int:

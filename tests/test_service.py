@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from helpers import BROKER, make_zip, png_bytes, seeded_weights
+from PIL import Image
 
 from arrcoc.errors import DeadlineExceeded, ImageError, InvalidInputError, JobError
 from arrcoc.request import Controls
@@ -377,11 +378,13 @@ def test_a_batch_job_without_overlays(settings, tmp_path):
 
 def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(settings, tmp_path, monkeypatch):
     """A job run whole writes results.zip as its parts come; built again from the parts it is the
-    same; parts out of order make the streamed zip give up, leaving nothing."""
+    same; each picture is on disk once; steps out of order make the streamed zip give up, leaving
+    nothing."""
     from arrcoc.service.client.inprocess import InProcessExecutor
     from arrcoc.service.jobs import batch
+    from arrcoc.service.jobs.budget import folder_bytes
     from arrcoc.service.jobs.files import job_dir
-    from arrcoc.service.jobs.parts import PART_SUFFIX
+    from arrcoc.service.jobs.parts import PART_SUFFIX, part_pictures
     from arrcoc.service.jobs.results_zip import ResultsZip, build_results_zip
 
     def content(path):
@@ -410,19 +413,51 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
         assert sorted(p.name for p in jd.iterdir() if p.name.startswith(".")) == []  # no spool left
         streamed = content(jd / "results.zip")
         assert len([n for n in streamed[0] if n.startswith("overlays/")]) == 20
+        # each picture is on disk once: in the file that results.zip is a second name for, not in a part
+        for part in parts:
+            with zipfile.ZipFile(part) as zf:
+                assert not [n for n in zf.namelist() if n.startswith("overlays/")]
+        named = {part_pictures(part).file for part in parts}
+        assert len(named) == 1 and (jd / named.pop()).samefile(jd / "results.zip")
+        files = [f for f in jd.rglob("*") if f.is_file() and f.name != "reserved.json"]
+        assert folder_bytes(jd) == sum(f.stat().st_size for f in files) - (jd / "results.zip").stat().st_size
         assert pq.read_table(jd / "results.parquet").equals(streamed[2])  # the same file beside the zip
         (jd / "results.zip").unlink()
         rebuilt = content(build_results_zip(jd))
         assert rebuilt[:2] == streamed[:2] and rebuilt[2].equals(streamed[2])
         out_of_order = ResultsZip(jd)
-        out_of_order.add_part(parts[0])
-        out_of_order.add_part(parts[2])
+        assert out_of_order.add_pictures([8, 9], [None, None], [None, None]) is None  # not where the results begin
         assert not out_of_order.complete(21) and out_of_order.abandoned
         out_of_order.abandon()
         assert not out_of_order.path.exists()
         assert sorted(p.name for p in jd.iterdir() if p.name.startswith(".")) == []
     finally:
         ex.close()
+
+
+def test_a_part_written_before_rows_were_arrow_is_read_as_it_is(tmp_path):
+    """A job half done across an upgrade: its older parts (rows as Parquet, pictures listed only by
+    the part's own directory) go into results.zip beside the newer ones, every picture whole."""
+    from arrcoc.service.host.interface import StepOutputs
+    from arrcoc.service.jobs.parts import picture_names, write_part, zip_name
+    from arrcoc.service.jobs.results import step_table, to_bytes
+    from arrcoc.service.jobs.results_zip import build_results_zip
+
+    (tmp_path / "results").mkdir()
+    old_keys = [(0, "a.jpg", "q"), (1, "b.jpg", "q")]
+    outputs = dataclasses.replace(StepOutputs.failed(2, 32, 4), ok=np.ones(2, bool))
+    names = [zip_name(i, f, ".jpg") for i, f, _ in old_keys]
+    with zipfile.ZipFile(tmp_path / "results" / f"{0:020d}-aaaaaa.part.zip", "w") as zf:  # as the older code wrote it
+        for name, data in zip(names, (b"first picture", b"second"), strict=True):
+            zf.writestr(name, data)
+        zf.writestr("rows.parquet", to_bytes(step_table(old_keys, outputs, [None, None], names)))
+    new_keys = [(2, "c.jpg", "q")]
+    one = dataclasses.replace(StepOutputs.failed(1, 32, 4), ok=np.ones(1, bool))
+    write_part(tmp_path, new_keys, one, [None], picture_names(new_keys, [b"third"], one.ok, ".jpg"), [b"third"])
+    with zipfile.ZipFile(build_results_zip(tmp_path)) as zf:
+        assert zf.testzip() is None
+        assert [zf.read(n) for n in zf.namelist() if n.startswith("overlays/")] == [b"first picture", b"second", b"third"]
+        assert pq.read_table(io.BytesIO(zf.read("results.parquet")))["index"].to_pylist() == [0, 1, 2]
 
 
 def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inprocess, settings):
@@ -481,11 +516,17 @@ def pq_bytes(table) -> bytes:
     return buf.getvalue()
 
 
-def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeypatch):
+@pytest.mark.parametrize("stopped", ["exited", "killed"])
+def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeypatch, stopped):
     """A worker that wrote a step's part and died before recording it: the chunk delivered again
     writes those items again; results.parquet and summary.csv hold each item exactly once (the
-    later part's row)."""
+    later part's row), every picture whole, also those the first worker wrote straight into the
+    results.zip it was writing and never closed (killed: nothing of it ran after)."""
     from arrcoc.service.jobs import batch as jobs
+    from arrcoc.service.jobs.results_zip import ResultsZip
+
+    if stopped == "killed":
+        monkeypatch.setattr(ResultsZip, "abandon", lambda self: None)
 
     step = jobs.step_items(inprocess.runtime)
     n = 2 * step + 3
@@ -504,6 +545,7 @@ def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeyp
     with pytest.raises(SystemExit):
         jobs.run_chunk(job, 0, n, inprocess.runtime, inprocess.store, settings)
     assert inprocess.status(job).done == step
+    monkeypatch.undo()
     for start, stop in chunks:  # delivered again
         jobs.run_chunk(job, start, stop, inprocess.runtime, inprocess.store, settings)
     st = inprocess.status(job)
@@ -512,6 +554,8 @@ def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeyp
         table = pq.read_table(io.BytesIO(zf.read("results.parquet")))
         summary = list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode())))
         assert len([m for m in zf.namelist() if m.startswith("overlays/")]) == n
+        assert zf.testzip() is None  # every picture's bytes match its CRC
+        assert all(Image.open(io.BytesIO(zf.read(m))).size for m in table["overlay"].to_pylist())
     assert table["index"].to_pylist() == list(range(n)) and [int(r["index"]) for r in summary] == list(range(n))
     assert set(table["status"].to_pylist()) == {"ok"}
 

@@ -18,8 +18,8 @@ ROLES = (("client", "_drive"), ("engine", "_engine_loop"), ("batcher", "DynamicB
          ("batcher", "DynamicBatcher._pipelined_loop"),  # the one-thread batcher (issue 12's fifth session on)
          ("connection", "EngineServer._serve"), ("celery task", "fast_trace_task"), ("celery consumer", "asynloop"),
          # a batch job in-process (tools/batch_probe.py): the engine-host call's thread, the job's own, its reader,
-         # results.zip's, the part writer's feeder (pickling each step for the child) and the benchmark's poll
-         ("job engine", "Runtime.process"), ("results zip", "ResultsZip._add_part"),
+         # its writer (pictures, part, results.zip), the part writer's feeder and the benchmark's poll
+         ("job engine", "Runtime.process"), ("job writer", "_write_step"),
          ("job reader", "_read (arrcoc/service/jobs/batch.py"), ("writer feeder", "_feed"), ("job", "_run_group"),
          ("bench poll", "batch_job"))
 LINE = re.compile(r" \((.*?):\d+\)")  # a frame's line number: functions are counted whole

@@ -222,7 +222,8 @@ class Runtime(EngineHost):
         done = np.flatnonzero(outputs.ok)
         if overlay != "none" and len(done):
             encoded = overlays.encode([prepared[i][1] for i in done], outputs.relevance[done], overlay, pipe.decoder.pool,
-                                      self.settings.overlay_jpeg_quality)  # fmt: skip
+                                      self.settings.overlay_jpeg_quality,
+                                      self.settings.overlay_jpeg_encoder == "gpu")  # fmt: skip
             for i, data in zip(done, encoded, strict=True):
                 pictures[i] = data
         t3 = time.perf_counter()

@@ -2,8 +2,9 @@
 
 A batch job lives in the data store (`<data_dir>/jobs/<id>/`: inputs/, items.jsonl, results/,
 results.parquet, results.zip) and in the job store (state, progress). Every step is idempotent:
-an item already recorded is skipped; each pipeline step's rows and overlays are written atomically
-as one part file (results/<time>-<rand>.part.zip) before its items are recorded; results.parquet
+an item already recorded is skipped; each pipeline step's rows are written atomically as one part
+file (results/<time>-<rand>.part.zip), after its overlays are on disk (in the part, or in the
+results.zip being written, which the part names) and before its items are recorded; results.parquet
 and results.zip are built from the parts in index order, one row per item (a part written by a
 worker that died before recording it is outlived by the part of the item's rerun), so a
 redelivered chunk adds no duplicate rows.
@@ -28,7 +29,7 @@ from .archive import Item, load_items, skipped_note, unpack
 from .budget import release
 from .files import job_dir, new_job_id
 from .guard import process_isolated
-from .parts import write_part
+from .parts import picture_names, write_part
 from .results import ItemKey
 from .results_zip import ResultsZip, build_results_zip
 from .store import JobStore
@@ -84,8 +85,9 @@ def _key(it: Item) -> ItemKey:
 
 def _fail_items(jd: Path, store: JobStore, job_id: str, failed: list[tuple[Item, str]]) -> None:
     if failed:
+        none = [None] * len(failed)
         _, marks, _ = write_part(jd, [_key(it) for it, _ in failed], StepOutputs.failed(len(failed)),
-                              [message for _, message in failed], [None] * len(failed), "")  # fmt: skip
+                                 [message for _, message in failed], none, none)  # fmt: skip
         store.mark_items(job_id, marks)
 
 
@@ -174,8 +176,9 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
                settings: Settings, deadline: float | None, stages: dict[str, float],
                streamed: ResultsZip | None, yield_now: Callable[[], bool] | None = None) -> int | None:  # fmt: skip
     """The group's items, step by step; how many ran, or None if the job was cancelled. Each
-    step's part, once recorded, goes into `streamed` (which gives up if they come out of order).
-    `yield_now`, asked before each step but the first, ends the group early (another owner's turn)."""
+    step's pictures go straight into `streamed`, its rows once they are recorded (it gives up if
+    steps come out of order). `yield_now`, asked before each step but the first, ends the group
+    early (another owner's turn)."""
     size = step_items(host)
     steps = [group[i : i + size] for i in range(0, len(group), size)]
     fmt = settings.overlay_format
@@ -221,13 +224,17 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
 
 def _write_step(job_id: str, jd: Path, step: list[Item], batch, ext: str, store: JobStore,
                 stages: dict[str, float], streamed: ResultsZip | None) -> None:  # fmt: skip
-    """A processed step's part on disk, then its items recorded, then its rows into `streamed`."""
+    """A processed step's pictures on disk (straight into `streamed` when it takes them, else
+    into the part), then its part, then its items recorded, then its rows into `streamed`."""
+    keys = [_key(it) for it in step]
+    names = picture_names(keys, batch.overlays, batch.outputs.ok, ext)
+    stored = streamed.add_pictures([it.index for it in step], names, batch.overlays) if streamed is not None else None
     t1 = time.perf_counter()
-    part, marks, rows = write_part(jd, [_key(it) for it in step], batch.outputs, batch.errors, batch.overlays, ext)
+    _, marks, rows = write_part(jd, keys, batch.outputs, batch.errors, names, batch.overlays, stored)
     store.mark_items(job_id, marks)  # recorded once its part is on disk
     _add(stages, "write", t1)
-    if streamed is not None:
-        streamed.add_part(part, rows)
+    if stored is not None:
+        streamed.add_rows(rows)
 
 
 def _add(stages: dict[str, float], name: str, since: float) -> None:

@@ -28,7 +28,8 @@ from ...settings import Settings
 
 RESERVED = "reserved.json"
 # What an item's results may take on disk, estimated: its row (the maps as JSON numbers) and its
-# overlay, twice (the step's part, then results.zip). The estimate only reserves: once the job is
+# overlay, twice (in the step's part, then copied into results.zip, when results.zip is built from
+# the parts; once when it is written as the job runs). The estimate only reserves: once the job is
 # over, what its folder holds replaces it.
 ROW_BYTES = 64 * 1024
 OVERLAY_BYTES = {"jpeg": 320 * 1024, "png": 2 * 1024 * 1024, "none": 0}
@@ -116,8 +117,14 @@ def reserve(settings: Settings, job_dir: Path, owner: str | None, nbytes: int) -
 
 
 def folder_bytes(path: Path) -> int:
-    """What a job's folder holds, its reservation left out."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and f.name != RESERVED) if path.exists() else 0
+    """What a job's folder holds, its reservation left out; a file under two names (results.zip
+    and the file its pictures were written into) counted once."""
+    seen: dict[tuple[int, int], int] = {}
+    for f in path.rglob("*") if path.exists() else ():
+        if f.is_file() and f.name != RESERVED:
+            st = f.stat()
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())
 
 
 def release(job_dir: Path) -> None:

@@ -80,7 +80,8 @@ def fail_unrecorded(job_id: str, start: int, stop: int, store: JobStore, setting
         return 0
     try:
         (jd / "results").mkdir(exist_ok=True)
-        write_part(jd, left, StepOutputs.failed(len(left)), [reason] * len(left), [None] * len(left), "")
+        none = [None] * len(left)
+        write_part(jd, left, StepOutputs.failed(len(left)), [reason] * len(left), none, none)
     except Exception as e:  # noqa: BLE001 -- a full disk, a row that cannot be written: the store still records them
         log.warning("job %s: could not write the failed items' rows (%s)", job_id, e)
     store.mark_items(job_id, [(k[0], reason) for k in left])

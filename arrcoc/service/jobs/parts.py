@@ -1,41 +1,55 @@
 """Part files: a batch job's results as its pipeline writes them, one file per step.
 
-A part (`results/<time>-<rand>.part.zip`, stored) holds one step's rows as a one-row-group
-Parquet file (`rows.parquet`, arrcoc.service.jobs.results) and its overlays under their names in
-results.zip, so that building results.zip copies the pictures as they are and appends the rows
-as a row group (arrcoc.service.jobs.results_zip). A part is written whole (to a temporary name,
-then renamed) before its items are recorded; an item written twice (its first worker died before
-recording it) is read from the later part.
+A part (`results/<time>-<rand>.part.zip`, stored) holds one step's rows as an Arrow IPC file
+(`rows.arrow`: the step's arrays as they are, encoded to Parquet once, in results.parquet) and
+says where the step's pictures are (`pictures.json`). Each picture is written once, as a stored
+zip entry (local header, then its bytes) under its name in results.zip: into the part itself, or,
+when the job's results.zip is being written as it runs, straight into that file, the part naming
+the byte range. Building results.zip copies such ranges as they are (no CRC pass, no Python copy
+of the bytes) and appends the rows as a row group (arrcoc.service.jobs.results_zip). A part is
+written whole (to a temporary name, then renamed) after its pictures are on disk and before its
+items are recorded; an item written twice (its first worker died before recording it) is read
+from the later part.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import secrets
 import struct
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pyarrow as pa
 
-from .results import ItemKey, from_bytes, step_table, to_bytes
+from .results import ItemKey, from_bytes, from_ipc, step_table, to_ipc
 
 PART_SUFFIX = ".part.zip"
-ROWS = "rows.parquet"
+ROWS = "rows.arrow"
+PICTURES = "pictures.json"
+COPY_CHUNK = 1 << 22  # bytes a copy moves at once where the kernel cannot copy between files itself
 
 # what recording a step takes: (index, None when it succeeded, else its error message)
 Mark = tuple[int, str | None]
 
 
 def zip_name(index: int, file: str, ext: str) -> str:
-    """An overlay's name in its part and in results.zip."""
+    """An overlay's name in its part and in results.zip (ASCII: no zip flag for UTF-8 names)."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(file).stem)[:80]
     return f"overlays/{index:05d}_{stem}{ext}"
+
+
+def picture_names(keys: Sequence[ItemKey], overlays: Sequence[bytes | None], ok: np.ndarray, ext: str) -> list[str | None]:
+    """Each item's picture's name in results.zip (None: no picture: failed, or none asked for)."""
+    return [zip_name(key[0], key[1], ext) if ext and data is not None and good else None
+            for key, data, good in zip(keys, overlays, ok, strict=True)]  # fmt: skip
 
 
 def stored_data_start(header: bytes | memoryview, at: int = 0) -> int | None:
@@ -50,28 +64,162 @@ def stored_data_start(header: bytes | memoryview, at: int = 0) -> int | None:
     return zipfile.sizeFileHeader + head[zipfile._FH_FILENAME_LENGTH] + head[zipfile._FH_EXTRA_FIELD_LENGTH]
 
 
-def write_part(jd: Path, keys: Sequence[ItemKey], outputs, errors: Sequence[str | None],
-               overlays: Sequence[bytes | None], ext: str) -> tuple[Path, list[Mark], pa.Table]:  # fmt: skip
-    """A step's results (`outputs`: StepOutputs over `keys`' items; `overlays` encoded, `ext`
-    their extension, "" for none) as a part; its path, what to record of its items and its rows."""
-    names = [zip_name(key[0], key[1], ext) if ext and data is not None and ok else None
-             for key, data, ok in zip(keys, overlays, outputs.ok, strict=True)]  # fmt: skip
+# -- pictures: runs of stored zip entries -----------------------------------------------------------
+@dataclass(frozen=True)
+class Pictures:
+    """A step's pictures, in row order, as consecutive stored zip entries of one file (`file`,
+    relative to the job's folder): each one's name, local header's offset, CRC and size."""
+
+    file: str
+    names: tuple[str, ...]
+    offsets: tuple[int, ...]
+    crcs: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"file": self.file, "names": self.names, "offsets": self.offsets, "crcs": self.crcs,
+                             "sizes": self.sizes})  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Pictures:
+        d = orjson.loads(data)
+        return cls(d["file"], *(tuple(d[k]) for k in ("names", "offsets", "crcs", "sizes")))
+
+    def end(self, i: int) -> int:
+        """Where entry i ends in `file`."""
+        return self.offsets[i] + _header_size(self.names[i]) + self.sizes[i]
+
+
+def _header_size(name: str) -> int:
+    """A local header's size, for an entry written here (no extra field)."""
+    return zipfile.sizeFileHeader + len(name.encode())
+
+
+def _entry(name: str, crc: int, size: int, offset: int, date_time: tuple[int, ...]) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time)
+    info.compress_type = zipfile.ZIP_STORED
+    info.external_attr = 0o600 << 16  # as ZipFile.writestr marks a file
+    info.CRC, info.compress_size, info.file_size, info.header_offset = crc, size, size, offset
+    return info
+
+
+def _register(out: zipfile.ZipFile, infos: list[zipfile.ZipInfo], end: int) -> None:
+    """Entries written into `out` at its end by hand, listed in its central directory."""
+    out.filelist.extend(infos)
+    out.NameToInfo.update((i.filename, i) for i in infos)
+    out.start_dir = end
+    out.fp.seek(end)
+
+
+def append_pictures(out: zipfile.ZipFile, file: str, names: Sequence[str], datas: Sequence[bytes]) -> Pictures:
+    """`datas` written at the end of `out` (an open ZipFile being written, at `file` in the job's
+    folder) as stored entries under `names`, in one pass: headers packed here, one CRC call per
+    picture, no per-entry bookkeeping of zipfile's; on disk (flushed) when this returns."""
+    when = time.localtime()[:6]
+    at = out.start_dir
+    out.fp.seek(at)
+    infos, offsets, crcs, sizes = [], [], [], []
+    for name, data in zip(names, datas, strict=True):
+        info = _entry(name, zlib.crc32(data), len(data), at, when)
+        out.fp.write(info.FileHeader(zip64=False))
+        out.fp.write(data)
+        infos.append(info)
+        offsets.append(at)
+        crcs.append(info.CRC)
+        sizes.append(info.file_size)
+        at += _header_size(name) + info.file_size
+    out.fp.flush()  # in the kernel before a part names them: a killed process loses none of them
+    _register(out, infos, at)
+    return Pictures(file, tuple(names), tuple(offsets), tuple(crcs), tuple(sizes))
+
+
+def copy_pictures(jd: Path, pictures: Pictures, names: Sequence[str], out: zipfile.ZipFile) -> None:
+    """The entries `names` (in order, consecutive in `pictures`) copied to the end of `out` as
+    they are stored: each run of consecutive entries one kernel-side copy of its bytes, headers
+    and CRCs included."""
+    if not names:
+        return
+    where = {n: i for i, n in enumerate(pictures.names)}
+    picked = [where[n] for n in names]
+    out.fp.flush()
+    with open(jd / pictures.file, "rb") as src:
+        begin = 0
+        while begin < len(picked):
+            stop = begin + 1
+            while stop < len(picked) and picked[stop] == picked[stop - 1] + 1:
+                stop += 1
+            first, last = picked[begin], picked[stop - 1]
+            at = out.start_dir
+            _copy_range(src, pictures.offsets[first], pictures.end(last), out.fp, at)
+            shift = at - pictures.offsets[first]
+            when = time.localtime()[:6]
+            infos = [_entry(pictures.names[i], pictures.crcs[i], pictures.sizes[i], pictures.offsets[i] + shift, when)
+                     for i in picked[begin:stop]]  # fmt: skip
+            _register(out, infos, at + pictures.end(last) - pictures.offsets[first])
+            begin = stop
+
+
+def _copy_range(src, begin: int, end: int, dst, at: int) -> None:
+    """Bytes [begin, end) of `src` to `dst` at `at`: in the kernel where it can (copy_file_range,
+    which shares the blocks on filesystems that can), else through a bounded buffer."""
+    n, moved = end - begin, 0
+    try:
+        while moved < n:
+            k = os.copy_file_range(src.fileno(), dst.fileno(), n - moved, begin + moved, at + moved)
+            if k == 0:
+                raise OSError("short copy")
+            moved += k
+    except (OSError, AttributeError):
+        dst.seek(at + moved)
+        while moved < n:
+            chunk = os.pread(src.fileno(), min(COPY_CHUNK, n - moved), begin + moved)
+            if not chunk:
+                raise OSError(f"{src.name} ends before its pictures do") from None
+            dst.write(chunk)
+            moved += len(chunk)
+        dst.flush()
+
+
+# -- parts ---------------------------------------------------------------------------------------
+def write_part(jd: Path, keys: Sequence[ItemKey], outputs, errors: Sequence[str | None], names: Sequence[str | None],
+               overlays: Sequence[bytes | None], stored: Pictures | None = None) -> tuple[Path, list[Mark], pa.Table]:  # fmt: skip
+    """A step's results (`outputs`: StepOutputs over `keys`' items; `names` each picture's name,
+    None where there is none) as a part: its pictures written into it, unless `stored` says where
+    they are already. Its path, what to record of its items and its rows."""
     table = step_table(keys, outputs, errors, names)
     name = f"{time.time_ns():020d}-{secrets.token_hex(3)}{PART_SUFFIX}"  # later parts win (see read_parts)
     tmp = jd / "results" / f".{name}.tmp"
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
-        for member, data in zip(names, overlays, strict=True):
-            if member is not None:
-                zf.writestr(member, data)
-        zf.writestr(ROWS, to_bytes(table))
+        if stored is None:
+            have = [(n, d) for n, d in zip(names, overlays, strict=True) if n is not None]
+            stored = append_pictures(zf, f"results/{name}", [n for n, _ in have], [d for _, d in have])
+        zf.writestr(ROWS, to_ipc(table))
+        zf.writestr(PICTURES, stored.to_json())
     os.replace(tmp, jd / "results" / name)
     marks = [(key[0], None if ok else (err or "The item failed.")) for key, ok, err in zip(keys, outputs.ok, errors, strict=True)]
     return jd / "results" / name, marks, table
 
 
+# a part written before rows were Arrow IPC (its pictures in it, listed by its central directory
+# only), read as it is: a job half done across an upgrade finishes
+_PARQUET_ROWS = "rows.parquet"
+
+
 def part_table(path: Path, columns: list[str] | None = None) -> pa.Table:
     with zipfile.ZipFile(path) as zf:
-        return from_bytes(zf.read(ROWS), columns)
+        if ROWS not in zf.NameToInfo:
+            return from_bytes(zf.read(_PARQUET_ROWS), columns)
+        return from_ipc(zf.read(ROWS), columns)
+
+
+def part_pictures(path: Path) -> Pictures:
+    with zipfile.ZipFile(path) as zf:
+        if PICTURES in zf.NameToInfo:
+            return Pictures.from_json(zf.read(PICTURES))
+        infos = sorted((i for i in zf.infolist() if i.filename != _PARQUET_ROWS), key=lambda i: i.header_offset)
+    return Pictures(f"{path.parent.name}/{path.name}", tuple(i.filename for i in infos),
+                    tuple(i.header_offset for i in infos), tuple(i.CRC for i in infos),
+                    tuple(i.file_size for i in infos))  # fmt: skip
 
 
 # -- reading parts back ---------------------------------------------------------------------------
@@ -99,34 +247,6 @@ def runs(found: dict[int, tuple[Path, int]], order: list[int]) -> Iterator[tuple
         run = [path, row, row + 1]
     if run is not None:
         yield run[0], run[1], run[2]
-
-
-def copy_pictures(path: Path, members: list[str], out: zipfile.ZipFile) -> None:
-    """Copy the part's `members` into `out` as they are stored: consecutive ones in one read and
-    one write of their bytes, local headers and CRCs included (no CRC pass, no per-member write);
-    others one by one."""
-    if not members:
-        return
-    with zipfile.ZipFile(path) as zf:
-        infos = sorted(zf.infolist(), key=lambda i: i.header_offset)
-        first = next((k for k, i in enumerate(infos) if i.filename == members[0]), None)
-        run = infos[first : first + len(members)] if first is not None else []
-        if [i.filename for i in run] != members or any(i.flag_bits & 0x08 for i in run) or zf.fp is None:
-            for m in members:
-                out.writestr(m, zf.read(m), compress_type=zipfile.ZIP_STORED)
-            return
-        begin = run[0].header_offset
-        end = infos[first + len(run)].header_offset if first + len(run) < len(infos) else zf.start_dir
-        zf.fp.seek(begin)
-        data = zf.fp.read(end - begin)
-    out.fp.seek(out.start_dir)  # where zipfile writes its next member
-    for info in run:  # the central directory's entries, pointing into `out`
-        moved = copy.copy(info)
-        moved.header_offset = out.start_dir + info.header_offset - begin
-        out.filelist.append(moved)
-        out.NameToInfo[moved.filename] = moved
-    out.fp.write(data)
-    out.start_dir = out.fp.tell()
 
 
 def overlay_names(table: pa.Table) -> list[str]:

@@ -93,7 +93,7 @@ def _metadata() -> dict[bytes, bytes]:
 
 
 def to_bytes(table: pa.Table) -> bytes:
-    """A table as a Parquet file of one row group (a part's rows)."""
+    """A table as a Parquet file of one row group."""
     buf = io.BytesIO()
     pq.write_table(table, buf, row_group_size=max(1, table.num_rows), **WRITE_OPTIONS)
     return buf.getvalue()
@@ -101,6 +101,20 @@ def to_bytes(table: pa.Table) -> bytes:
 
 def from_bytes(data: bytes, columns: list[str] | None = None) -> pa.Table:
     return pq.read_table(pa.BufferReader(data), columns=columns)
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    """A step's rows as an Arrow IPC file: its arrays as they are, no encoding (a part's rows,
+    encoded to Parquet once, when they go into results.parquet)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: bytes, columns: list[str] | None = None) -> pa.Table:
+    table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    return table.select(columns) if columns is not None else table
 
 
 class ResultsWriter:
@@ -229,5 +243,5 @@ def parquet_to_jsonl(source: str | Path | IO[bytes], out: IO[bytes]) -> int:
     return f.metadata.num_rows
 
 
-__all__ = ["MAPS", "RESULTS_NAME", "SCHEMA_VERSION", "SUMMARY_FIELDS", "ResultsWriter", "neutralised",
-           "parquet_to_jsonl", "step_table", "write_jsonl", "write_summary"]  # fmt: skip
+__all__ = ["MAPS", "RESULTS_NAME", "SCHEMA_VERSION", "SUMMARY_FIELDS", "ResultsWriter", "from_bytes", "from_ipc", "neutralised",
+           "parquet_to_jsonl", "step_table", "to_bytes", "to_ipc", "write_jsonl", "write_summary"]  # fmt: skip

@@ -1,10 +1,12 @@
 """results.zip: a batch job's parts gathered in index order, one row per recorded item.
 
 results.parquet (each part's rows one row group, also kept beside the zip), summary.csv, the
-overlays (copied from the parts as they are stored) and, when asked (ARRCOC_RESULTS_JSONL),
-results.jsonl derived from results.parquet at the end. Built from the parts once every item is
-recorded (`build_results_zip`), or, when a job runs as one chunk from its start, as its parts are
-written (`ResultsZip.add_part`): then finishing it is all that is left.
+overlays and, when asked (ARRCOC_RESULTS_JSONL), results.jsonl derived from results.parquet at
+the end. Built from the parts once every item is recorded (`build_results_zip`: the pictures
+copied from where the parts say they are, as they are stored), or, when a job runs as one chunk
+from its start, as its steps are written: each step's pictures straight into it
+(`ResultsZip.add_pictures`, the part naming where they are), its rows once they are recorded
+(`ResultsZip.add_rows`); then finishing it is all that is left, and each picture is on disk once.
 """
 
 from __future__ import annotations
@@ -14,14 +16,24 @@ import secrets
 import shutil
 import time
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
-from .parts import contiguous, copy_pictures, overlay_names, part_table, read_parts, runs
+from .parts import (
+    Pictures,
+    append_pictures,
+    contiguous,
+    copy_pictures,
+    overlay_names,
+    part_pictures,
+    part_table,
+    read_parts,
+    runs,
+)
 from .results import JSONL_NAME, RESULTS_NAME, SUMMARY_NAME, ResultsWriter, parquet_to_jsonl, write_summary
-
-DEFLATE_LEVEL = 1
 
 
 class ResultsZip:
@@ -31,34 +43,53 @@ class ResultsZip:
         self.jd = jd
         self.jsonl = jsonl
         tag = secrets.token_hex(4)
-        self.path = jd / f".results.{tag}.zip"
+        # in results/ beside the parts: once it holds pictures that parts name, it stays there
+        # (results.zip is a second name for it), so that results.zip can be built again from the parts
+        (jd / "results").mkdir(exist_ok=True)
+        self.file = f"results/{time.time_ns():020d}-{tag}.results.zip"
+        self.path = jd / self.file
         self._parquet = ResultsWriter(jd / f".results.{tag}.parquet")
         self._summary = open(jd / f".summary.{tag}.csv", "w+b")  # noqa: SIM115 -- closed in _close
         self._zf = zipfile.ZipFile(self.path, "w", zipfile.ZIP_STORED)
-        self.next_index = 0  # add_part: the index the next part must begin with
+        self.next_index = 0  # the index the next step must begin with, when written as the job runs
         self.abandoned = self.finished = False
-        self.ms = 0.0  # the time add_part's parts took
+        self.holds_pictures = False  # pictures that parts name: the file outlives this object
+        self.ms = 0.0  # the time the steps' pictures and rows took
 
     def add(self, path: Path, rows: pa.Table) -> None:
         """Rows of a part (a run of its rows, in index order): pictures copied, rows appended."""
-        copy_pictures(path, overlay_names(rows), self._zf)
+        copy_pictures(self.jd, part_pictures(path), overlay_names(rows), self._zf)
+        self._add_rows(rows)
+
+    def _add_rows(self, rows: pa.Table) -> None:
         self._parquet.add(rows)
         write_summary(rows, self._summary, header=self._summary.tell() == 0)
 
-    def add_part(self, path: Path, rows: pa.Table | None = None) -> None:
-        """A part just written, whole (`rows`: its rows, when the caller has them): added if its
-        rows are the next ones in index order; otherwise (items failed apart, a part rewritten)
-        the zip is given up."""
+    def add_pictures(self, index: Sequence[int], names: Sequence[str | None], datas: Sequence[bytes | None]
+                     ) -> Pictures | None:  # fmt: skip
+        """A step's pictures (its items `index`, each picture's name or None), written here and
+        nowhere else, when the step continues the results in index order; where they are, for its
+        part to name. None, and the zip given up, when it does not (items failed apart, a step
+        written again): the part holds its pictures then."""
+        if self.abandoned:
+            return None
+        if not contiguous(np.asarray(index), self.next_index):
+            self.abandon()
+            return None
+        t0 = time.perf_counter()
+        have = [(n, d) for n, d in zip(names, datas, strict=True) if n is not None]
+        self.holds_pictures = self.holds_pictures or bool(have)
+        stored = append_pictures(self._zf, self.file, [n for n, _ in have], [d for _, d in have])
+        self.ms += (time.perf_counter() - t0) * 1e3
+        return stored
+
+    def add_rows(self, rows: pa.Table) -> None:
+        """The rows of the step whose pictures `add_pictures` took, once they are recorded."""
         if self.abandoned:
             return
         t0 = time.perf_counter()
-        rows = part_table(path) if rows is None else rows
-        index = rows["index"].to_numpy()
-        if not contiguous(index, self.next_index):
-            self.abandon()
-            return
-        self.add(path, rows)
-        self.next_index += len(index)
+        self._add_rows(rows)
+        self.next_index += rows.num_rows
         self.ms += (time.perf_counter() - t0) * 1e3
 
     def finish(self) -> Path:
@@ -79,7 +110,15 @@ class ResultsZip:
                     parquet_to_jsonl(self._parquet.path, out)
             zf.close()
             os.replace(self._parquet.path, self.jd / RESULTS_NAME)
-            os.replace(self.path, self.jd / "results.zip")
+            if self.holds_pictures:  # parts name this file: results.zip is a second name for it
+                tmp = self.jd / f".results.{secrets.token_hex(4)}.zip"
+                try:
+                    os.link(self.path, tmp)
+                except OSError:  # a filesystem without hard links: a copy
+                    shutil.copyfile(self.path, tmp)
+                os.replace(tmp, self.jd / "results.zip")
+            else:
+                os.replace(self.path, self.jd / "results.zip")
             self.finished = True
             return self.jd / "results.zip"
         except BaseException:
@@ -89,16 +128,18 @@ class ResultsZip:
             self._close()
 
     def complete(self, total: int) -> bool:
-        """Whether add_part's parts held every item of a job of `total` items, in order."""
+        """Whether the steps added held every item of a job of `total` items, in order."""
         return not self.abandoned and self.next_index == total
 
     def abandon(self) -> None:
-        """Stop; its files are removed (build_results_zip builds results.zip from the parts)."""
-        if self.finished:
+        """Stop; its files are removed (build_results_zip builds results.zip from the parts), but
+        for pictures that parts name: they stay, as a zip of them."""
+        if self.finished or self.abandoned:
             return
         self.abandoned = True
         self._close()
-        self.path.unlink(missing_ok=True)
+        if not self.holds_pictures:
+            self.path.unlink(missing_ok=True)
 
     def _close(self) -> None:
         self._zf.close()
