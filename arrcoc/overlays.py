@@ -1,11 +1,13 @@
-"""Batch-job overlays: the relevance map blended over the image, a step at a time, where the pixels are.
+"""Batch-job overlays: the relevance map blended over the image, or the foveated view, a step at a
+time, where the pixels are.
 
 On a GPU the step's pictures are drawn together as tensors (arrcoc.render.blend_overlays); JPEGs
 are encoded there in one batched `encode_jpeg` call and come to the host in one copy, PNGs come to
 the host in one copy and Pillow encodes them. On a CPU worker Pillow draws (arrcoc.render.overlay)
 and encodes each picture in a thread pool: its C code lets go of the GIL, so the step's pictures
 use every core, where the same tensor operations run several times slower. Both draw the same
-picture (to one level of rounding: tests/test_decode.py).
+picture (to one level of rounding: tests/test_decode.py). The foveated view is tensor work on
+either device (arrcoc.foveate.foveate_views: one call per size of picture in the step).
 """
 
 from __future__ import annotations
@@ -18,20 +20,23 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .foveate import foveate_views
 from .render import blend_overlays, overlay
+from .settings import DEFAULT_OVERLAY_KIND
 
 JPEG_QUALITY = 90
 
 
 def encode(views: Sequence[torch.Tensor], maps: np.ndarray, fmt: str, pool: Executor | None = None,
-           quality: int = JPEG_QUALITY) -> list[bytes]:  # fmt: skip
-    """One encoded overlay per (view (3, h, w) uint8, map (G, G) in [0, 1]); `fmt` jpeg or png,
-    `quality` JPEG's."""
+           quality: int = JPEG_QUALITY, kind: str = DEFAULT_OVERLAY_KIND) -> list[bytes]:  # fmt: skip
+    """One encoded overlay per (view (3, h, w) uint8, map (G, G)); `fmt` jpeg or png, `quality`
+    JPEG's. `kind` "relevance": the map (in [0, 1]) blended over the view; "foveated": the view
+    foveated under the map (tokens per cell, a budget map)."""
     if not len(views):
         return []
-    if views[0].is_cuda:
-        pictures = blend_overlays(views, maps)
-        if fmt == "jpeg":
+    if kind == "foveated" or views[0].is_cuda:
+        pictures = foveate_views(views, maps) if kind == "foveated" else blend_overlays(views, maps)
+        if fmt == "jpeg" and views[0].is_cuda:
             from torchvision.io import encode_jpeg
 
             return _to_host_bytes(encode_jpeg(pictures, quality=quality))
