@@ -34,18 +34,19 @@ def encode(views: Sequence[torch.Tensor], maps: np.ndarray, fmt: str, pool: Exec
     foveated under the map (tokens per cell, a budget map)."""
     if not len(views):
         return []
-    if kind == "foveated" or views[0].is_cuda:
-        pictures = foveate_views(views, maps) if kind == "foveated" else blend_overlays(views, maps)
-        if fmt == "jpeg" and views[0].is_cuda:
-            from torchvision.io import encode_jpeg
+    run = (lambda work, items: list(pool.map(work, items))) if pool is not None else (lambda work, items: [work(x) for x in items])
+    if kind == "foveated":
+        pictures = foveate_views(views, maps)  # tensor work on either device
+    elif views[0].is_cuda:
+        pictures = blend_overlays(views, maps)
+    else:  # a CPU worker: Pillow draws and encodes each picture in the pool
+        draw = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)  # noqa: E731
+        return run(draw, list(zip(views, maps, strict=True)))
+    if fmt == "jpeg" and views[0].is_cuda:
+        from torchvision.io import encode_jpeg
 
-            return _to_host_bytes(encode_jpeg(pictures, quality=quality))
-        work = lambda a: _save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality)  # noqa: E731
-        items = to_host(pictures)
-    else:
-        work = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)  # noqa: E731
-        items = list(zip(views, maps, strict=True))
-    return list(pool.map(work, items)) if pool is not None else [work(x) for x in items]
+        return _to_host_bytes(encode_jpeg(pictures, quality=quality))
+    return run(lambda a: _save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality), to_host(pictures))
 
 
 def to_host(pictures: Sequence[torch.Tensor]) -> list[np.ndarray]:
