@@ -15,6 +15,7 @@ runs on the GPU and the CPU with no per-cell Python.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -46,10 +47,48 @@ def _levels(cell_h: int, cell_w: int, patch: int, base_side: int) -> list[tuple[
     return out
 
 
-def _resampled(cells: Tensor, hw: tuple[int, int]) -> Tensor:
-    """cells (M, C, h, w) averaged down to hw and interpolated back up (bilinear)."""
-    small = F.adaptive_avg_pool2d(cells, hw)
-    return F.interpolate(small, size=cells.shape[-2:], mode="bilinear", align_corners=False)
+def _taps(cells: int, cell: int, level: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Along one axis of cells * cell pixels: for each pixel, the two samples of the pooled axis
+    (cells * level samples) that bilinear interpolation (align_corners=False) of its own cell
+    reads, and the second one's weight — F.interpolate's arithmetic, each cell's edges clamped to
+    the cell. Shapes only (arange, no copies from the host), so a compiled graph folds them."""
+    src = ((torch.arange(cell, device=device, dtype=torch.float32) + 0.5) * (level / cell) - 0.5).clamp_min(0.0)
+    first = src.floor()
+    weight = (src - first).repeat(cells)
+    first = first.long()
+    start = torch.arange(cells, device=device).view(-1, 1) * level
+    return (start + first).flatten(), (start + (first + 1).clamp(max=level - 1)).flatten(), weight
+
+
+def _resampled(x: Tensor, g: int, hw: tuple[int, int]) -> Tensor:
+    """x (N, 1, g*ph, g*pw) planes of g x g cells of ph x pw pixels -> every cell averaged down to
+    hw and interpolated back up (bilinear) within itself, on the whole plane at once: adaptive
+    pooling of the plane to g*hw is the per-cell pooling (no window crosses a cell's edge), and
+    each pixel reads only its own cell's samples. No per-cell tensors, no upsampling kernel over
+    many tiny planes: a pooling, then gathers and a weighted sum that a compiler fuses into one
+    pass over the pixels."""
+    cell_h, cell_w = x.shape[-2] // g, x.shape[-1] // g
+    out = F.adaptive_avg_pool2d(x, (g * hw[0], g * hw[1]))  # (N, 1, g*lh, g*lw)
+    # columns first, on the reduced height, then rows: a gather along the last dimension is the
+    # slow one on a CPU, so it runs on the smaller tensor. An axis kept at the cell's own size
+    # (a non-square cell) is left as it is.
+    if hw[1] != cell_w:
+        c0, c1, wx = _taps(g, cell_w, hw[1], x.device)
+        left = out[..., c0]  # (N, 1, g*lh, g*pw)
+        out = out[..., c1].sub_(left).mul_(wx).add_(left)
+    if hw[0] != cell_h:
+        r0, r1, wy = _taps(g, cell_h, hw[0], x.device)
+        top = out.index_select(2, r0)  # (N, 1, g*ph, g*pw)
+        out = out.index_select(2, r1).sub_(top).mul_(wy.view(-1, 1)).add_(top)
+    return out
+
+
+def _per_pixel(cells: Tensor, ch: int, rows: Tensor, cols: Tensor) -> Tensor:
+    """(B, G, G) per cell -> (B*ch, 1, H, W) per pixel (rows, cols: each pixel's cell), laid out as
+    the planes are (_resampled's input), so that a compiler sees one loop over every pixel of every
+    plane and fuses the whole view into it."""
+    b, g = cells.shape[0], cells.shape[-1]
+    return cells.unsqueeze(1).expand(b, ch, g, g).reshape(b * ch, 1, g, g)[..., cols].index_select(2, rows)
 
 
 def foveate(images: Tensor, budget_map: Tensor, patch: int = DEFAULT_PATCH,
@@ -69,30 +108,68 @@ def foveate(images: Tensor, budget_map: Tensor, patch: int = DEFAULT_PATCH,
         raise ValueError(f"patch and base_side must be at least 1 pixel, got {patch} and {base_side}")
     b, ch, h, w = images.shape
     g = budget_map.shape[-1]
-    x = images.to(torch.float32)
     ph, pw = -(-h // g), -(-w // g)  # pixels a cell side on the canvas
     exact = (ph * g, pw * g) == (h, w)
+    x = images.to(torch.float32)
     if not exact:
         x = F.interpolate(x, size=(ph * g, pw * g), mode="bilinear", align_corners=False)
-    cells = x.reshape(b, ch, g, ph, g, pw).permute(0, 2, 4, 1, 3, 5).reshape(b * g * g, ch, ph, pw)
-    side = token_side(budget_map.to(torch.float32)).reshape(b * g * g, 1, 1, 1) * patch
+    x = x.reshape(b * ch, 1, ph * g, pw * g)  # planes: the view treats each channel alike
+    side = token_side(budget_map.to(torch.float32)) * patch  # (B, G, G)
     side = torch.where(side > 0, side, torch.full_like(side, float(base_side)))
     want_h, want_w = side.clamp(max=float(ph)), side.clamp(max=float(pw))
-    out = cells
-    for lh, lw in _levels(ph, pw, patch, base_side):  # static: a few levels at most
-        take = (want_h == lh) & (want_w == lw)
-        out = torch.where(take, _resampled(cells, (lh, lw)), out)
-    out = out.reshape(b, g, g, ch, ph, pw).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, ph * g, pw * g)
-    if not exact:  # back to the photo's size; a cell at full resolution keeps the photo's own pixels
-        out = F.interpolate(out, size=(h, w), mode="bilinear", align_corners=False)
-        full = ((want_h >= ph) & (want_w >= pw)).reshape(b, 1, g, g)
-        rows = torch.div(torch.arange(h, device=x.device) * g, h, rounding_mode="floor")
-        cols = torch.div(torch.arange(w, device=x.device) * g, w, rounding_mode="floor")
-        keep = full[:, :, rows][:, :, :, cols]  # (B, 1, H, W): the pixel's cell is at full resolution
-        out = torch.where(keep, images.to(torch.float32), out)
+    # each canvas pixel's cell, for broadcasting a cell's choice to its pixels (a gather of a (G, G) map)
+    rows = torch.arange(ph * g, device=x.device).div(ph, rounding_mode="floor")
+    cols = torch.arange(pw * g, device=x.device).div(pw, rounding_mode="floor")
+    drawn, own = x, torch.ones_like(want_h, dtype=torch.bool)  # own: the cell keeps its own pixels
+    for lh, lw in _levels(ph, pw, patch, base_side):  # static: a few levels at most, one below 3600 px
+        take = (want_h == lh) & (want_w == lw)  # (B, G, G)
+        level = _resampled(x, g, (lh, lw))
+        drawn = level if drawn is x else torch.where(_per_pixel(take, ch, rows, cols), level, drawn)
+        own = own & ~take
+    own = _per_pixel(own, ch, rows, cols)
+    if exact:  # the photo's own pixels read from the input itself: no float copy of them is kept
+        planes = images.reshape(b * ch, 1, h, w)
+        if images.dtype == torch.uint8:
+            return torch.where(own, planes, drawn.round().clamp(0, 255).to(torch.uint8)).view(b, ch, h, w)
+        return torch.where(own, planes, drawn.to(images.dtype)).view(b, ch, h, w)
+    canvas = torch.where(own, x, drawn).view(b, ch, ph * g, pw * g)
+    out = F.interpolate(canvas, size=(h, w), mode="bilinear", align_corners=False)
+    # back at the photo's size, a cell at full resolution keeps the photo's own pixels
+    full = ((want_h >= ph) & (want_w >= pw)).reshape(b, 1, g, g)
+    rows = torch.div(torch.arange(h, device=x.device) * g, h, rounding_mode="floor")
+    cols = torch.div(torch.arange(w, device=x.device) * g, w, rounding_mode="floor")
+    keep = full[:, :, rows][:, :, :, cols]  # (B, 1, H, W): the pixel's cell is at full resolution
+    out = torch.where(keep, images.to(torch.float32), out)
     if images.dtype == torch.uint8:
         return out.round().clamp(0, 255).to(torch.uint8)
     return out.to(images.dtype)
+
+
+# at most this many pixels foveated in one call: each level holds a float copy of the views
+VIEW_PIXELS = 1 << 24
+
+
+def foveate_views(views: Sequence[Tensor], budget_maps: Tensor, patch: int = DEFAULT_PATCH,
+                  base_side: int = DEFAULT_BASE_SIDE, max_pixels: int = VIEW_PIXELS) -> list[Tensor]:  # fmt: skip
+    """A batch job's step at once: views ((3, h, w) tensors of any sizes, on one device) and their
+    budget maps ((n, G, G)) -> each view foveated, as `foveate` draws it. Views of one shape go
+    through one `foveate` call (up to `max_pixels` pixels), so a step costs a call per size, not
+    per picture."""
+    if not len(views):
+        return []
+    maps = torch.as_tensor(budget_maps, dtype=torch.float32).to(views[0].device)
+    out: list[Tensor | None] = [None] * len(views)
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, view in enumerate(views):
+        by_shape.setdefault(tuple(view.shape), []).append(i)
+    for (_, h, w), idx in by_shape.items():
+        per = max(1, max_pixels // (h * w))
+        for k in range(0, len(idx), per):
+            part = idx[k : k + per]
+            drawn = foveate(torch.stack([views[i] for i in part]), maps[part], patch, base_side)
+            for i, picture in zip(part, drawn, strict=True):
+                out[i] = picture
+    return out  # type: ignore[return-value]
 
 
 def view_tokens(budget_map: Tensor, image_hw: tuple[int, int], patch: int = DEFAULT_PATCH,

@@ -1,4 +1,5 @@
-"""Batch-job overlays: the relevance map blended over the image, a step at a time, where the pixels are.
+"""Batch-job overlays: the relevance map blended over the image, or the foveated view, a step at a
+time, where the pixels are.
 
 On a GPU the step's pictures are drawn together as tensors (arrcoc.render.blend_overlays); JPEGs
 are encoded there in one batched `encode_jpeg` call and come to the host in one copy, PNGs (and
@@ -8,7 +9,8 @@ time, waiting for each, so steps from several callers take turns on it
 (docs/service.md#concurrency). On a CPU worker Pillow draws (arrcoc.render.overlay)
 and encodes each picture in a thread pool: its C code lets go of the GIL, so the step's pictures
 use every core, where the same tensor operations run several times slower. Both draw the same
-picture (to one level of rounding: tests/test_decode.py).
+picture (to one level of rounding: tests/test_decode.py). The foveated view is tensor work on
+either device (arrcoc.foveate.foveate_views: one call per size of picture in the step).
 """
 
 from __future__ import annotations
@@ -21,32 +23,37 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .foveate import foveate_views
 from .render import blend_overlays, overlay
+from .settings import DEFAULT_OVERLAY_KIND
 
 JPEG_QUALITY = 90
 
 
 def encode(views: Sequence[torch.Tensor], maps: np.ndarray, fmt: str, pool: Executor | None = None,
-           quality: int = JPEG_QUALITY, gpu_jpeg: bool = True) -> list[bytes]:  # fmt: skip
-    """One encoded overlay per (view (3, h, w) uint8, map (G, G) in [0, 1]); `fmt` jpeg or png,
-    `quality` JPEG's; `gpu_jpeg` False: JPEGs drawn on the GPU are encoded by Pillow, as PNGs are."""
+           quality: int = JPEG_QUALITY, kind: str = DEFAULT_OVERLAY_KIND, gpu_jpeg: bool = True) -> list[bytes]:  # fmt: skip
+    """One encoded overlay per (view (3, h, w) uint8, map (G, G)); `fmt` jpeg or png, `quality`
+    JPEG's. `kind` "relevance": the map (in [0, 1]) blended over the view; "foveated": the view
+    foveated under the map (tokens per cell, a budget map). `gpu_jpeg` False: JPEGs drawn on the
+    GPU are encoded by Pillow, as PNGs are."""
     if not len(views):
         return []
-    if views[0].is_cuda:
+    run = (lambda work, items: list(pool.map(work, items))) if pool is not None else (lambda work, items: [work(x) for x in items])
+    if kind == "foveated":
+        pictures = foveate_views(views, maps)  # tensor work on either device
+    elif views[0].is_cuda:
         pictures = blend_overlays(views, maps)
-        if fmt == "jpeg" and gpu_jpeg:
-            from torchvision.io import encode_jpeg
+    else:  # a CPU worker: Pillow draws and encodes each picture in the pool
+        draw = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)  # noqa: E731
+        return run(draw, list(zip(views, maps, strict=True)))
+    if fmt == "jpeg" and views[0].is_cuda and gpu_jpeg:
+        from torchvision.io import encode_jpeg
 
-            # torchvision's encoder reads the pictures on a stream of its own, which does not wait
-            # for the one they were drawn on
-            torch.cuda.current_stream(views[0].device).synchronize()
-            return _to_host_bytes(encode_jpeg(pictures, quality=quality))
-        work = lambda a: _save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality)  # noqa: E731
-        items = to_host(pictures)
-    else:
-        work = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)  # noqa: E731
-        items = list(zip(views, maps, strict=True))
-    return list(pool.map(work, items)) if pool is not None else [work(x) for x in items]
+        # torchvision's encoder reads the pictures on a stream of its own, which does not wait
+        # for the one they were drawn on
+        torch.cuda.current_stream(views[0].device).synchronize()
+        return _to_host_bytes(encode_jpeg(pictures, quality=quality))
+    return run(lambda a: _save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality), to_host(pictures))
 
 
 def to_host(pictures: Sequence[torch.Tensor]) -> list[np.ndarray]:

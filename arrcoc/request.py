@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import InvalidInputError
 from .images import ImageLimits, check_header, decode, read_bytes
-from .settings import Settings
+from .settings import DEFAULT_OVERLAY_KIND, OVERLAY_KINDS, Settings
 
 # The allocator's range of tokens per selected cell (level of detail): arrcoc.attending reads
 # them here, so a token budget is checked with the same numbers the model allocates with.
@@ -83,6 +83,15 @@ class Controls:
     @classmethod
     def from_wire(cls, doc: dict[str, Any] | None) -> Controls:
         return cls(**(doc or {}))
+
+
+def check_overlay_kind(value: object) -> str:
+    """A batch job's overlay kind (OVERLAY_KINDS; None: the default), or a clear error naming the option."""
+    if value is None:
+        return DEFAULT_OVERLAY_KIND
+    if not isinstance(value, str) or value not in OVERLAY_KINDS:
+        raise InvalidInputError(f"The overlay kind (overlay_kind) must be one of {', '.join(OVERLAY_KINDS)}, got {value!r}.")
+    return value
 
 
 @functools.lru_cache(maxsize=256)

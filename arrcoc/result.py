@@ -34,16 +34,19 @@ def _grid(a: np.ndarray) -> list[list[float]]:
     return _rounded(a).tolist()
 
 
-def cell_boxes(cells: np.ndarray, grid: int, size: tuple[int, int]) -> np.ndarray:
+def cell_boxes(cells: np.ndarray, grid: int, size: tuple[int, int] | np.ndarray) -> np.ndarray:
     """(K,) row-major cell indices of a G x G grid -> (K, 4) int64 boxes (x0, y0, x1, y1) in the
     pixels of a photo of `size` (width, height), x1/y1 exclusive: cell (r, c) covers columns
     [c*W/G, (c+1)*W/G) and rows [r*H/G, (r+1)*H/G): the whole pixels in it (pixel x is in column
-    floor(x*G/W), as in arrcoc.foveate), so the boxes tile the photo."""
+    floor(x*G/W), as in arrcoc.foveate), so the boxes tile the photo. Many photos at once: cells
+    (n, K) and sizes (n, 2) -> (n, K, 4)."""
     cells = np.asarray(cells, dtype=np.int64)
-    w, h = size
+    size = np.asarray(size, dtype=np.int64)
+    w, h = size[..., 0, None], size[..., 1, None]  # one photo: (1,); n photos: (n, 1), against cells (n, K)
     r, c = cells // grid, cells % grid
     edge = lambda i, n: -((-i * n) // grid)  # noqa: E731  -- ceil(i*n/G), exact in integers
-    return np.stack((edge(c, w), edge(r, h), edge(c + 1, w), edge(r + 1, h)), axis=-1).reshape(-1, 4)
+    boxes = np.stack((edge(c, w), edge(r, h), edge(c + 1, w), edge(r + 1, h)), axis=-1)
+    return boxes.reshape(-1, 4) if cells.ndim < 2 else boxes
 
 
 @dataclass(frozen=True)

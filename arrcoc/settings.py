@@ -30,6 +30,12 @@ DTYPES = ("auto", "float32", "bfloat16")
 OverlayFormat = Literal["jpeg", "png", "none"]
 OVERLAY_FORMATS: tuple[str, ...] = get_args(OverlayFormat)
 OVERLAY_EXTENSIONS = {"jpeg": ".jpg", "png": ".png"}
+# What a batch job's overlays show, chosen per job: the relevance map blended over the photo, or the
+# foveated view (the photo as a vision-language model would be given it under the result's token
+# budgets: arrcoc.foveate). Jobs queued before the choice existed draw the first.
+OverlayKind = Literal["relevance", "foveated"]
+OVERLAY_KINDS: tuple[str, ...] = get_args(OverlayKind)
+DEFAULT_OVERLAY_KIND: OverlayKind = "relevance"
 
 
 class Settings(BaseSettings):

@@ -66,12 +66,12 @@ def build_archive(zip_path: str | None, manifest_path: str | None) -> bytes:
 
 
 def submit_batch(zip_path: str | None, manifest_path: str | None, query: object, controls: Controls,
-                 owner: str | None = None) -> str:  # fmt: skip
+                 owner: str | None = None, overlay_kind: str | None = None) -> str:  # fmt: skip
     q = text_field(query, "The query").strip() or None
     archive = build_archive(zip_path, manifest_path)
     if q is None and not manifest_path and not _zip_has_manifest(archive):
         raise InvalidInputError("Type a query for every image, or add a manifest (file,query) to the zip.")
-    return service.executor().submit_batch(archive, q, controls, owner=owner)
+    return service.executor().submit_batch(archive, q, controls, owner=owner, overlay_kind=overlay_kind)
 
 
 def _zip_has_manifest(archive: bytes) -> bool:

@@ -284,6 +284,24 @@ def test_gpu_overlays_come_back_as_whole_jpegs_each_its_own() -> None:
         assert np.abs(a - b).mean() < 12.0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_foveated_overlays_are_the_cpus_picture() -> None:
+    """A batch job's foveated overlays drawn on the device (one foveate call per picture size, PNG
+    so that no encoder differs) are the CPU's pictures to one uint8 level."""
+    from arrcoc import overlays
+
+    photos = [Image.open(EXAMPLES / n).convert("RGB") for n in ("coffee.jpg", "chelsea.jpg", "astronaut.jpg", "coffee.jpg")]
+    views = [torch.from_numpy(np.asarray(p).transpose(2, 0, 1).copy()).cuda() for p in photos]
+    rng = np.random.default_rng(0)
+    budgets = (rng.integers(64, 401, (len(views), 32, 32)) * (rng.random((len(views), 32, 32)) > 0.7)).astype(np.float32)
+    got = overlays.encode(views, budgets, "png", kind="foveated")
+    cpu = overlays.encode([v.cpu() for v in views], budgets, "png", kind="foveated")
+    for data, ref in zip(got, cpu, strict=True):
+        a, b = np.asarray(Image.open(io.BytesIO(data)), dtype=np.int16), np.asarray(Image.open(io.BytesIO(ref)), dtype=np.int16)
+        assert a.shape == b.shape and np.abs(a - b).max() <= 1
+
+
 def test_decode_pending_gives_each_request_its_pixels_and_the_stage_time_in_order() -> None:
     """The batcher's GPU decode stage (RelevancePipeline.decode_pending) on the CPU: nvJPEG cannot
     run in CI, so a stand-in decoder answers `finish` (said here: the one mock). Requests left for

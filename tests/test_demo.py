@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 
 gradio_client = pytest.importorskip("gradio_client")
 from demo_server import serve  # noqa: E402
@@ -149,6 +150,28 @@ def test_batch_job_end_to_end(client, examples_dir, tmp_path):
     assert all(0 <= int(r["top_row"]) < 32 and 0 <= int(r["top_col"]) < 32 for r in summary)
     assert rows.num_rows == len(photos)
     assert set(rows["query"].to_pylist()) == {"the face"}
+
+
+def test_batch_submit_takes_an_optional_overlay_kind(client, examples_dir, tmp_path):
+    """/batch_submit's fourth input: "foveated" overlays (the photo, not the map: no heatmap colours
+    over it) and a bad kind refused in words naming the choices; three inputs still mean "relevance"."""
+    archive = tmp_path / "one.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.write(examples_dir / "coffee.jpg", "coffee.jpg")
+    with pytest.raises(AppError, match="relevance.*foveated"):
+        client.predict(handle_file(str(archive)), None, "the cup", "heatmap", api_name="/batch_submit")
+    pictures = {}
+    for kind in ("foveated", None):
+        args = (handle_file(str(archive)), None, "the cup") + ((kind,) if kind else ())
+        job_id = client.predict(*args, api_name="/batch_submit")["job_id"]
+        status, results = wait_for(client, "/batch_status", job_id)
+        assert status["state"] == "done", status
+        with zipfile.ZipFile(results) as zf:
+            (name,) = [n for n in zf.namelist() if n.startswith("overlays/")]
+            pictures[kind] = np.asarray(Image.open(io.BytesIO(zf.read(name))).convert("RGB"), dtype=float)
+    photo = np.asarray(Image.open(examples_dir / "coffee.jpg").convert("RGB"), dtype=float)
+    # JPEG overlays: the foveated view stays near the photo, the heatmap blend does not
+    assert np.abs(pictures["foveated"] - photo).mean() < 0.5 * np.abs(pictures[None] - photo).mean()
 
 
 def test_batch_refuses_a_non_zip(client, tmp_path):

@@ -53,6 +53,10 @@ def test_results_through_the_socket_equal_the_runtimes(served):
     assert all(data[:2] == b"\xff\xd8" for data in batch.overlays[:3])  # JPEG overlays, encoded over there
     assert batch.result(3) is None and batch.overlays[3] is None and "image" in batch.errors[3]
     assert_same_result(batch.result(0), runtime.process([png_bytes(0)], ["the sky"], Controls(), "none").result(0))
+    # the overlay kind crosses the socket: the foveated view, drawn over there as it is here
+    remote = client.process([png_bytes(4, 128)], ["the sky"], Controls(), "png", kind="foveated")
+    assert remote.overlays == runtime.process([png_bytes(4, 128)], ["the sky"], Controls(), "png", kind="foveated").overlays
+    assert remote.overlays != runtime.process([png_bytes(4, 128)], ["the sky"], Controls(), "png").overlays
 
 
 def test_a_late_reply_never_reaches_the_next_call(served):

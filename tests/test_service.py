@@ -18,6 +18,7 @@ import pytest
 from helpers import BROKER, make_zip, png_bytes, seeded_weights
 from PIL import Image
 
+from arrcoc.bench.processes import REPO
 from arrcoc.errors import DeadlineExceeded, ImageError, InvalidInputError, JobError
 from arrcoc.request import Controls
 from arrcoc.service.host.batching import DynamicBatcher
@@ -376,6 +377,49 @@ def test_a_batch_job_without_overlays(settings, tmp_path):
         ex.close()
 
 
+def test_a_batch_job_can_draw_the_foveated_view_and_lists_the_selected_boxes(settings, tmp_path):
+    """overlay_kind "foveated": each item's overlay is arrcoc.foveate of its photo under the item's
+    own budget map as results.parquet holds it (PNG overlays: max |delta| <= 1 level, the uint8
+    rounding of the same floats drawn in a batch or alone), photos of two sizes in one step;
+    results.parquet's selected_boxes are the items' `selected_boxes` of `arrcoc infer --json`.
+    A bad kind is refused before anything is queued, naming the option."""
+    import torch
+    from PIL import Image
+
+    from arrcoc.foveate import foveate
+    from arrcoc.service.client.inprocess import InProcessExecutor
+
+    photo = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()  # 600 x 400: cells not whole pixels
+    files = {"a.png": png_bytes(1, 256), "b.jpg": photo, "c.png": png_bytes(2, 256), "d.png": b"\x89PNG not really"}
+    ex = InProcessExecutor(settings.model_copy(update={"overlay_format": "png", "data_dir": tmp_path}))
+    try:
+        with pytest.raises(InvalidInputError, match="overlay_kind.*relevance, foveated"):
+            ex.submit_batch(make_zip(files), "the red mug", overlay_kind="heatmap")
+        job = ex.submit_batch(make_zip(files), "the red mug", overlay_kind="foveated")
+        st = wait_finished(ex, job)
+        assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 1), st
+        with zipfile.ZipFile(ex.batch_results(job)) as zf:
+            table = pq.read_table(io.BytesIO(zf.read("results.parquet")))
+            pictures = {n: np.asarray(Image.open(io.BytesIO(zf.read(n)))) for n in zf.namelist() if n.startswith("overlays/")}
+        assert table.schema.metadata[b"arrcoc.selected_boxes_format"] == b"x0,y0,x1,y1,tokens"
+        rows = table.to_pylist()
+        pipe = ex.runtime.pipeline
+        for row, name in zip(rows[:3], ("a.png", "b.jpg", "c.png"), strict=True):
+            original = np.array(Image.open(io.BytesIO(files[name])).convert("RGB"))
+            budget_map = torch.tensor(row["budget_map"]).view(1, 32, 32)
+            expected = foveate(torch.from_numpy(original).permute(2, 0, 1)[None].contiguous(), budget_map)[0]
+            drawn = pictures[row["overlay"]]
+            assert drawn.shape == original.shape
+            delta = np.abs(drawn.astype(int) - expected.permute(1, 2, 0).numpy().astype(int)).max()
+            assert delta <= 1, (name, delta)
+            assert np.abs(drawn.astype(int) - original.astype(int)).max() > 10  # unselected cells are blurred
+            boxes = np.asarray(row["selected_boxes"]).reshape(-1, 5)
+            assert boxes.tolist() == pipe.infer([files[name]], "the red mug")[0].selected_boxes.tolist(), name
+        assert rows[3]["status"] == "failed" and rows[3]["selected_boxes"] is None and rows[3]["overlay"] is None
+    finally:
+        ex.close()
+
+
 def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(settings, tmp_path, monkeypatch):
     """A job run whole writes results.zip as its parts come; built again from the parts it is the
     same; each picture is on disk once; steps out of order make the streamed zip give up, leaving
@@ -486,6 +530,7 @@ def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inpro
     for name in ("relevance", "information", "perspectival", "participatory", "budget_map"):
         assert schema.field(name).type == pa.list_(pa.float32(), 32 * 32), name
     assert schema.field("selected").type == pa.list_(pa.int32(), 200) and schema.field("budgets").type == pa.list_(pa.int32(), 200)
+    assert schema.field("selected_boxes").type == pa.list_(pa.int32(), 200 * 5)
     assert schema.metadata[b"arrcoc.schema"] == b"arrcoc.batch.results/1"
     pipe = inprocess.runtime.pipeline
     # the engine's own batches: the job's first step, then the second step's one good item
@@ -500,6 +545,7 @@ def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inpro
         assert row["match_score"] == pytest.approx(r.match_score, abs=1e-6) and row["weak_match"] == r.weak_match
         assert (row["image_width"], row["image_height"]) == r.image_size and row["tokens_used"] == r.budgets.sum()
         assert row["overlay"] in overlays and pd.isna(row["error"])
+        assert row["selected_boxes"].reshape(-1, 5).tolist() == r.selected_boxes.tolist()
     bad = df.iloc[n - 1]
     assert bad["relevance"] is None and pd.isna(bad["overlay"]) and "not an image format" in bad["error"]
     out = io.BytesIO()
@@ -508,6 +554,7 @@ def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inpro
     assert [x["index"] for x in lines] == list(range(n)) and lines[-1]["relevance"] is None
     np.testing.assert_allclose(lines[0]["relevance"], expected[0].relevance, atol=1e-5)
     assert lines[0]["selected"] == expected[0].selected.tolist() and lines[0]["file"] == "img00.png"
+    assert lines[0]["selected_boxes"] == expected[0].selected_boxes.tolist()
 
 
 def pq_bytes(table) -> bytes:

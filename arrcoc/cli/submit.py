@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..settings import BACKENDS, DEFAULT_BROKER_URL
+from ..settings import BACKENDS, DEFAULT_BROKER_URL, DEFAULT_OVERLAY_KIND, OVERLAY_KINDS
 from ._client import seconds
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     b.add_argument("--query", "-q", help="the query for every image (or per-file queries in a manifest)")
     b.add_argument("--k", type=int)
     b.add_argument("--token-budget", type=int)
+    b.add_argument("--overlay", choices=OVERLAY_KINDS, default=DEFAULT_OVERLAY_KIND,
+                   help="what each overlay shows: the relevance map over the photo, or the foveated view (the photo"
+                        " as a vision-language model would see it under the result's token budgets)")  # fmt: skip
     b.add_argument("--out", "-o", type=Path, help="results zip (default ./<job id>.zip)")
     b.add_argument("--no-follow", action="store_true", help="print the job id and return")
     b.add_argument("--timeout", type=seconds, help="give up following after this many seconds (default: 300 s"
@@ -106,7 +109,7 @@ def run_batch(args) -> int:
     ex = executor(args.broker, args.token)
     try:
         who = owner(ex)
-        job_id = ex.submit_batch(archive, args.query, _controls(args), owner=who)
+        job_id = ex.submit_batch(archive, args.query, _controls(args), owner=who, overlay_kind=args.overlay)
         print(job_id, flush=True)
         if args.no_follow:
             return 0

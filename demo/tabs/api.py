@@ -16,7 +16,7 @@ from arrcoc.images import load_image
 from arrcoc.render import overlay
 from arrcoc.request import Controls
 from arrcoc.service.jobs.types import JobState
-from arrcoc.settings import BACKENDS, Settings
+from arrcoc.settings import BACKENDS, DEFAULT_OVERLAY_KIND, OVERLAY_KINDS, Settings
 
 from .. import batchview, jobs, reports, service
 from ..errors import user_error
@@ -49,9 +49,10 @@ def _infer(image_path: str | None, query: str, picture: Callable[[Any, Any], Any
 
 
 def api_batch_submit(zip_path: str | None, manifest_path: str | None, query: str,
-                     request: gr.Request = None) -> dict[str, Any]:  # fmt: skip
+                     overlay_kind: str = DEFAULT_OVERLAY_KIND, request: gr.Request = None) -> dict[str, Any]:  # fmt: skip
     try:
-        job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls(), owner=owner_of(request, None, "batch"))
+        job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls(), owner=owner_of(request, None, "batch"),
+                                   overlay_kind=overlay_kind)  # fmt: skip
         return jobs.status_doc(jobs.job_status(job_id, owner_of(request, None, "batch")))
     except Exception as e:
         raise user_error(e) from e
@@ -105,6 +106,7 @@ def build_api(settings: Settings) -> None:
         doc, picture, button = gr.JSON(label="result"), gr.Image(type="pil", format="png", label="overlay"), gr.Button()
         zip_in, manifest = gr.File(label="images (.zip)"), gr.File(label="manifest (.csv/.jsonl), optional")
         batch_query, job = gr.Textbox(label="query for every image"), gr.Textbox(label="job id")
+        overlay_kind = gr.Radio(list(OVERLAY_KINDS), value=DEFAULT_OVERLAY_KIND, label="overlays")
         status, results, files = gr.JSON(label="status"), gr.File(label="results (.zip)"), gr.File(file_count="multiple")
         variant = gr.Textbox(label="variant", value=settings.variant)
         backends = gr.CheckboxGroup(list(BACKENDS), label="backends")
@@ -122,9 +124,11 @@ def build_api(settings: Settings) -> None:
                                      "tokens; the foveated view PNG at the photo's size: what a vision-language model "
                                      "would be given under the budgets, each selected cell as sharp as its tokens "
                                      "afford, the rest at a low base resolution; see arrcoc.foveate).")  # fmt: skip
-    buttons[0].click(api_batch_submit, [zip_in, manifest, batch_query], status, api_name="batch_submit",
+    buttons[0].click(api_batch_submit, [zip_in, manifest, batch_query, overlay_kind], status, api_name="batch_submit",
                      api_description="Submit a batch job: (images .zip, optional manifest .csv/.jsonl with file,query, "
-                                     "query for every image) -> the job's status as JSON: job_id, state, counts.")  # fmt: skip
+                                     "query for every image, optional overlays: relevance (the map over each photo, the "
+                                     "default) or foveated (each photo under its token budgets)) -> the job's status as "
+                                     "JSON: job_id, state, counts.")  # fmt: skip
     buttons[1].click(api_batch_status, job, [status, results], api_name="batch_status",
                      api_description="A batch job's status as JSON (state, counts, progress, message; when finished, one "
                                      "entry per item with file, query, match score, top cell as row and column, or the "

@@ -11,7 +11,7 @@ import gradio as gr
 from arrcoc.request import Controls
 from arrcoc.service.jobs.archive import MANIFEST_NAMES
 from arrcoc.service.jobs.types import JobState
-from arrcoc.settings import Settings
+from arrcoc.settings import DEFAULT_OVERLAY_KIND, OVERLAY_KINDS, Settings
 
 from .. import batchview, jobs
 from ..errors import friendly, user_error
@@ -22,10 +22,10 @@ from ..page import mb as _mb
 
 
 def batch_submit(zip_path: str | None, manifest_path: str | None, query: str, token: str | None = None,
-                 request: gr.Request = None) -> tuple[str, str, str, gr.Timer]:  # fmt: skip
+                 overlay_kind: str | None = None, request: gr.Request = None) -> tuple[str, str, str, gr.Timer]:  # fmt: skip
     try:
         owner = owner_of(request, token, "batch")  # the job is bound to this token, browser or session
-        job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls(), owner=owner)
+        job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls(), owner=owner, overlay_kind=overlay_kind)
     except Exception as e:
         raise user_error(e) from e
     # the status line says it too; the toast goes before the gallery appears under it
@@ -68,6 +68,10 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
                 manifest = gr.File(label=f"manifest (optional: .csv or .jsonl with file,query; or {names} inside the zip)",
                                    file_types=[Path(n).suffix for n in MANIFEST_NAMES])  # fmt: skip
                 query = gr.Textbox(label="query for every image", placeholder="e.g. the red one", elem_id="batch-query")
+                overlay_kind = gr.Radio(list(OVERLAY_KINDS), value=DEFAULT_OVERLAY_KIND, label="overlays",
+                                        info="relevance: the map over each photo; foveated: each photo as a "
+                                             "vision-language model would be given it under its token budgets",
+                                        elem_id="batch-overlay")  # fmt: skip
                 token = gr.Textbox(label="API token", type="password", visible=settings.token_required("batch"),
                                    elem_id="batch-token")  # fmt: skip
                 submit = gr.Button("Submit batch", variant="primary", elem_id="batch-submit")
@@ -86,7 +90,7 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
         timer = gr.Timer(1.0, active=False)
 
     # the page's own events (api_name page_*): the API's endpoints are demo/tabs/api.py's, in JSON
-    submit.click(batch_submit, [zip_in, manifest, query, token], [job, status, bar, timer], api_name="page_batch_submit",
+    submit.click(batch_submit, [zip_in, manifest, query, token, overlay_kind], [job, status, bar, timer], api_name="page_batch_submit",
                  **PRIVATE).then(None, job, None, js=PUSH_JOB_JS, **PRIVATE)  # fmt: skip
     gr.on([show.click, job.submit, timer.tick], batch_poll, [job, token], [status, bar, file, gallery, failures, timer],
           show_progress="hidden", **PRIVATE)  # fmt: skip

@@ -94,9 +94,11 @@ class CeleryExecutor(Executor):
 
     # -- jobs --------------------------------------------------------------------------------
     def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None,
-                     owner: str | None = None) -> str:  # fmt: skip
+                     owner: str | None = None, overlay_kind: str | None = None) -> str:  # fmt: skip
         self._check_types(archive, controls)
-        job_id, chunks = batch.create_batch_job(bytes(archive), query, controls, self.settings, self.store, owner)
+        # the kind is kept with the job (its record), so the chunk tasks' arguments stay as they were
+        job_id, chunks = batch.create_batch_job(bytes(archive), query, controls, self.settings, self.store, owner,
+                                                overlay_kind)  # fmt: skip
         try:
             # a job's later chunks queue behind every job's first ones (Redis serves lower numbers
             # first): a small job submitted after a big one starts after the big one's first chunk

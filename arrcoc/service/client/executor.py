@@ -45,11 +45,14 @@ class Executor(ABC):
 
     @abstractmethod
     def submit_batch(
-        self, archive: bytes, query: str | None = None, controls: Controls | None = None, owner: str | None = None
+        self, archive: bytes, query: str | None = None, controls: Controls | None = None, owner: str | None = None,
+        overlay_kind: str | None = None,
     ) -> str:
         """A zip of images (one query for all) or a zip with manifest.csv/.jsonl (file,query).
 
         owner: who may see the job afterwards (arrcoc.service.access; None: anyone with the id).
+        overlay_kind: what the job's overlays show, one of arrcoc.settings.OVERLAY_KINDS ("relevance",
+        the default: the map over the photo; "foveated": the photo under the result's token budgets).
         """
 
     @abstractmethod

@@ -117,9 +117,10 @@ class InProcessExecutor(Executor):
         return self.runtime.infer(bytes(image), query, controls or Controls(), timeout, backend)
 
     def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None,
-                     owner: str | None = None) -> str:  # fmt: skip
+                     owner: str | None = None, overlay_kind: str | None = None) -> str:  # fmt: skip
         self._check_types(archive, controls)
-        job_id, chunks = batch.create_batch_job(bytes(archive), query, controls, self.settings, self.store, owner)
+        job_id, chunks = batch.create_batch_job(bytes(archive), query, controls, self.settings, self.store, owner,
+                                                overlay_kind)  # fmt: skip
         total = chunks[-1][1] if chunks else 0
         self._jobs.add(owner or "", lambda yield_now: self._run_batch(job_id, total, yield_now))
         return job_id

@@ -43,7 +43,7 @@ from typing import Any
 from ...errors import ArrcocError, DeadlineExceeded, EngineError, JobCancelled, ServiceUnavailableError
 from ...request import Controls
 from ...result import RelevanceResult
-from ...settings import Settings, get_settings
+from ...settings import DEFAULT_OVERLAY_KIND, Settings, get_settings
 from ..codec import error_from_wire, error_to_wire
 from ..jobs.types import BenchRequest
 from .interface import EngineHost, ProcessedBatch, Progress
@@ -140,8 +140,8 @@ class EngineServer:
         return result
 
     def _op_process(self, peer: _Peer, images: list[bytes], queries: list[str], controls: Controls,
-                    overlay: str, backend: str | None) -> ProcessedBatch:  # fmt: skip
-        processed = self.runtime.process(images, queries, controls, overlay, backend)
+                    overlay: str, backend: str | None, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
+        processed = self.runtime.process(images, queries, controls, overlay, backend, kind)
         self._count(len(images))
         return processed
 
@@ -364,8 +364,8 @@ class EngineClient(EngineHost):
         return dataclasses.replace(result, timings_ms=result.timings_ms | {"engine_wall_ms": (time.perf_counter() - t0) * 1e3})
 
     def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
-                backend: str | None = None) -> ProcessedBatch:  # fmt: skip
-        return self._routed(("process", list(images), list(queries), controls, overlay, backend), len(images))
+                backend: str | None = None, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
+        return self._routed(("process", list(images), list(queries), controls, overlay, backend, kind), len(images))
 
     def benchmark(self, request: BenchRequest, progress: Progress | None = None
                   ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...settings import DEFAULT_OVERLAY_KIND
+
 if TYPE_CHECKING:  # the types only: importing this module loads no engine
     from ...images import ImageLike
     from ...request import Controls
@@ -137,10 +139,11 @@ class EngineHost(ABC):
 
     @abstractmethod
     def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
-                backend: str | None = None) -> ProcessedBatch:  # fmt: skip
+                backend: str | None = None, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
         """A batch job's step, bytes to results: decoded together on the engine's path, run in as
         few engine calls as the buckets allow, overlays drawn and encoded together (`overlay`:
-        jpeg, png or none). Results as columns over the items, in order; a bad item fails alone."""
+        jpeg, png or none; `kind`: what they show, arrcoc.settings.OVERLAY_KINDS). Results as
+        columns over the items, in order; a bad item fails alone."""
 
     @abstractmethod
     def benchmark(self, request: BenchRequest, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:

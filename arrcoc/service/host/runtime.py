@@ -25,9 +25,9 @@ from ...engine.base import serving_dtype
 from ...errors import ArrcocError, DeadlineExceeded
 from ...images import ImageLike
 from ...pipeline import BatchResults, PreparedRequest, RelevancePipeline
-from ...request import Controls, image_limits
+from ...request import Controls, check_overlay_kind, image_limits
 from ...result import RelevanceResult
-from ...settings import Settings
+from ...settings import DEFAULT_OVERLAY_KIND, Settings
 from ..codec import error_to_wire
 from ..jobs.types import BenchRequest
 from .batching import DynamicBatcher
@@ -199,18 +199,18 @@ class Runtime(EngineHost):
 
     # -- batch jobs: bytes to results and overlays, on the engine's device ---------------------
     def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
-                backend: str | None = None) -> ProcessedBatch:  # fmt: skip
+                backend: str | None = None, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
         pipe = self.pipeline_for(backend)
         # on a GPU each calling thread works on a stream of its own, so that calls in flight
         # together (a batch job's pipeline, a worker group's processes) overlap: one's overlays
         # encode while the next decodes; the stage times are this stream's, waited for
         stream = self._thread_stream(pipe.device)
         with on_stream(stream) if stream is not None else contextlib.nullcontext():
-            return self._process(pipe, images, queries, controls, overlay, backend,
+            return self._process(pipe, images, queries, controls, overlay, check_overlay_kind(kind), backend,
                                  stream.synchronize if stream is not None else (lambda: None))  # fmt: skip
 
     def _process(self, pipe: RelevancePipeline, images: Sequence[bytes], queries: Sequence[str], controls: Controls,
-                 overlay: str, backend: str | None, sync) -> ProcessedBatch:  # fmt: skip
+                 overlay: str, kind: str, backend: str | None, sync) -> ProcessedBatch:  # fmt: skip
         t0 = time.perf_counter()
         prepared = pipe.prepare_many(images, queries, controls, None if overlay == "none" else self.settings.overlay_max_side)
         sync()  # the stage times below are the device's too
@@ -221,8 +221,9 @@ class Runtime(EngineHost):
         pictures: list[bytes | None] = [None] * len(prepared)
         done = np.flatnonzero(outputs.ok)
         if overlay != "none" and len(done):
-            encoded = overlays.encode([prepared[i][1] for i in done], outputs.relevance[done], overlay, pipe.decoder.pool,
-                                      self.settings.overlay_jpeg_quality,
+            maps = outputs.budget_map if kind == "foveated" else outputs.relevance
+            encoded = overlays.encode([prepared[i][1] for i in done], maps[done], overlay, pipe.decoder.pool,
+                                      self.settings.overlay_jpeg_quality, kind,
                                       self.settings.overlay_jpeg_encoder == "gpu")  # fmt: skip
             for i, data in zip(done, encoded, strict=True):
                 pictures[i] = data

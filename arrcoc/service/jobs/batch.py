@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import JobError
-from ...request import Controls
+from ...request import Controls, check_overlay_kind
 from ...settings import OVERLAY_EXTENSIONS, Settings
 from ..host.interface import StepOutputs
 from .archive import Item, load_items, skipped_note, unpack
@@ -43,10 +43,12 @@ log = logging.getLogger(__name__)
 
 def create_batch_job(
     archive: bytes, query: str | None, controls: Controls | None, settings: Settings, store: JobStore,
-    owner: str | None = None,
+    owner: str | None = None, overlay_kind: str | None = None,
 ) -> tuple[str, list[tuple[int, int]]]:
     """Check and unpack the zip, record the job; returns its id and its chunks [start, stop).
+    `overlay_kind`: what its overlays show (arrcoc.settings.OVERLAY_KINDS; None: the relevance map).
     Expired jobs' files are removed by the reaper (files.Reaper), not here."""
+    kind = check_overlay_kind(overlay_kind)  # a bad value is refused before anything is unpacked
     job_id = new_job_id(JobKind.BATCH)
     jd = job_dir(settings, job_id)
     jd.mkdir(parents=True)
@@ -54,10 +56,10 @@ def create_batch_job(
         items = unpack(archive, query, jd, settings, owner)
         chunk = max(1, settings.batch_chunk_items)
         meta = {"job_id": job_id, "kind": "batch", "query": query, "controls": (controls or Controls()).to_wire(),
-                "total": len(items), "chunk": chunk, "expires_at": time.time() + settings.job_ttl_s}  # fmt: skip
+                "overlay_kind": kind, "total": len(items), "chunk": chunk, "expires_at": time.time() + settings.job_ttl_s}  # fmt: skip
         (jd / "job.json").write_text(json.dumps(meta))
         store.create(job_id, JobKind.BATCH, len(items), settings.job_ttl_s,
-                     {"controls": meta["controls"], "chunk": str(chunk), "skipped": skipped_note(jd)}
+                     {"controls": meta["controls"], "overlay_kind": kind, "chunk": str(chunk), "skipped": skipped_note(jd)}
                      | ({"owner": owner} if owner else {}))  # fmt: skip
     except BaseException:
         shutil.rmtree(jd, ignore_errors=True)
@@ -107,6 +109,7 @@ def run_chunk(
     jd = job_dir(settings, job_id)
     (jd / "results").mkdir(exist_ok=True)
     controls = Controls.from_wire(json.loads(rec.get("controls") or "{}"))
+    kind = check_overlay_kind(rec.get("overlay_kind"))  # a job queued before the option: the default
     every = load_items(jd)
     items = every[start:stop]
     finished = store.finished_items(job_id, [it.index for it in items])
@@ -137,7 +140,8 @@ def run_chunk(
         for group in [fresh] + [[it] for it in suspect]:  # after a crash, suspects run alone
             if not group or yielded:
                 continue
-            done = _run_group(job_id, jd, group, controls, host, store, settings, deadline, stages, streamed, yielding)
+            done = _run_group(job_id, jd, group, controls, kind, host, store, settings, deadline, stages, streamed,
+                              yielding)  # fmt: skip
             if done is None:
                 return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
             processed += done
@@ -172,7 +176,7 @@ def _read(jd: Path, items: list[Item]) -> list[bytes]:
     return out
 
 
-def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, host: EngineHost, store: JobStore,
+def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kind: str, host: EngineHost, store: JobStore,
                settings: Settings, deadline: float | None, stages: dict[str, float],
                streamed: ResultsZip | None, yield_now: Callable[[], bool] | None = None) -> int | None:  # fmt: skip
     """The group's items, step by step; how many ran, or None if the job was cancelled. Each
@@ -205,7 +209,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, hos
                     _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
                                                     for it in step])  # fmt: skip
                     continue
-                batch = process_isolated(host, datas, [it.query for it in step], controls, fmt)
+                batch = process_isolated(host, datas, [it.query for it in step], controls, fmt, kind)
                 for name, ms in batch.stage_ms.items():
                     stages[name] = stages.get(name, 0.0) + ms
                 if writing is not None:  # one step waits to be written at most: memory stays bounded

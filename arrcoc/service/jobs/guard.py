@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ...errors import ServiceUnavailableError
-from ...settings import Settings
+from ...settings import DEFAULT_OVERLAY_KIND, Settings
 from ..codec import error_to_wire
 from ..host.interface import ProcessedBatch, StepOutputs
 from .archive import load_items
@@ -37,10 +37,10 @@ TRANSPORT_ERRORS = (ServiceUnavailableError, ConnectionError, EOFError)
 
 
 def process_isolated(host: EngineHost, images: Sequence[bytes], queries: Sequence[str], controls: Controls,
-                     overlay: str) -> ProcessedBatch:  # fmt: skip
+                     overlay: str, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
     """`host.process`, each item's exception its own error."""
     try:
-        return host.process(images, queries, controls, overlay)
+        return host.process(images, queries, controls, overlay, kind=kind)
     except TRANSPORT_ERRORS:
         raise
     except Exception as e:
@@ -48,7 +48,7 @@ def process_isolated(host: EngineHost, images: Sequence[bytes], queries: Sequenc
             log.warning("batch item failed: %s: %s", type(e).__name__, e)
             return ProcessedBatch(StepOutputs.failed(1), [error_to_wire(e)["message"]], [None], {})
         log.warning("batch step failed (%s: %s); running its items one by one", type(e).__name__, e)
-    ones = [process_isolated(host, [image], [query], controls, overlay) for image, query in zip(images, queries, strict=True)]
+    ones = [process_isolated(host, [image], [query], controls, overlay, kind) for image, query in zip(images, queries, strict=True)]
     stage_ms: dict[str, float] = {}
     for one in ones:
         for name, ms in one.stage_ms.items():

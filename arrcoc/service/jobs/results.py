@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ...result import SCORER_NAMES, TENSION_NAMES, WEAK_MATCH
+from ...result import BOX_FIELDS, SCORER_NAMES, TENSION_NAMES, WEAK_MATCH, cell_boxes
 from ..host.interface import MAPS
 from .csvcells import FORMULA_START
 
@@ -84,12 +84,21 @@ def step_table(keys: Sequence[ItemKey], outputs: StepOutputs, errors: Sequence[s
     cols["bucket"] = null_if_bad(outputs.bucket, pa.int32())
     for name in ("variant", "weights_version", "backend"):
         cols[name] = pc.if_else(bad, pa.scalar(None, pa.string()), getattr(outputs, name))
+    cols["selected_boxes"] = _fixed(selected_boxes(outputs, grid), k * len(BOX_FIELDS), ok, pa.int32())
     return pa.table(cols).replace_schema_metadata(_metadata())
+
+
+def selected_boxes(outputs: StepOutputs, grid: int) -> np.ndarray:
+    """(n, K, 5) int32: each selected cell's box in its photo's pixels and its tokens, as the
+    `selected_boxes` of `arrcoc infer --json` (arrcoc.result.BOX_FIELDS), for the step at once."""
+    boxes = cell_boxes(outputs.selected, max(grid, 1), outputs.image_size)  # (n, K, 4)
+    return np.concatenate((boxes, outputs.budgets[..., None]), axis=-1).astype(np.int32)
 
 
 def _metadata() -> dict[bytes, bytes]:
     return {b"arrcoc.schema": SCHEMA_VERSION.encode(), b"arrcoc.balance_names": ",".join(SCORER_NAMES).encode(),
-            b"arrcoc.tension_names": ",".join(TENSION_NAMES).encode()}  # fmt: skip
+            b"arrcoc.tension_names": ",".join(TENSION_NAMES).encode(),
+            b"arrcoc.selected_boxes_format": ",".join(BOX_FIELDS).encode()}  # fmt: skip
 
 
 def to_bytes(table: pa.Table) -> bytes:
@@ -229,7 +238,7 @@ def write_jsonl(table: pa.Table, out: IO[bytes]) -> None:
     for i, row in enumerate(rows):
         if ok[i]:
             for c, m in lists.items():
-                row[c] = m[i].reshape(grid, grid) if c in MAPS else m[i]
+                row[c] = m[i].reshape(grid, grid) if c in MAPS else m[i].reshape(-1, len(BOX_FIELDS)) if c == "selected_boxes" else m[i]
         else:
             row.update(dict.fromkeys(lists))
         out.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
