@@ -121,7 +121,7 @@ def foveate(images: Tensor, budget_map: Tensor, patch: int = DEFAULT_PATCH,
     rows = torch.arange(ph * g, device=x.device).div(ph, rounding_mode="floor")
     cols = torch.arange(pw * g, device=x.device).div(pw, rounding_mode="floor")
     drawn, own = x, torch.ones_like(want_h, dtype=torch.bool)  # own: the cell keeps its own pixels
-    for lh, lw in _levels(ph, pw, patch, base_side):  # static: a few levels at most, one below 3600 px
+    for lh, lw in _levels(ph, pw, patch, base_side):  # static: a few levels at most; one where the smallest budget already affords a whole cell
         take = (want_h == lh) & (want_w == lw)  # (B, G, G)
         level = _resampled(x, g, (lh, lw))
         drawn = level if drawn is x else torch.where(_per_pixel(take, ch, rows, cols), level, drawn)

@@ -7,8 +7,8 @@ re-ranking left out (both compiled and captured alike, timed interleaved). It is
 compiled the way the step is. The foveated view is timed on the step's own images and budget maps,
 eager and compiled. A function timed alone through torch.compile's own CUDA graphs
 ("reduce-overhead") is timed with the Python of its call, which on a GPU can outlast its kernels;
-the rows marked "CUDA graph" replay it as the engine replays a step (arrcoc.engine.cuda_graph:
-inputs copied in, the graph replayed, outputs cloned out), so they time the device's work.
+the rows marked "CUDA graph" replay it captured on the step's tensors (arrcoc.engine.cuda_graph.
+replayer), so they time the device's work alone.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 from ..attending import cell_features, diverse_order
 from ..engine import create_backend, resolve_device
 from ..engine.base import example_inputs
-from ..engine.cuda_graph import CudaGraphRunner
+from ..engine.cuda_graph import replayer
 from ..foveate import DEFAULT_PATCH, foveate
 from ..registry import create_model
 from .env import collect_env
@@ -49,12 +49,10 @@ def _compiled(fn, device: torch.device):
     return torch.compile(fn, fullgraph=True, mode="reduce-overhead" if device.type == "cuda" else None)
 
 
-def _graphed(fn, inputs: tuple[torch.Tensor, ...], device: torch.device):
-    """fn compiled as the step is, captured in a CUDA graph and replayed as a step's graph is."""
-    compiled = torch.compile(fn, fullgraph=True)
-    runner = CudaGraphRunner(lambda *a: (compiled(*a),), lambda n: tuple(t.clone() for t in inputs), device)
-    runner.capture((inputs[0].shape[0],))
-    return lambda i: runner.replay(inputs[0].shape[0], *inputs)
+def _graphed(fn, inputs: tuple[torch.Tensor, ...]):
+    """fn compiled as the step is and captured in a CUDA graph on `inputs`: a replay is its kernels."""
+    replay = replayer(torch.compile(fn, fullgraph=True), *inputs)
+    return lambda i: replay()
 
 
 @torch.no_grad()
@@ -85,8 +83,8 @@ def bench_selection(device: str = "auto", batch: int = 64, iters: int = 50, warm
         "foveated view (eager)": lambda i: foveate(images, budget_map, patch),
     }
     if dev.type == "cuda":
-        calls["diverse selection (compiled, CUDA graph)"] = _graphed(diverse_order, (scores, order, features), dev)
-        calls["foveated view (compiled, CUDA graph)"] = _graphed(lambda im, bm: foveate(im, bm, patch), (images, budget_map), dev)
+        calls["diverse selection (compiled, CUDA graph)"] = _graphed(diverse_order, (scores, order, features))
+        calls["foveated view (compiled, CUDA graph)"] = _graphed(lambda im, bm: foveate(im, bm, patch), (images, budget_map))
     times = time_interleaved(calls, iters, warmup, dev)
     backend.close()
     backend_top.close()

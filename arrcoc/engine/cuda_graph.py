@@ -184,3 +184,23 @@ class CudaGraphRunner:
     def close(self) -> None:
         self.graphs.clear()
         self.pool = None
+
+
+@torch.inference_mode()
+def replayer(fn: Callable[..., object], *inputs: Tensor, warm_iters: int = 2) -> Callable[[], None]:
+    """fn(*inputs) captured once in a CUDA graph on these very inputs; the returned function
+    replays it, nothing copied in or out: what a benchmark times as a function's device work
+    (arrcoc bench selection), apart from the Python of calling it."""
+    device = inputs[0].device
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm on a side stream, as graph capture requires
+        for _ in range(warm_iters):
+            fn(*inputs)
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*inputs)
+    return graph.replay
+

@@ -226,7 +226,8 @@ def _matrix(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
 
 def write_jsonl(table: pa.Table, out: IO[bytes]) -> None:
     """Rows of results as JSON lines, the same fields and values as the Parquet file (maps as
-    G x G lists): the opt-in results.jsonl."""
+    G x G lists, selected_boxes as K rows of five, as `arrcoc infer --json` gives them): the
+    opt-in results.jsonl."""
     if table.num_rows == 0:
         return
     plain = [c for c in table.column_names if not pa.types.is_fixed_size_list(table.schema.field(c).type)]
@@ -238,7 +239,10 @@ def write_jsonl(table: pa.Table, out: IO[bytes]) -> None:
     for i, row in enumerate(rows):
         if ok[i]:
             for c, m in lists.items():
-                row[c] = m[i].reshape(grid, grid) if c in MAPS else m[i].reshape(-1, len(BOX_FIELDS)) if c == "selected_boxes" else m[i]
+                if c in MAPS:
+                    row[c] = m[i].reshape(grid, grid)
+                else:
+                    row[c] = m[i].reshape(-1, len(BOX_FIELDS)) if c == "selected_boxes" else m[i]
         else:
             row.update(dict.fromkeys(lists))
         out.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
