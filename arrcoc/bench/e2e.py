@@ -346,7 +346,8 @@ def serving_dtype_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any
 
 
 def _max_items(cfg: E2EConfig) -> int:
-    return max(cfg.items, cfg.large_items, cfg.png_items, 1)
+    """The largest job the run submits (over several devices, the 800x600 job times their number)."""
+    return max(cfg.items * max(1, len(cfg.devices)), cfg.large_items, cfg.png_items, 1)
 
 
 class _Lent:
