@@ -2,11 +2,10 @@
 time, where the pixels are.
 
 On a GPU the step's pictures are drawn together as tensors (arrcoc.render.blend_overlays); JPEGs
-are encoded there in one batched `encode_jpeg` call and come to the host in one copy, PNGs (and
-JPEGs with ARRCOC_OVERLAY_JPEG_ENCODER=cpu) come to the host in one copy and Pillow encodes them in
-the thread pool. torchvision's nvJPEG encoder is one per process and encodes one picture at a
-time, waiting for each, so steps from several callers take turns on it
-(docs/service.md#concurrency). On a CPU worker Pillow draws (arrcoc.render.overlay)
+are encoded there in one batched `encode_jpeg` call and come to the host in one copy, PNGs come to
+the host in one copy and Pillow encodes them in the thread pool. torchvision's nvJPEG encoder is
+one per process and encodes one picture at a time, waiting for each, so steps from several callers
+take turns on it; Pillow instead was slower on both paths (docs/service.md#concurrency). On a CPU worker Pillow draws (arrcoc.render.overlay)
 and encodes each picture in a thread pool: its C code lets go of the GIL, so the step's pictures
 use every core, where the same tensor operations run several times slower. Both draw the same
 picture (to one level of rounding: tests/test_decode.py). The foveated view is tensor work on
@@ -31,11 +30,10 @@ JPEG_QUALITY = 90
 
 
 def encode(views: Sequence[torch.Tensor], maps: np.ndarray, fmt: str, pool: Executor | None = None,
-           quality: int = JPEG_QUALITY, kind: str = DEFAULT_OVERLAY_KIND, gpu_jpeg: bool = True) -> list[bytes]:  # fmt: skip
+           quality: int = JPEG_QUALITY, kind: str = DEFAULT_OVERLAY_KIND) -> list[bytes]:  # fmt: skip
     """One encoded overlay per (view (3, h, w) uint8, map (G, G)); `fmt` jpeg or png, `quality`
     JPEG's. `kind` "relevance": the map (in [0, 1]) blended over the view; "foveated": the view
-    foveated under the map (tokens per cell, a budget map). `gpu_jpeg` False: JPEGs drawn on the
-    GPU are encoded by Pillow, as PNGs are."""
+    foveated under the map (tokens per cell, a budget map)."""
     if not len(views):
         return []
     run = (lambda work, items: list(pool.map(work, items))) if pool is not None else (lambda work, items: [work(x) for x in items])
@@ -46,7 +44,7 @@ def encode(views: Sequence[torch.Tensor], maps: np.ndarray, fmt: str, pool: Exec
     else:  # a CPU worker: Pillow draws and encodes each picture in the pool
         draw = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)  # noqa: E731
         return run(draw, list(zip(views, maps, strict=True)))
-    if fmt == "jpeg" and views[0].is_cuda and gpu_jpeg:
+    if fmt == "jpeg" and views[0].is_cuda:
         from torchvision.io import encode_jpeg
 
         # torchvision's encoder reads the pictures on a stream of its own, which does not wait

@@ -73,9 +73,6 @@ class Settings(BaseSettings):
     overlay_format: OverlayFormat = "jpeg"
     overlay_max_side: int = Field(1024, ge=64, le=4096)  # batch-job overlays: at most this many pixels a side
     overlay_jpeg_quality: int = Field(90, ge=10, le=100)
-    # where a GPU worker encodes JPEG overlays: "gpu" torchvision's nvJPEG encoder, "cpu" Pillow in
-    # the decoder's thread pool (drawn on the GPU either way; docs/service.md#concurrency)
-    overlay_jpeg_encoder: Literal["gpu", "cpu"] = "gpu"
     batch_chunk_items: int = 256  # items per batch-job task (a unit of redelivery and progress)
     # results.jsonl in a batch job's results zip beside results.parquet (the same rows as JSON lines):
     # off by default, as it is several times the Parquet file and built at the job's end

@@ -21,7 +21,6 @@ import dataclasses
 import functools
 import io
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -127,28 +126,6 @@ def _zip(images: list[bytes], n: int, ext: str) -> bytes:
 
 
 # -- measuring ------------------------------------------------------------------------------------
-class HostBusy:
-    """How many of the host's cores were busy (all processes, /proc/stat) while the block ran: a
-    worker group and its clients share the host, and this says whether its CPUs bound a figure."""
-
-    @staticmethod
-    def _jiffies() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields) - idle, sum(fields)
-
-    def __enter__(self) -> HostBusy:
-        self._start = self._jiffies() if os.path.exists("/proc/stat") else None
-        self.cores: float | None = None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._start is not None:
-            busy, total = (b - a for a, b in zip(self._start, self._jiffies(), strict=True))
-            self.cores = round(busy / max(total, 1) * (os.cpu_count() or 1), 1)
-
-
 class GpuBusy:
     """The GPUs' mean utilisation (nvidia-smi, every 100 ms) while the block runs; None without one.
     `devices`: how many GPUs, from `device`'s index on (a worker group over several)."""
@@ -190,7 +167,7 @@ class GpuBusy:
 def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "the red one", devices: int = 1
               ) -> dict[str, Any]:  # fmt: skip
     """One batch job from submission until its results zip is complete."""
-    with GpuBusy(device, devices) as busy, HostBusy() as host:
+    with GpuBusy(device, devices) as busy:
         t0, cpu0 = time.perf_counter(), time.process_time()
         job = ex.submit_batch(archive, query)
         t_unpacked = time.perf_counter()
@@ -209,7 +186,7 @@ def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "th
         "images_per_s": round(n / wall, 1), "gpu_busy": busy.fraction,
         # this process's CPU time over wall: in-process, ~1-2 of 16 cores busy means one thread
         # at a time (the GIL) bounds the job; through Celery the work is in the worker group
-        "process_cores": round(cores, 2), "host_cores": host.cores,
+        "process_cores": round(cores, 2),
         "stage_ms_per_item": {k: round(v / n, 3) for k, v in sorted(stages.items())},
     }  # fmt: skip
 
@@ -221,7 +198,7 @@ def repeated_job(ex, archive: bytes, n: int, device: torch.device, rounds: int =
     run to the next on a lent machine)."""
     first = batch_job(ex, archive, n, device, devices=devices)
     runs = [batch_job(ex, archive, n, device, devices=devices) for _ in range(max(1, rounds))]
-    return _median(runs, "images_per_s", ("gpu_busy", "host_cores")) | {"first_images_per_s": first["images_per_s"]}
+    return _median(runs, "images_per_s", ("gpu_busy",)) | {"first_images_per_s": first["images_per_s"]}
 
 
 def _median(runs: list[dict[str, Any]], key: str, also: tuple[str, ...]) -> dict[str, Any]:
@@ -288,9 +265,7 @@ def decode_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any] | Non
 
 def interactive(make_executor, image: bytes, clients: int, requests: int, processes: int = 1) -> dict[str, Any]:
     t0, cpu0 = time.perf_counter(), time.process_time()
-    with HostBusy() as host:
-        report = run_load(make_executor, image, QUERIES, clients, requests, timeout=120.0, processes=processes)
-    report["host_cores"] = host.cores
+    report = run_load(make_executor, image, QUERIES, clients, requests, timeout=120.0, processes=processes)
     report["process_cores"] = round((time.process_time() - cpu0) / (time.perf_counter() - t0), 2)
     t = report["timings_ms_mean"]
     # on a GPU the caller only checks the header (preprocess_ms); the batch decodes (batch_decode_ms)
@@ -306,7 +281,7 @@ def interactive_rounds(make_executor, image: bytes, clients: int, requests: int,
     """`interactive` `rounds` times in a row: the round of median throughput, with every round's
     req/s, p50 and p99 under `rounds`."""
     runs = [interactive(make_executor, image, clients, requests, processes) for _ in range(max(1, rounds))]
-    return _median(runs, "throughput_rps", ("p50_ms", "p99_ms", "host_cores"))
+    return _median(runs, "throughput_rps", ("p50_ms", "p99_ms"))
 
 
 def e2e_weights(cfg: E2EConfig) -> str | None:
@@ -563,9 +538,7 @@ def device_scaling(one: dict[str, Any], every: dict[str, Any], n: int) -> dict[s
         if a and b:
             out[name] = {"one": a, "all": b, "speedup": round(b / a, 3), "of_linear": round(b / (a * n), 3)}
     for name, path in (("interactive_p99_ms", ("interactive_celery_n", "p99_ms")),
-                       ("batch_gpu_busy", ("batch_celery", "jpeg_800x600", "gpu_busy")),
-                       ("batch_host_cores", ("batch_celery", "jpeg_800x600", "host_cores")),
-                       ("interactive_host_cores", ("interactive_celery_n", "host_cores"))):  # fmt: skip
+                       ("batch_gpu_busy", ("batch_celery", "jpeg_800x600", "gpu_busy"))):  # fmt: skip
         a, b = one, every
         for key in path:
             a, b = (a or {}).get(key), (b or {}).get(key)
@@ -658,16 +631,31 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
         row = scaling.get(name)
         if row:
             lines.append(f"| {label} | {row['one']} | **{row['all']}** | {row['speedup']}x | {row['of_linear']} |")
-    for name, label in (("interactive_p99_ms", "many callers, p99 ms"), ("batch_gpu_busy", "batch job, GPU busy (mean)"),
-                        ("batch_host_cores", "batch job, host cores busy"),
-                        ("interactive_host_cores", "many callers, host cores busy")):  # fmt: skip
+    for name, label in (("interactive_p99_ms", "many callers, p99 ms"),
+                        ("batch_gpu_busy", "batch job, GPU busy (mean)")):  # fmt: skip
         row = scaling.get(name)
         if row:
             lines.append(f"| {label} | {row['one']} | {row['all']} | | |")
     lines += ["", f"Over all {n} devices: the batch job has {n} times the items, the callers and client processes are"
-                  f" {n} times as many. Host cores busy: every process of the host (worker group, clients, Redis) over"
-                  " the phase, of the host's CPUs."]  # fmt: skip
+                  f" {n} times as many."]  # fmt: skip
+    serial = {k: v for k, v in (("one", report.get("batch_celery")), ("all", every.get("batch_celery"))) if v}
+    parallel = {k: chunk_phase(v.get("jpeg_800x600")) for k, v in serial.items()}
+    if all(parallel.values()) and len(parallel) == 2:
+        ratio = parallel["all"] / parallel["one"]
+        lines += ["", f"The job's chunks alone (its wall time less the submission's unpacking and the final assembly of"
+                      f" results.zip, which one process does once per job): {parallel['one']} images/s on one device,"
+                      f" {parallel['all']} on all, **{ratio:.2f}x** ({ratio / n:.2f} of linear)."]  # fmt: skip
     return lines
+
+
+def chunk_phase(job: dict[str, Any] | None) -> float | None:
+    """A batch job's images/s over its chunks alone: its wall time less the per-job serial stages
+    (unpacking at submission, finalizing results.zip), from the job's own per-item stage times."""
+    if not job:
+        return None
+    stages = job.get("stage_ms_per_item", {})
+    serial_s = (stages.get("unpack", 0.0) + stages.get("finalize", 0.0)) * job["items"] / 1e3
+    return round(job["items"] / max(job["wall_s"] - serial_s, 1e-9), 1)
 
 
 def _served(report: dict[str, Any]) -> str:
