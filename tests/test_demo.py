@@ -24,8 +24,12 @@ POLL_S = 0.5
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory) -> Client:
-    with serve(tmp_path_factory.mktemp("demo-data")) as url:
-        yield Client(url, verbose=False)
+    # this module submits more jobs in a minute than one client may (the limit has its own tests:
+    # tests/test_abuse_demo.py)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ARRCOC_RATE_LIMIT_JOBS_PER_MIN", "60")
+        with serve(tmp_path_factory.mktemp("demo-data")) as url:
+            yield Client(url, verbose=False)
 
 
 def wait_for(client: Client, endpoint: str, job_id: str, timeout: float = 120.0) -> tuple:
