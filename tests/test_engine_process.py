@@ -63,7 +63,7 @@ def test_a_late_reply_never_reaches_the_next_call(served):
     runtime, client, _, _ = served
     with runtime.exclusive():  # the engine is busy: the reply to the first request comes late
         with pytest.raises(DeadlineExceeded):
-            client._call(("infer", png_bytes(1), "a face", Controls(), 30.0, None), timeout=0.3)
+            client._routed(("infer", png_bytes(1), "a face", Controls(), 30.0, None), 1, timeout=0.3)
     result = client.infer(png_bytes(2), "the sky", Controls(), timeout=60)
     assert result.query == "the sky"  # not the first request's late answer
     assert np.array_equal(result.relevance, runtime.infer(png_bytes(2), "the sky", Controls(), 60).relevance)
