@@ -114,3 +114,24 @@ def test_connections_go_with_their_threads(served):
         gc.collect()
         time.sleep(0.1)
     assert fds() <= fds0
+
+
+def test_calls_go_to_the_least_loaded_engine_and_around_one_that_is_gone(served):
+    """A worker group's Celery process sees every engine: the one with the fewest items in flight
+    from it takes a call (the first of the pool among equals), and a call to an engine that does not
+    answer goes once to another, the silent one passed over meanwhile."""
+    runtime, _, address, settings = served
+    pool = EngineClient(settings, [address + ".gone", address], KEY)
+    gone, live = pool._routes
+    result = pool.infer(png_bytes(4), "the sky", Controls(), timeout=60)
+    assert_same_result(result, runtime.infer(png_bytes(4), "the sky", Controls(), timeout=60))
+    assert gone.down_until > 0 and gone.in_flight == live.in_flight == 0  # every reservation released
+    assert pool._pick(1) is live  # the silent engine is passed over while another answers
+    pool._release(live, 1)
+    gone.down_until = 0.0  # as if it had come back
+    assert pool._pick(1) is gone  # equals: the preferred one
+    assert pool._pick(64) is live  # then the one with less in flight
+    assert pool._pick(1) is gone
+    pool._release(gone, 2)
+    pool._release(live, 64)
+    pool.close()
