@@ -130,8 +130,9 @@ def plan_engines(settings: Settings, devices: Sequence[str], per_device: int, so
 def front_env(spec: EngineSpec, pool: Sequence[str], base: Mapping[str, str], settings: Settings,
               devices: Sequence[str] = ()) -> dict[str, str]:  # fmt: skip
     """A Celery process's environment: the group's settings and devices (it runs a batch chunk per
-    device at a time), and the pool of engines it sends work to, its preferred one first. These processes run no model, only small copies: one OpenMP
-    thread each (torch.set_num_threads would apply to the calling thread only)."""
+    device at a time), and the pool of engines it sends work to, its preferred one first. These
+    processes run no model, only small copies: one OpenMP thread each (torch.set_num_threads would
+    apply to the calling thread only)."""
     env = dict(spec.env, ARRCOC_ENGINE_SOCKET=pool[0], ARRCOC_ENGINE_POOL=",".join(pool), ARRCOC_DEVICE=settings.device,
                ARRCOC_DEVICES=",".join(devices))
     env.pop("CUDA_VISIBLE_DEVICES", None)
