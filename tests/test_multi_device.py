@@ -9,6 +9,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import signal
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import BROKER, assert_same_result, make_zip, png_bytes, result_rows, worker_settings
 
-from arrcoc.bench.processes import Worker, worker_env
+from arrcoc.bench.processes import REPO, Worker, worker_env
 from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import default_settings
 
@@ -57,7 +59,7 @@ def group(root: Path, settings: dict[str, str], data_dir: Path, name: str) -> Wo
 def rig(tmp_path_factory):
     root = tmp_path_factory.mktemp("devices")
     with worker_settings(root, "devices", **GROUP) as settings:
-        worker = group(root, settings, root / "data", "two")
+        worker = group(root, settings, root / "data", "arrcoc")  # the name compose gives (the healthcheck's)
         from arrcoc.service.client.celery_executor import CeleryExecutor
 
         fields = {"redis_prefix": settings["redis_prefix"], "queue_gpu": settings["queue_gpu"],
@@ -93,6 +95,16 @@ def test_both_devices_serve_one_job_and_the_requests(rig):
     assert all(n > 0 for n in spread.values()), spread
     for r in results[1:]:
         assert_same_result(r, results[0])  # the same answer whichever device served it
+
+
+def test_the_healthcheck_asks_every_celery_process_and_every_engine(rig):
+    env = worker_env(BROKER, rig["root"] / "data", worker_processes="1", devices="cpu,cpu")
+    check = subprocess.run([sys.executable, str(REPO / "docker" / "healthcheck.py"), "worker"], env=env,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    three = subprocess.run([sys.executable, str(REPO / "docker" / "healthcheck.py"), "worker"],
+                           env=env | {"ARRCOC_WORKER_PROCESSES": "2"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert three.returncode == 1 and "2 of 4 Celery processes answered" in three.stderr, three.stderr
 
 
 def test_one_engine_killed_the_job_finishes_and_it_comes_back(rig):
