@@ -148,10 +148,11 @@ class Settings(BaseSettings):
     reap_interval_s: int = 600
     temp_max_age_s: int = 3600
     worker_threads: int | None = None  # None: batch_max_size + 4 (threads pool: batching needs them)
-    # Celery processes per device sharing one engine process (docs/service.md: one process takes
-    # ~135 messages/s; several feed one batcher). 1: the engine runs inside the worker process.
+    # Celery processes per device feeding the group's engine processes (docs/service.md: one
+    # process's consumer is bound by its GIL; several feed one batcher). 1 (and no devices): the
+    # engine runs inside the worker process.
     worker_processes: int = 1
-    # engine processes in such a group, on its one device (the i-th Celery process feeds number i mod E):
+    # engine processes per device in such a group (each Celery process sends to the least loaded):
     # one engine process's Python (decode and engine stages, a connection thread per request) is
     # bound by its GIL while the GPU idles (docs/service.md); several share the device as model
     # instances do in Triton's instance groups. At most worker_processes of them are started.
