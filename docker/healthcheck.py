@@ -14,12 +14,12 @@ def worker() -> int:
 
     app = Celery(broker=os.environ.get("ARRCOC_BROKER_URL", "redis://redis:6379/0"))
     app.conf.update(accept_content=["json"], task_serializer="json", result_serializer="json")
-    from worker.group import node_name  # no torch: the naming rule only
+    from worker.group import count_gpus, node_name  # no torch here: the naming and counting rules
 
     processes = int(os.environ.get("ARRCOC_WORKER_PROCESSES", "1"))
     grouped = processes > 1 or bool(os.environ.get("ARRCOC_DEVICES", "").strip())  # as `arrcoc worker` decides
     name = f"arrcoc@{socket.gethostname()}"
-    names = [node_name(name, i) for i in range(1, processes * _devices() + 1)] if grouped else [name]
+    names = [node_name(name, i) for i in range(1, processes * _devices(count_gpus) + 1)] if grouped else [name]
     replies = app.control.ping(destination=names, timeout=5.0)
     if len(replies) != len(names):
         print(f"unhealthy: {len(replies)} of {len(names)} Celery processes answered", file=sys.stderr)
@@ -34,14 +34,11 @@ def worker() -> int:
     return 0
 
 
-def _devices() -> int:
-    """How many devices the worker group serves (ARRCOC_DEVICES: all, or a list)."""
+def _devices(count_gpus) -> int:
+    """How many devices the worker group serves (ARRCOC_DEVICES: all, counted as the group counts
+    them, or a list)."""
     devices = [d for d in os.environ.get("ARRCOC_DEVICES", "").split(",") if d.strip()]
-    if devices == ["all"]:
-        import torch
-
-        return torch.cuda.device_count()
-    return max(len(devices), 1)
+    return count_gpus(os.environ) if devices == ["all"] else max(len(devices), 1)
 
 
 def demo() -> int:

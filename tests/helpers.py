@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import time
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -111,6 +112,18 @@ def worker_settings(root: Path, prefix: str, **extra: str) -> Iterator[dict[str,
         keys = [k for pat in (f"{prefix}-{tag}:*", f"*{tag}*") for k in r.scan_iter(pat)]
         if keys:
             r.delete(*keys)
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
+    """predicate()'s first truthy value, polled every `every` s; AssertionError naming `what` after
+    `timeout` s."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def result_rows(zf: zipfile.ZipFile) -> list[dict]:

@@ -30,7 +30,7 @@ from abuse_inputs import (
     png_bytes,
     png_header,
 )
-from helpers import BROKER, make_zip, result_rows
+from helpers import BROKER, make_zip, result_rows, wait_for
 
 from arrcoc.errors import AccessDenied, ImageError, InvalidInputError, JobError
 from arrcoc.request import Controls, validate_image, validate_query
@@ -305,23 +305,13 @@ def test_bench_requests_are_capped(settings, change, message):
     assert du(Path(settings.data_dir)) == 0
 
 
-def _wait(pred, timeout: float, what: str):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} within {timeout} s")
-
-
 def test_cancelled_benchmark_stops_at_once_frees_the_device_and_stays_cancelled(tmp_path, pipeline):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
     ex = InProcessExecutor(default_settings(data_dir=tmp_path, broker_url=None, max_bench_iterations=100_000), pipeline)
     try:
         job = ex.submit_bench(BenchRequest(backends=("eager",), buckets=(1,), iterations=100_000, warmup=1, device="cpu"))
-        _wait(lambda: "timing" in ex.status(job).message, 120, "the benchmark did not start timing")
+        wait_for(lambda: "timing" in ex.status(job).message, 120, "the benchmark did not start timing")
         t0 = time.monotonic()
         assert ex.cancel(job).state == JobState.CANCELLED
         free = ex.runtime.device_lock.acquire(timeout=10)
@@ -346,7 +336,7 @@ def test_benchmark_past_its_time_limit_is_stopped(tmp_path, pipeline):
     ex = InProcessExecutor(s, pipeline)
     try:
         job = ex.submit_bench(BenchRequest(backends=("eager",), buckets=(1,), iterations=100_000, warmup=1, device="cpu"))
-        st = _wait(lambda: (st := ex.status(job)).state.finished and st, 120, "the benchmark did not stop")
+        st = wait_for(lambda: (st := ex.status(job)).state.finished and st, 120, "the benchmark did not stop")
         assert st.state == JobState.FAILED and "time limit" in st.message, st
         with pytest.raises(JobError, match="time limit"):
             ex.bench_report(job)
@@ -370,7 +360,7 @@ def test_reaper_removes_expired_jobs_without_a_new_submission(settings):
     (jobs / "not-a-job").mkdir()  # never touched
     reaper = Reaper(settings, interval_s=0.1).start()
     try:
-        _wait(lambda: not old.exists() and not orphan.exists(), 5, "the reaper did not remove the expired job")
+        wait_for(lambda: not old.exists() and not orphan.exists(), 5, "the reaper did not remove the expired job")
     finally:
         reaper.stop()
     assert live.exists() and (jobs / "not-a-job").exists()
@@ -667,7 +657,7 @@ def _inprocess(tmp_path, pipeline, **overrides):
 
 
 def _finished(ex, job, timeout=180.0, owner=None):
-    return _wait(lambda: (st := ex.status(job, owner)).state.finished and st, timeout, f"job {job} finished")
+    return wait_for(lambda: (st := ex.status(job, owner)).state.finished and st, timeout, f"job {job} finished")
 
 
 def test_a_lone_surrogate_in_a_manifest_query_is_refused_at_submission(tmp_path, pipeline):
@@ -898,7 +888,7 @@ def test_jobs_of_different_owners_take_turns_in_process(tmp_path, pipeline):
     ex = _inprocess(tmp_path, pipeline, job_slice_s=0.5)
     try:
         a = ex.submit_batch(big, owner="client:a")
-        _wait(lambda: ex.status(a, "client:a").done >= 8, 120, "A started")
+        wait_for(lambda: ex.status(a, "client:a").done >= 8, 120, "A started")
         b = ex.submit_batch(make_zip({f"{i}.png": png_bytes(seed=i) for i in range(8)}), "the sky", owner="client:b")
         sb = _finished(ex, b, owner="client:b")
         sa = ex.status(a, "client:a")

@@ -11,12 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import BROKER, assert_same_result, make_zip, png_bytes, result_rows, worker_settings
+from helpers import BROKER, assert_same_result, make_zip, png_bytes, result_rows, wait_for, worker_settings
 
 from arrcoc.bench.processes import REPO, Worker, worker_env
 from arrcoc.service.jobs.types import JobState
@@ -24,16 +23,6 @@ from arrcoc.settings import default_settings
 
 GROUP = {"devices": "cpu,cpu", "worker_processes": "1", "engine_processes": "1", "buckets": "[1,2,4]",
          "batch_max_size": "4", "batch_max_delay_ms": "20", "batch_chunk_items": "6"}  # fmt: skip
-
-
-def wait_for(predicate, timeout: float, what: str):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def engines(ex) -> dict[str, dict]:

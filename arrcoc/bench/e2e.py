@@ -528,22 +528,22 @@ def _celery_group(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, devi
 
 def device_scaling(one: dict[str, Any], every: dict[str, Any], n: int) -> dict[str, Any]:
     """Every device's figures over the first device's alone, and over n times it (1.0: linear)."""
+    def at(report: dict[str, Any], *path: str) -> Any:
+        for key in path:
+            report = (report or {}).get(key)
+        return report
+
     out: dict[str, Any] = {"devices": n}
-    pairs = (("batch_images_per_s", ("batch_celery", "jpeg_800x600", "images_per_s")),
-             ("interactive_rps", ("interactive_celery_n", "throughput_rps")))  # fmt: skip
-    for name, path in pairs:
-        a, b = one, every
-        for key in path:
-            a, b = (a or {}).get(key), (b or {}).get(key)
-        if a and b:
-            out[name] = {"one": a, "all": b, "speedup": round(b / a, 3), "of_linear": round(b / (a * n), 3)}
-    for name, path in (("interactive_p99_ms", ("interactive_celery_n", "p99_ms")),
-                       ("batch_gpu_busy", ("batch_celery", "jpeg_800x600", "gpu_busy"))):  # fmt: skip
-        a, b = one, every
-        for key in path:
-            a, b = (a or {}).get(key), (b or {}).get(key)
-        if a is not None and b is not None:
-            out[name] = {"one": a, "all": b}
+    for name, path, ratio in (("batch_images_per_s", ("batch_celery", "jpeg_800x600", "images_per_s"), True),
+                              ("interactive_rps", ("interactive_celery_n", "throughput_rps"), True),
+                              ("interactive_p99_ms", ("interactive_celery_n", "p99_ms"), False),
+                              ("batch_gpu_busy", ("batch_celery", "jpeg_800x600", "gpu_busy"), False)):  # fmt: skip
+        a, b = at(one, *path), at(every, *path)
+        if a is None or b is None:
+            continue
+        out[name] = {"one": a, "all": b}
+        if ratio and a:
+            out[name] |= {"speedup": round(b / a, 3), "of_linear": round(b / (a * n), 3)}
     return out
 
 

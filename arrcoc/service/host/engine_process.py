@@ -322,18 +322,13 @@ class EngineClient(EngineHost):
         return self._info
 
     def engines(self, timeout: float = 5.0) -> list[dict[str, Any]]:
-        """Every engine of the pool, each asked on a connection of its own: its info and what it
-        has served, or `up: False` and why not (the worker group's health check)."""
+        """Every engine of the pool, each asked for its info and what it has served, or `up: False`
+        and why not (the worker group's health check)."""
         out = []
         for route in self._routes:
             try:
-                with Client(route.address, family="AF_UNIX", authkey=self._authkey) as conn:
-                    _send(conn, ("info",))
-                    if not conn.poll(timeout):
-                        raise TimeoutError(f"no answer within {timeout:.0f} s")
-                    kind, payload = _recv(conn)
-                out.append({"address": route.address, "up": kind == "ok", **(payload if kind == "ok" else {})})
-            except (EOFError, OSError, AuthenticationError) as e:
+                out.append({"address": route.address, "up": True, **self._call(route, ("info",), timeout)})
+            except (EngineUnavailableError, DeadlineExceeded) as e:
                 out.append({"address": route.address, "up": False, "error": f"{type(e).__name__}: {e}"})
         return out
 
