@@ -34,7 +34,7 @@ JSONL_NAME = "results.jsonl"
 # the schema's version, in the file's metadata: readers check it, columns are added, never renamed
 SCHEMA_VERSION = "arrcoc.batch.results/1"
 # Snappy, Parquet's usual codec, which every reader has: the maps' floats barely compress, and zstd
-# took twice as long to encode them for a file a seventh smaller (docs/service.md, "Batch results").
+# encodes them far more slowly for a slightly smaller file (docs/service.md, "Batch results").
 COMPRESSION = "snappy"
 # Dictionary encoding only where values repeat: on the maps' floats it costs more than the rest of
 # writing a step and grows the file (docs/service.md, "Batch results").
