@@ -693,7 +693,7 @@ def _each(row: dict[str, Any], key: str, brackets: str) -> str:
 # the batch job runner's stages (jobs/batch.py, host.process), per item; `chunk` is a chunk's whole
 # wall time (reading overlaps the others), `write` a step's part and its items recorded,
 # `results_zip` its pictures and rows added to the results as it goes, `finalize` finishing results.zip
-STAGES = ("unpack", "read_wait", "decode", "engine", "render_encode", "write", "results_zip", "finalize", "chunk")
+STAGES = ("unpack", "read", "decode", "engine", "render_encode", "write", "results_zip", "finalize", "chunk")
 # the stages that do work (not waits, not the chunk's wall time), one colour each in the plot
 WORK_STAGES = {"unpack": "#8c564b", "decode": "#1f77b4", "engine": "#d62728", "render_encode": "#ff7f0e",
                "write": "#2ca02c", "results_zip": "#9467bd", "finalize": "#7f7f7f"}  # fmt: skip

@@ -16,6 +16,7 @@ import json
 import logging
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -176,6 +177,16 @@ def _read(jd: Path, items: list[Item]) -> list[bytes]:
     return out
 
 
+def _process_step(host: EngineHost, jd: Path, step: list[Item], controls: Controls, fmt: str, kind: str):
+    """One step, from its files to its outputs and encoded overlays (a step thread's work)."""
+    t0 = time.perf_counter()
+    datas = _read(jd, step)
+    read_ms = (time.perf_counter() - t0) * 1e3
+    batch = process_isolated(host, datas, [it.query for it in step], controls, fmt, kind)
+    batch.stage_ms["read"] = batch.stage_ms.get("read", 0.0) + read_ms
+    return batch
+
+
 def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kind: str, host: EngineHost, store: JobStore,
                settings: Settings, deadline: float | None, stages: dict[str, float],
                streamed: ResultsZip | None, yield_now: Callable[[], bool] | None = None) -> int | None:  # fmt: skip
@@ -184,32 +195,39 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
     steps come out of order). `yield_now`, asked before each step but the first, ends the group
     early (another owner's turn)."""
     size = step_items(host)
-    steps = [group[i : i + size] for i in range(0, len(group), size)]
+    steps = iter([group[i : i + size] for i in range(0, len(group), size)])
     fmt = settings.overlay_format
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
-    ran = 0
+    ran = started = 0
     writing: Future | None = None
-    # beside this thread: one reads step k+1's files while step k runs; with write-behind, one
-    # writes step k-1's results while step k is on the engine (docs/service.md#concurrency)
-    with ThreadPoolExecutor(1, thread_name_prefix="arrcoc-prefetch") as prefetch, \
+    running: deque[tuple[list[Item], Future]] = deque()
+    stopped = cancelled = False
+    # beside this thread, which orders the steps: `batch_steps_in_flight` step threads, each
+    # reading a step's files and running it on the host (one decodes and runs while another's
+    # overlays encode), and one thread writing the last step's results while later ones run
+    # (docs/service.md#concurrency)
+    with ThreadPoolExecutor(settings.batch_steps_in_flight, thread_name_prefix="arrcoc-step") as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write") as writer:
-        reading = prefetch.submit(_read, jd, steps[0])
         try:
-            for k, step in enumerate(steps):
-                t0 = time.perf_counter()
-                datas = reading.result()
-                _add(stages, "read_wait", t0)
-                if k + 1 < len(steps):
-                    reading = prefetch.submit(_read, jd, steps[k + 1])
-                if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
-                    return None
-                if k > 0 and yield_now is not None and yield_now():
+            while True:
+                while not stopped and len(running) < settings.batch_steps_in_flight:
+                    step = next(steps, None)
+                    if step is None:
+                        break
+                    if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
+                        stopped = cancelled = True
+                    elif started > 0 and yield_now is not None and yield_now():
+                        stopped = True
+                    elif deadline is not None and time.monotonic() > deadline:
+                        _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
+                                                        for it in step])  # fmt: skip
+                    else:
+                        running.append((step, pool.submit(_process_step, host, jd, step, controls, fmt, kind)))
+                        started += 1
+                if not running:
                     break
-                if deadline is not None and time.monotonic() > deadline:
-                    _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
-                                                    for it in step])  # fmt: skip
-                    continue
-                batch = process_isolated(host, datas, [it.query for it in step], controls, fmt, kind)
+                step, future = running.popleft()
+                batch = future.result()
                 for name, ms in batch.stage_ms.items():
                     stages[name] = stages.get(name, 0.0) + ms
                 if writing is not None:  # one step waits to be written at most: memory stays bounded
@@ -221,9 +239,11 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
                     _write_step(*args)
                 ran += len(step)
         finally:
+            for _, future in running:  # stopping early: steps not begun are dropped, those running end unwritten
+                future.cancel()
             if writing is not None:  # what was processed is recorded, also when the job stops early
                 writing.result()
-    return ran
+    return None if cancelled else ran
 
 
 def _write_step(job_id: str, jd: Path, step: list[Item], batch, ext: str, store: JobStore,
