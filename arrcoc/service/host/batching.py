@@ -171,19 +171,11 @@ class DynamicBatcher:
 
     def _pipelined_loop(self) -> None:
         """Start batch k on the device, gather batch k+1, hand batch k out, prepare batch k+1; repeat."""
-        import os  # A/B toggle, removed after the measurement
-
-        decode_first = os.environ.get("ARRCOC_AB_DECODE_FIRST", "1") == "1"
         ahead: tuple[list[_Request], list[Any]] | None = None  # prepared, to run next
         closing = False
         while ahead is not None or not closing:
             running = self._launch(*ahead) if ahead is not None else None
             live, closing = self._next_batch(running is not None, closing)
-            if decode_first:
-                ahead = self._prepared(live)
-                if running is not None:
-                    self._finish(*running)
-                continue
             if running is not None:  # handed out before the next batch is prepared: while it
                 self._finish(*running)  # decodes (nvJPEG holds no GIL) these callers send their next
             ahead = self._prepared(live)
