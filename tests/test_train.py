@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from arrcoc.registry import create_model
-from arrcoc.train.data import _chunk, build_dataset, edge_cells, hit_cells, map_target
+from arrcoc.train.data import Dataset, _chunk, build_dataset, check_dataset, edge_cells, hit_cells, map_target
 from arrcoc.train.evaluate import evaluate, relevance_from_fixed
 from arrcoc.train.run import reevaluate, report_paths, run_training
 from arrcoc.train.scenes import (
@@ -82,6 +82,28 @@ def test_training_is_reproducible(tiny) -> None:
     assert any(not torch.equal(states[0][k], states[2][k]) for k in states[0]), "another seed -> other weights"
     init = create_model("arrcoc-texture", weights=None).state_dict()
     assert not torch.equal(states[0]["participatory.stem.weight"], init["participatory.stem.weight"])
+
+
+def test_a_non_finite_batch_is_skipped_not_spread_to_every_weight(tiny) -> None:
+    # one NaN input makes the clipping norm NaN, and clipping then turns every parameter NaN at
+    # once: the step is dropped and counted instead, and the data builder names the bad row
+    _, data = tiny
+    texture = data.texture.clone()
+    texture[0, 0, 5, 5] = float("nan")
+    bad = Dataset(texture, data.fixed, data.scene, data.query, data.hit, data.part_hit, data.captions, data.meta)
+    with pytest.raises(ValueError, match="non-finite texture"):
+        check_dataset(bad)
+    check_dataset(data)
+    seed_everything(0)
+    model = create_model("arrcoc-texture", weights=None)
+    log = train(model, bad, TrainConfig(steps=6, batch=8, seed=1, threads=2), progress=False)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert 0 < log["steps_skipped"] < 6, "the batches without the NaN scene still train"
+    empty = data.hit.clone()
+    empty[1] = False
+    with pytest.raises(ValueError, match="no target cell"):
+        check_dataset(Dataset(data.texture, data.fixed, data.scene, data.query, empty, data.part_hit,
+                              data.captions, data.meta))  # fmt: skip
 
 
 def test_evaluate_reports_every_category(tiny) -> None:

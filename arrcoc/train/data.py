@@ -120,6 +120,22 @@ def _chunk(args: tuple[int, int, SceneConfig]) -> tuple[np.ndarray, list[tuple[i
     return np.stack([s.image for s in scenes]).transpose(0, 3, 1, 2), rows
 
 
+def check_dataset(data: Dataset) -> None:
+    """Raise ValueError when a tensor training reads is not finite or a caption has no target cell.
+
+    Either would make the loss or its gradient non-finite, and a single such batch makes every
+    parameter non-finite: say which scene or caption it is before training starts."""
+    for name in ("texture", "fixed", "query"):
+        t = getattr(data, name)
+        bad = (~torch.isfinite(t)).flatten(1).any(dim=1).nonzero().flatten()
+        if len(bad):
+            raise ValueError(f"non-finite {name} in {len(bad)} rows, first {bad[:5].tolist()}")
+    empty = (~data.hit.flatten(1).any(dim=1)).nonzero().flatten()
+    if len(empty):
+        i = int(empty[0])
+        raise ValueError(f"{len(empty)} captions have no target cell, first {data.captions[i]!r} (scene {int(data.scene[i])})")
+
+
 def cache_key(n: int, seed: int, config: SceneConfig, model_config: object) -> str:
     scene_spec = asdict(config)
     for key in ("extra_phrasings", "knowing", "colour_regions"):  # options added later: when off, the data is what it was
@@ -180,6 +196,7 @@ def build_dataset(model, encoder, n: int, seed: int, config: SceneConfig, chunk:
         query=vectors.cpu()[torch.tensor([row[c] for c in captions])], hit=torch.stack(hits),
         part_hit=torch.stack(part_hits), captions=captions, meta=meta,
     )  # fmt: skip
+    check_dataset(data)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(vars(data), path)

@@ -109,6 +109,7 @@ def run_training(cfg: TrainConfig, out: Path, cache_dir: Path | None = None, enc
                         "precision": _precision(cfg, device)},  # fmt: skip
         "time_s": {"data": round(t_data, 1), "train": log["seconds"], "total": round(time.perf_counter() - t0, 1)},
         "steps_run": log["steps_run"],
+        "steps_skipped": log["steps_skipped"],  # steps whose gradient was not finite (trainer.py)
         "losses": log["losses"],
         "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

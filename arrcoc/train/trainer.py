@@ -111,6 +111,7 @@ def train(model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = Tr
     gen = torch.Generator().manual_seed(cfg.seed)
     step_fn = make_step(model, cfg, device)
     losses: list[float] = []
+    skipped = torch.zeros((), dtype=torch.int64, device=device)  # steps whose gradient was not finite
     t0 = time.perf_counter()
     t_rate = t0
     bar = tqdm(range(cfg.steps), desc="train", unit="step", disable=not progress)
@@ -134,16 +135,33 @@ def train(model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = Tr
         loss = step_fn(data.texture[scene], data.fixed[scene], query, data.hit[rows], data.part_hit[rows])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        skipped += _drop_nonfinite_step(params, torch.nn.utils.clip_grad_norm_(params, 1.0))
         opt.step()
         sched.step()
         if step % 25 == 0 or step == total[0] - 1:
             losses.append(round(float(loss.detach()), 4))  # a host sync, but only every 25 steps
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", skipped=int(skipped))
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:  # never save weights that diverged
-        raise FloatingPointError(f"training diverged (non-finite {bad[:3]}); try a lower --lr or --no-bf16")
-    return {"losses": losses, "seconds": round(time.perf_counter() - t0, 1), "config": asdict(cfg), "steps_run": total[0]}
+        raise FloatingPointError(f"training diverged ({len(bad)} non-finite parameters, {bad[:3]} ...);"
+                                 " try a lower --lr or --no-bf16")  # fmt: skip
+    return {"losses": losses, "seconds": round(time.perf_counter() - t0, 1), "config": asdict(cfg),
+            "steps_run": total[0], "steps_skipped": int(skipped)}  # fmt: skip
+
+
+def _drop_nonfinite_step(params: list[nn.Parameter], grad_norm: Tensor) -> Tensor:
+    """Zero every gradient when their norm is not finite; 1 when it did (a tensor: no host sync).
+
+    One non-finite gradient element makes the clipping norm NaN or inf, and the clipping then
+    multiplies every gradient by NaN (or an inf one by 0): one bad batch would turn every
+    parameter non-finite at once, whichever module it came from. A zeroed step still moves the
+    weights by AdamW's momentum and decay, which are finite. Finite steps are left bit for bit."""
+    bad = ~torch.isfinite(grad_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    torch._foreach_mul_(grads, torch.where(bad, 0.0, 1.0).to(grads[0].dtype))
+    for g in grads:
+        g.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    return bad.to(torch.int64)
