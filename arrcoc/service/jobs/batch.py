@@ -205,9 +205,11 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
     # beside this thread, which orders the steps: step threads, each reading a step's files and
     # running it on the host (one decodes and runs while another's overlays encode), and one
     # thread writing the last step's results while later ones run (docs/service.md#concurrency).
-    # Several steps at once only where the engine is in this process: a worker group's engine
-    # processes already serve every Celery process's chunks at once, and more calls only contend there
-    in_flight = settings.batch_steps_in_flight if host.in_this_process else 1
+    # Several steps at once only where the engine is in this process and on an accelerator: a
+    # worker group's engine processes already serve every Celery process's chunks at once, and more
+    # calls only contend there; on a CPU the engine's threads take every core, which a second step's
+    # decoding would compete for
+    in_flight = settings.batch_steps_in_flight if host.in_this_process and not host.on_cpu else 1
     with ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-step") as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write") as writer:
         try:
