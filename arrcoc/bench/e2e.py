@@ -66,7 +66,7 @@ class E2EConfig:
     clients: int = 32
     celery: bool = True
     worker_processes: int = 8  # Celery processes feeding the engine processes
-    engine_processes: int | None = None  # in the worker group, sharing the device (None: 2 on a GPU, as compose.yaml)
+    engine_processes: int | None = None  # in the worker group, sharing the device (None: 1, as compose.yaml)
     client_processes: int = 8  # client processes driving the Celery measurements
     redis_io_threads: int = 1  # redis-server's I/O threads (its --io-threads)
     overlay: str = "jpeg"
@@ -459,7 +459,7 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
     several), then, with several devices, the batch job and many callers on a group over all of them."""
     from .processes import RedisServer
 
-    engines = cfg.engine_processes or (2 if device.type == "cuda" else 1)
+    engines = cfg.engine_processes or 1
     devices = list(cfg.devices)
     out: dict[str, Any] = {"celery_engine_processes": engines}
     redis = RedisServer(root / "redis", io_threads=cfg.redis_io_threads)
