@@ -80,10 +80,9 @@ class Settings(BaseSettings):
     # a batch job writes step k-1's results on a second thread while step k runs on the engine
     # (docs/service.md#concurrency; the A/B is in BENCHMARKS.md)
     batch_write_behind: bool = True
-    # steps of a batch chunk on the engine host at once where the engine is in the job's process on a
-    # GPU, each read and run by a thread of its own: one step decodes and runs while another's overlays
-    # encode (docs/service.md#concurrency; a CPU host and a worker group's Celery
-    # processes run one)
+    # steps of a batch chunk on the engine host at once, each read and run by a thread of its own, where
+    # the engine is in the job's process on a GPU: one step decodes and runs while another's overlays
+    # encode (docs/service.md#concurrency); a CPU host and a worker group's Celery processes run one
     batch_steps_in_flight: int = Field(3, ge=1, le=4)
 
     # Service

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import colorsys
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from arrcoc.registry import create_model
-from arrcoc.train.data import Dataset, _chunk, build_dataset, check_dataset, edge_cells, hit_cells, map_target
+from arrcoc.train.data import _chunk, build_dataset, check_dataset, edge_cells, hit_cells, map_target
 from arrcoc.train.evaluate import evaluate, relevance_from_fixed
 from arrcoc.train.run import reevaluate, report_paths, run_training
 from arrcoc.train.scenes import (
@@ -90,7 +91,7 @@ def test_a_non_finite_batch_is_skipped_not_spread_to_every_weight(tiny) -> None:
     _, data = tiny
     texture = data.texture.clone()
     texture[0, 0, 5, 5] = float("nan")
-    bad = Dataset(texture, data.fixed, data.scene, data.query, data.hit, data.part_hit, data.captions, data.meta)
+    bad = dataclasses.replace(data, texture=texture)
     with pytest.raises(ValueError, match="non-finite texture"):
         check_dataset(bad)
     check_dataset(data)
@@ -102,8 +103,7 @@ def test_a_non_finite_batch_is_skipped_not_spread_to_every_weight(tiny) -> None:
     empty = data.hit.clone()
     empty[1] = False
     with pytest.raises(ValueError, match="no target cell"):
-        check_dataset(Dataset(data.texture, data.fixed, data.scene, data.query, empty, data.part_hit,
-                              data.captions, data.meta))  # fmt: skip
+        check_dataset(dataclasses.replace(data, hit=empty))
 
 
 def test_evaluate_reports_every_category(tiny) -> None:

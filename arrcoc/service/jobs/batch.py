@@ -198,7 +198,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
     steps = iter([group[i : i + size] for i in range(0, len(group), size)])
     fmt = settings.overlay_format
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
-    ran = started = 0
+    ran = 0
     writing: Future | None = None
     running: deque[tuple[list[Item], Future]] = deque()
     stopped = cancelled = False
@@ -220,14 +220,13 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
                         break
                     if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
                         stopped = cancelled = True
-                    elif started > 0 and yield_now is not None and yield_now():
+                    elif (ran or running) and yield_now is not None and yield_now():  # never before the first step
                         stopped = True
                     elif deadline is not None and time.monotonic() > deadline:
                         _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
                                                         for it in step])  # fmt: skip
                     else:
                         running.append((step, pool.submit(_process_step, host, jd, step, controls, fmt, kind)))
-                        started += 1
                 if not running:
                     break
                 step, future = running.popleft()
