@@ -117,7 +117,11 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     mean = (report["engine_alone"]["images_per_s"] + report["engine_alone_after"]["images_per_s"]) / 2
     assert ratio["against_mean"] == round(job["images_per_s"] / mean, 3)
     assert ratio["against_faster"] <= ratio["against_mean"]
+    alone = report["stages_alone"]  # the job's other stages alone: what one process cannot outrun
+    assert {"decode", "overlays", "decode_interactive"} <= set(alone) and "decode_12mp" not in alone
+    assert all(a["images_per_s"] > 0 for a in alone.values()) and alone["overlays"]["batch"] == alone["decode"]["batch"]
     text = markdown(report)
+    assert f"drawing and encoding their overlays **{alone['overlays']['images_per_s']}**" in text
     assert f"**{ratio['against_mean']}** against the mean" in text and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
     assert " / ".join(str(r["throughput_rps"]) for r in rounds) in text
     assert f"[{' / '.join(str(r['images_per_s']) for r in jobs)}]" in text

@@ -38,6 +38,7 @@ from PIL import Image
 
 from ..engine import resolve_device
 from ..registry import RANDOM_WEIGHTS, get_variant
+from ..request import Controls
 from ..service.jobs.batch import step_items as batch_step_items
 from ..settings import Settings, default_settings
 from .env import collect_env
@@ -223,6 +224,49 @@ def engine_alone(runtime, images: list[bytes], n: int, step: int) -> dict[str, A
     return {"items": max(1, n // step) * step, "batch": step, "images_per_s": round(max(1, n // step) * step / wall, 1)}
 
 
+def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large: int = 0) -> dict[str, Any]:
+    """The job's other stages each alone on one thread, on the same photos at the same step size:
+    decoding (the engine's pixels and the overlays' views, as a job decodes) and drawing and
+    encoding the overlays (the job's format and quality); the 12 MP photos' decoding when `large`;
+    and an interactive batch's decoding (`interactive_batch` images, no views). In one process
+    each is one nvJPEG decoder or encoder on a GPU, which serves one call at a time: a job there
+    cannot run its items faster than the slowest of them."""
+    from .. import overlays
+
+    pipe, s = runtime.pipeline, runtime.settings
+    sync = torch.cuda.synchronize if pipe.device.type == "cuda" else (lambda: None)
+    view_side = None if s.overlay_format == "none" else s.overlay_max_side
+
+    def rate(work_fn, items: int, per_call: int) -> dict[str, Any]:
+        work_fn()  # warm
+        sync()
+        calls = max(1, items // per_call)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            work_fn()
+        sync()
+        return {"items": calls * per_call, "batch": per_call, "images_per_s": round(calls * per_call / (time.perf_counter() - t0), 1)}
+
+    def cycle(photos: list[bytes], size: int) -> list[bytes]:
+        return [photos[i % len(photos)] for i in range(size)]
+
+    photos = cycle(work["jpeg_800x600"], step)
+    out = {"decode": rate(lambda: pipe.decoder.decode(photos, view_side), n, step)}
+    if view_side is not None:
+        done = runtime.process(photos, ["the red one"] * step, Controls(), s.overlay_format)
+        views = [p.view for p in pipe.decoder.decode(photos, view_side)]
+        maps = done.outputs.relevance
+        out["overlays"] = rate(lambda: overlays.encode(views, maps, s.overlay_format, pipe.decoder.pool,
+                                                       s.overlay_jpeg_quality), n, step)  # fmt: skip
+    if large:
+        big = cycle(work["jpeg_4032x3024"], min(step, large))
+        out["decode_12mp"] = rate(lambda: pipe.decoder.decode(big, view_side), large, len(big))
+    size = runtime.interactive_batch
+    few = cycle(work["jpeg_800x600"], size)
+    out["decode_interactive"] = rate(lambda: pipe.decoder.decode(few), n, size)
+    return out
+
+
 def job_over_engine_alone(report: dict[str, Any]) -> dict[str, float] | None:
     """The in-process 800x600 job's images/s over the engine alone's at the same batch size,
     timed just before and just after it: against their mean (the machine's speed while the job
@@ -378,6 +422,7 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
     alone = functools.partial(engine_alone, ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step)
     try:
         report["engine_alone"] = alone()
+        report["stages_alone"] = stages_alone(ex.runtime, work, min(cfg.items, 1024), step, cfg.large_items)
         report["decode_parity"] = decode_parity(ex.runtime, work)
         report["dtype_parity"] = serving_dtype_parity(ex.runtime, work)
         report["batch_inprocess"] = {}
@@ -575,6 +620,14 @@ def markdown(report: dict[str, Any]) -> str:
         again = f"; right after it: **{after['images_per_s']} images/s**" if after else ""
         lines += ["", f"Engine alone on the same photos, batch {eng['batch']}, before the 800x600 job:"
                       f" **{eng['images_per_s']} images/s**{again}."]  # fmt: skip
+    alone = report.get("stages_alone")
+    if alone:
+        named = (("decode", "decoding a step's 800x600 photos (pixels and views)"),
+                 ("overlays", "drawing and encoding their overlays"), ("decode_12mp", "decoding 12 MP photos"),
+                 ("decode_interactive", "decoding an interactive batch (no views)"))  # fmt: skip
+        lines += ["", "Each stage alone on one thread, the same photos, images/s (batch): "
+                  + "; ".join(f"{label} **{alone[k]['images_per_s']}** ({alone[k]['batch']})" for k, label in named if k in alone)
+                  + ". A process has one decoder and one encoder (nvJPEG on a GPU), each serving one call at a time."]  # fmt: skip
     if any(len(row.get("rounds", [])) > 1 for p in ("inprocess", "celery") for row in report.get(f"batch_{p}", {}).values()):
         lines += ["", f"Batch jobs: each run once, then {cfg.get('rounds')} times in a row; the row is the job of median"
                       " images/s, the first job in brackets, each timed job's images/s and GPU busy in square brackets."]  # fmt: skip
