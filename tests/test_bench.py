@@ -122,6 +122,12 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     assert all(a["images_per_s"] > 0 for a in alone.values()) and alone["overlays"]["batch"] == alone["decode"]["batch"]
     text = markdown(report)
     assert f"drawing and encoding their overlays **{alone['overlays']['images_per_s']}**" in text
+    series = report["stages_in_series"]  # the three stages one after another, and the job over that
+    one_by_one = 1 / (1 / report["engine_alone"]["images_per_s"] + 1 / alone["decode"]["images_per_s"]
+                      + 1 / alone["overlays"]["images_per_s"])  # fmt: skip
+    assert series["images_per_s"] == pytest.approx(one_by_one, abs=0.1)
+    assert f"over that: **{series['job_over']}**" in text
+    assert f"in-process: unpacking and finalizing" not in text and "inprocess: unpacking and finalizing" in text
     assert f"**{ratio['against_mean']}** against the mean" in text and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
     assert " / ".join(str(r["throughput_rps"]) for r in rounds) in text
     assert f"[{' / '.join(str(r['images_per_s']) for r in jobs)}]" in text

@@ -267,6 +267,19 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
     return out
 
 
+def stages_in_series(report: dict[str, Any]) -> dict[str, float] | None:
+    """The 800x600 job's three device stages alone (engine, decoding, overlays) one after
+    another, in images/s, and the in-process job over it: above 1 where the job overlaps them,
+    below where it adds work of its own or they slow each other down."""
+    job, eng, alone = (report.get("batch_inprocess", {}).get("jpeg_800x600"), report.get("engine_alone"),
+                       report.get("stages_alone") or {})  # fmt: skip
+    if not (job and eng and "decode" in alone and "overlays" in alone):
+        return None
+    rates = (eng["images_per_s"], alone["decode"]["images_per_s"], alone["overlays"]["images_per_s"])
+    series = 1.0 / sum(1.0 / r for r in rates)
+    return {"images_per_s": round(series, 1), "job_over": round(job["images_per_s"] / series, 3)}
+
+
 def job_over_engine_alone(report: dict[str, Any]) -> dict[str, float] | None:
     """The in-process 800x600 job's images/s over the engine alone's at the same batch size,
     timed just before and just after it: against their mean (the machine's speed while the job
@@ -436,6 +449,7 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
                 # the engine beside it, before and after
                 report["engine_alone_after"] = alone()
         report["job_over_engine_alone"] = job_over_engine_alone(report)
+        report["stages_in_series"] = stages_in_series(report)
         if cfg.items:
             progress(f"batch job in-process, no overlays: {cfg.items} x jpeg_800x600")
             bare = InProcessExecutor(settings.model_copy(update={"overlay_format": "none", "data_dir": root / "bare"}),
@@ -610,6 +624,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | **{row['images_per_s']}**{first}{each} | "
                          f"{busy} | {row.get('process_cores', '-')} | "
                          + ", ".join(f"{st.get(s, 0):.2f}" for s in STAGES) + " |")  # fmt: skip
+    lines += _serial_lines(report)
     par = report.get("decode_parity")
     if par:
         lines += ["", f"GPU vs CPU decoding on {par['images']} JPEGs: pixels differ by {par['pixel_mean_abs_levels']} levels on"
@@ -628,6 +643,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "Each stage alone on one thread, the same photos, images/s (batch): "
                   + "; ".join(f"{label} **{alone[k]['images_per_s']}** ({alone[k]['batch']})" for k, label in named if k in alone)
                   + ". A process has one decoder and one encoder (nvJPEG on a GPU), each serving one call at a time."]  # fmt: skip
+    series = report.get("stages_in_series")
+    if series:
+        lines += ["", f"The engine, decoding and overlays alone one after another: {series['images_per_s']} images/s;"
+                      f" the 800x600 job in-process over that: **{series['job_over']}** (above 1: the job overlaps them)."]  # fmt: skip
     if any(len(row.get("rounds", [])) > 1 for p in ("inprocess", "celery") for row in report.get(f"batch_{p}", {}).values()):
         lines += ["", f"Batch jobs: each run once, then {cfg.get('rounds')} times in a row; the row is the job of median"
                       " images/s, the first job in brackets, each timed job's images/s and GPU busy in square brackets."]  # fmt: skip
@@ -699,6 +718,23 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
                       f" results.zip, which one process does once per job): {parallel['one']} images/s on one device,"
                       f" {parallel['all']} on all, **{ratio:.2f}x** ({ratio / n:.2f} of linear)."]  # fmt: skip
     return lines
+
+
+def _serial_lines(report: dict[str, Any]) -> list[str]:
+    """Per 800x600 job: the work done once per job in one process (unpacking at submission,
+    finalizing results.zip), the ceiling it sets, and the chunks' own rate."""
+    lines = []
+    for path in ("inprocess", "celery"):
+        job = report.get(f"batch_{path}", {}).get("jpeg_800x600")
+        if not job:
+            continue
+        st = job["stage_ms_per_item"]
+        serial = st.get("unpack", 0.0) + st.get("finalize", 0.0)
+        ceiling = f"{1e3 / serial:.0f}" if serial > 0 else "-"
+        lines.append(f"The 800x600 job, {path}: unpacking and finalizing, done once per job in one process, take"
+                     f" {serial:.3f} ms an item, a ceiling of {ceiling} images/s however fast its chunks run; the chunks"
+                     f" alone ran at **{chunk_phase(job)}** images/s.")  # fmt: skip
+    return ["", *lines] if lines else []
 
 
 def chunk_phase(job: dict[str, Any] | None) -> float | None:
