@@ -285,6 +285,70 @@ def test_gpu_overlays_come_back_as_whole_jpegs_each_its_own() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
+                    reason="needs a GPU and torchvision's nvJPEG")  # fmt: skip
+def test_gpu_overlays_shared_with_the_hosts_cores_are_each_its_own_picture() -> None:
+    """A step's JPEG overlays encoded by nvJPEG and by the host's threads together: every one is
+    a whole JPEG of its own picture, in the step's order, whichever encoder took it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from arrcoc import overlays
+
+    photos = [Image.open(EXAMPLES / n).convert("RGB") for n in ("coffee.jpg", "chelsea.jpg", "astronaut.jpg")] * 8
+    views = [torch.from_numpy(np.asarray(p).transpose(2, 0, 1).copy()).cuda() for p in photos]
+    maps = np.random.default_rng(0).random((len(views), 32, 32)).astype(np.float32)
+    with ThreadPoolExecutor(4) as pool:
+        got = overlays.encode(views, maps, "jpeg", pool, workers=4)
+    alone = overlays.encode(views, maps, "jpeg")  # nvJPEG only
+    assert len(got) == len(views)
+    for data, ref, photo in zip(got, alone, photos, strict=True):
+        a, b = np.asarray(Image.open(io.BytesIO(data)), dtype=np.int16), np.asarray(Image.open(io.BytesIO(ref)), dtype=np.int16)
+        assert a.shape[:2] == (photo.height, photo.width) and np.abs(a - b).mean() < 12.0
+
+
+def test_a_steps_pictures_shared_by_two_encoders_are_each_encoded_once_in_order() -> None:
+    """overlays.share: the caller's thread takes runs from the front, the pool's tasks one at a
+    time from the back; each item is done once and lands in its place, both kinds take part when
+    the front is slow, and an error in a pool task reaches the caller."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from arrcoc.overlays import share
+
+    seen: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def front(run: list[int]) -> list[bytes]:
+        time.sleep(0.01)  # the slow, serial encoder
+        with lock:
+            seen.extend(("front", i) for i in run)
+        return [f"f{i}".encode() for i in run]
+
+    def back(i: int) -> bytes:
+        time.sleep(0.002)
+        with lock:
+            seen.append(("back", i))
+        return f"b{i}".encode()
+
+    with ThreadPoolExecutor(3) as pool:
+        out = share(50, front, back, pool, 3, 4)
+    assert sorted(i for _, i in seen) == list(range(50))  # each item once
+    assert all(out[i] == f"{'f' if who == 'front' else 'b'}{i}".encode() for who, i in seen)  # in its place
+    fronts = [i for who, i in seen if who == "front"]
+    backs = [i for who, i in seen if who == "back"]
+    assert fronts and backs and max(fronts) < min(backs)  # they met in the middle
+    assert share(5, front, back, None, 3, 4) == [f"f{i}".encode() for i in range(5)]  # no pool: the front alone
+    assert share(0, front, back, None, 3, 4) == []
+
+    def broken(i: int) -> bytes:
+        raise RuntimeError("encoder failed")
+
+    with ThreadPoolExecutor(2) as pool, pytest.raises(RuntimeError, match="encoder failed"):
+        share(20, front, broken, pool, 2, 4)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gpu_foveated_overlays_are_the_cpus_picture() -> None:
     """A batch job's foveated overlays drawn on the device (one foveate call per picture size, PNG
