@@ -102,7 +102,6 @@ class Decoder:
         self.limits = limits
         self.resample = resample
         self.gpu = uses_gpu_decoder(device)
-        self.threads = threads
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="arrcoc-decode")
 
     def close(self) -> None:

@@ -257,7 +257,7 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
         views = [p.view for p in pipe.decoder.decode(photos, view_side)]
         maps = done.outputs.relevance
         out["overlays"] = rate(lambda: overlays.encode(views, maps, s.overlay_format, pipe.decoder.pool,
-                                                       s.overlay_jpeg_quality, workers=pipe.decoder.threads), n, step)  # fmt: skip
+                                                       s.overlay_jpeg_quality), n, step)  # fmt: skip
     if large:
         big = cycle(work["jpeg_4032x3024"], min(step, large))
         out["decode_12mp"] = rate(lambda: pipe.decoder.decode(big, view_side), large, len(big))

@@ -223,7 +223,7 @@ class Runtime(EngineHost):
         if overlay != "none" and len(done):
             maps = outputs.budget_map if kind == "foveated" else outputs.relevance
             encoded = overlays.encode([prepared[i][1] for i in done], maps[done], overlay, pipe.decoder.pool,
-                                      self.settings.overlay_jpeg_quality, kind, pipe.decoder.threads)  # fmt: skip
+                                      self.settings.overlay_jpeg_quality, kind)  # fmt: skip
             for i, data in zip(done, encoded, strict=True):
                 pictures[i] = data
         t3 = time.perf_counter()
