@@ -5,7 +5,8 @@ JPEG, plus PNGs) through the project's own executors:
 - batch jobs: a zip submitted until its results zip is complete, in images/s, with the GPU's busy
   fraction (nvidia-smi, sampled every 100 ms) and where the time went per stage (unpack, read,
   decode, engine, render + encode, write; the job runner's own accounting);
-- the engine alone on the same items at the same batch size, for comparison;
+- the engine alone on the same items at the same batch size, for comparison, and the job's other
+  stages each alone on one thread (decoding, overlays), which bound a job in one process;
 - two hand-written peer scripts on the same 800x600 photos and model (arrcoc.bench.peers: a
   DataLoader with Pillow workers, and one process decoding a batch at a time), beside the job
   with and without overlays;
