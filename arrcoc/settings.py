@@ -174,9 +174,9 @@ class Settings(BaseSettings):
     # set by the supervisor for its engine processes: every engine socket on the same device, in
     # order (a benchmark in one holds the device in all of them, taking their locks in this order)
     engine_group: Annotated[tuple[str, ...], NoDecode] = ()
-    # the GIL switch interval (sys.setswitchinterval) of a process serving the engine (an engine
-    # process, the in-process executor's): how long a thread may keep the GIL while others wait
-    # for it; there, the batch threads share it with a thread per request in flight
+    # the engine process's GIL switch interval (sys.setswitchinterval): how long a thread may keep
+    # the GIL while others wait for it; there, the batch threads share it with a connection thread
+    # per request in flight
     engine_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
     @field_validator("backends", "buckets", "token_scope", "engine_group", "engine_pool", "devices", "trusted_proxies",

@@ -9,7 +9,6 @@ Job state lives in memory: it survives a browser refresh, not a restart.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -102,10 +101,6 @@ class FairScheduler:
 class InProcessExecutor(Executor):
     def __init__(self, settings: Settings | None = None, pipeline: RelevancePipeline | None = None):
         super().__init__(settings or get_settings(), MemoryJobStore())
-        # the engine's threads (the batcher, a batch job's steps) let go of the GIL at every device
-        # call and nvJPEG call and take it back after; a caller's thread that holds it meanwhile
-        # keeps it for up to the switch interval, as in an engine process
-        sys.setswitchinterval(self.settings.engine_switch_interval_ms / 1e3)
         self.runtime = Runtime(self.settings, pipeline)
         self._jobs = FairScheduler(self.settings.job_slice_s)
         # expired jobs' files go on time, and those of jobs nobody can fetch (a restart forgot them) early
