@@ -97,7 +97,7 @@ class RelevanceResult:
     def to_json(self, *, numpy_arrays: bool = False) -> dict[str, Any]:
         """The result as a JSON document (`arrcoc infer --json`). numpy_arrays: the maps and index
         lists stay (rounded) numpy arrays, for `orjson.dumps(..., option=OPT_SERIALIZE_NUMPY)`,
-        which writes the same JSON ~10x faster than lists through json.dumps (a batch job writes
+        which writes the same JSON many times faster than lists through json.dumps (a batch job writes
         one document per item)."""
         grid = _rounded if numpy_arrays else _grid
         ints = (lambda a: np.ascontiguousarray(a, dtype=np.int64)) if numpy_arrays else (lambda a: np.asarray(a, dtype=np.int64).tolist())

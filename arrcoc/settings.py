@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     # off by default, as it is several times the Parquet file and built at the job's end
     results_jsonl: bool = False
     # a batch job writes step k-1's results on a second thread while step k runs on the engine
-    # (docs/service.md#concurrency; the A/B is in BENCHMARKS.md)
+    # (docs/service.md#concurrency, which links its A/B)
     batch_write_behind: bool = True
     # steps of a batch chunk on the engine host at once, each read and run by a thread of its own, where
     # the engine is in the job's process on a GPU: one step decodes and runs while another's overlays

@@ -445,9 +445,8 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
                 progress(f"batch job in-process: {n} x {kind}")
                 report["batch_inprocess"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device, cfg.rounds)
             if kind == "jpeg_800x600":
-                # again right after this job: a shared machine's speed drifts over a run (a 2-core
-                # VM moved from 22 to 39 images/s within minutes), and the job is compared with
-                # the engine beside it, before and after
+                # again right after this job: a shared machine's speed drifts over a run, and the
+                # job is compared with the engine beside it, before and after
                 report["engine_alone_after"] = alone()
         report["job_over_engine_alone"] = job_over_engine_alone(report)
         report["stages_in_series"] = stages_in_series(report)

@@ -35,9 +35,9 @@ from .interface import MAPS, EngineHost, ProcessedBatch, Progress, StepOutputs
 
 log = logging.getLogger(__name__)
 
-# On a CPU a batch costs more per image than one image does (2-core dev machine, eager: 77 images/s
-# at batch 1, 40 at batch 8; compiled 128 and 68: benchmarks/2026-11-22-cpu-2core-buckets.md), so
-# there requests run one at a time unless ARRCOC_BATCH_MAX_SIZE says otherwise.
+# On a CPU a batch costs more per image than one image does (the engine's threads already take
+# every core: benchmarks/2026-11-22-cpu-2core-buckets.md), so there requests run one at a time
+# unless ARRCOC_BATCH_MAX_SIZE says otherwise.
 CPU_MAX_BATCH = 1
 
 ItemResult = Callable[[], RelevanceResult]  # builds one item's result, in the thread that calls it
