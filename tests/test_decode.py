@@ -262,6 +262,21 @@ def test_gpu_batcher_decode_stage_overlapping_the_engine_gives_the_pipelines_res
         runtime.close()
 
 
+def test_a_jpeg_reaches_nvjpeg_as_a_tensor_over_its_own_bytes_without_a_warning() -> None:
+    """What the GPU decoder hands nvJPEG: the file's bytes as they are (no copy: a 12 MP photo is
+    megabytes), unchanged, and torch's not-writable warning kept out of the server's log."""
+    import warnings
+
+    from arrcoc.preprocess import jpeg_tensor
+
+    data = (EXAMPLES / "coffee.jpg").read_bytes()
+    with warnings.catch_warnings(record=True) as caught:
+        t = jpeg_tensor(data)
+    assert not [w for w in caught if "not writable" in str(w.message)]
+    assert t.dtype == torch.uint8 and t.numel() == len(data) and bytes(t.numpy()) == data
+    assert t.data_ptr() == np.frombuffer(data, np.uint8).ctypes.data  # the same memory
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
                     reason="needs a GPU and torchvision's nvJPEG")  # fmt: skip

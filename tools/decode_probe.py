@@ -8,6 +8,7 @@ of `finish`; and, with `--backend`, the decode stage and the engine run together
 runs them, against each alone.
 
     python tools/decode_probe.py [--batch 16 32 64] [--backend compiled] [--json out.json]
+    python tools/decode_probe.py --photos jpeg_4032x3024 --view-side 1024 --batch 16 64   # a batch job's 12 MP step
 """
 
 from __future__ import annotations
@@ -59,16 +60,18 @@ def main() -> int:
     p.add_argument("--backend", default=None, help="also run the engine beside the decode stage")
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--photos", default="jpeg_800x600", help="which of the e2e workload's JPEGs")
+    p.add_argument("--view-side", type=int, default=None, help="overlay views too, as a batch job decodes")
     args = p.parse_args()
     dev = torch.device("cuda")
-    photos = workload()["jpeg_800x600"]
+    photos = workload()[args.photos]
     dec = Decoder(dev, 512, ImageLimits())
     report: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "batches": []}
     import torchvision
 
     report["torchvision"] = torchvision.__version__
     for n in args.batch:
-        row = measure_batch(n, photos, dec, dev)
+        row = measure_batch(n, photos, dec, dev, args.view_side)
         print(json.dumps(row), flush=True)
         report["batches"].append(row)
     started = [dec.start(photos[i % len(photos)]) for i in range(16)]
@@ -89,13 +92,13 @@ def main() -> int:
     return 0
 
 
-def measure_batch(n: int, photos: list[bytes], dec: Decoder, dev: torch.device) -> dict:
+def measure_batch(n: int, photos: list[bytes], dec: Decoder, dev: torch.device, view_side: int | None = None) -> dict:
     """Each part of decoding n photos, alone (median ms per batch)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     jpegs = [photos[i % len(photos)] for i in range(n)]
     datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in jpegs]
-    pdatas = [torch.frombuffer(bytearray(progressive(b)), dtype=torch.uint8) for b in jpegs]
+    pdatas = [torch.frombuffer(bytearray(progressive(b)), dtype=torch.uint8) for b in jpegs[:16]]
     started = [dec.start(b) for b in jpegs]
     decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=dev)
     f16 = lambda x: F.interpolate(x.half(), size=(512, 512), mode="bilinear", antialias=True)  # noqa: E731
@@ -109,7 +112,15 @@ def measure_batch(n: int, photos: list[bytes], dec: Decoder, dev: torch.device) 
         "stack_resize_f32": timed(lambda: resize(torch.stack(decoded), 512, 512)),
         "stack_resize_f16": timed(lambda: f16(torch.stack(decoded)).round_().clamp_(0, 255).to(torch.uint8)),
         "finish": timed(lambda: dec.finish(started)),
+        "finish_with_views": timed(lambda: dec.finish(started, view_side)) if view_side else None,
+        "views_resize": timed(lambda: resize(torch.stack(decoded), *_view(decoded[0], view_side))) if view_side else None,
     }
+
+
+def _view(img: torch.Tensor, side: int) -> tuple[int, int]:
+    h, w = img.shape[1:]
+    scale = min(1.0, side / max(h, w))
+    return max(1, round(h * scale)), max(1, round(w * scale))
 
 
 def together(args, photos: list[bytes]) -> dict:
