@@ -201,8 +201,11 @@ class Decoder:
         return self._pool
 
 
-# torch warns that a tensor over immutable bytes is not writable; nothing here writes to one
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning, module=__name__)
+# torch warns, once per process, that a tensor over immutable bytes is not writable; nothing here
+# writes to one, so that one warning is taken here, quietly
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)
+    torch.frombuffer(b"\0", dtype=torch.uint8)
 
 
 def jpeg_tensor(data: bytes) -> torch.Tensor:
