@@ -14,7 +14,6 @@ pixels:
 from __future__ import annotations
 
 import io
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -210,9 +209,8 @@ with warnings.catch_warnings():
 
 def jpeg_tensor(data: bytes) -> torch.Tensor:
     """A JPEG's bytes as the uint8 tensor nvJPEG reads, over the same memory: no copy of a
-    12 MP photo's megabytes, under the GIL, per image."""
-    if os.environ.get("ARRCOC_AB_JPEG_COPY") == "1":
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    12 MP photo's megabytes, under the GIL, per image
+    ([A/B](../benchmarks/2026-11-26-h100-jpeg-bytes-ab/))."""
     return torch.frombuffer(data, dtype=torch.uint8)
 
 
