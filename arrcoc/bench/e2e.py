@@ -640,9 +640,11 @@ def markdown(report: dict[str, Any]) -> str:
         named = (("decode", "decoding a step's 800x600 photos (pixels and views)"),
                  ("overlays", "drawing and encoding their overlays"), ("decode_12mp", "decoding 12 MP photos"),
                  ("decode_interactive", "decoding an interactive batch (no views)"))  # fmt: skip
+        why = (" A process has one nvJPEG decoder and one encoder, each serving one call at a time."
+               if env["device"] == "cuda" else "")
         lines += ["", "Each stage alone on one thread, the same photos, images/s (batch): "
                   + "; ".join(f"{label} **{alone[k]['images_per_s']}** ({alone[k]['batch']})" for k, label in named if k in alone)
-                  + ". A process has one decoder and one encoder (nvJPEG on a GPU), each serving one call at a time."]  # fmt: skip
+                  + "." + why]  # fmt: skip
     series = report.get("stages_in_series")
     if series:
         lines += ["", f"The engine, decoding and overlays alone one after another: {series['images_per_s']} images/s;"
