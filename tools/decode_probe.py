@@ -30,7 +30,7 @@ from PIL import Image  # noqa: E402
 
 from arrcoc.bench.e2e import QUERIES, workload  # noqa: E402
 from arrcoc.images import ImageLimits  # noqa: E402
-from arrcoc.preprocess import Decoder, resize  # noqa: E402
+from arrcoc.preprocess import Decoder, _view_size, jpeg_tensor, resize  # noqa: E402
 
 
 def timed(fn, reps: int = 30, warm: int = 3) -> dict[str, float]:
@@ -97,8 +97,8 @@ def measure_batch(n: int, photos: list[bytes], dec: Decoder, dev: torch.device, 
     from torchvision.io import ImageReadMode, decode_jpeg
 
     jpegs = [photos[i % len(photos)] for i in range(n)]
-    datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in jpegs]
-    pdatas = [torch.frombuffer(bytearray(progressive(b)), dtype=torch.uint8) for b in jpegs[:16]]
+    datas = [jpeg_tensor(b) for b in jpegs]
+    pdatas = [jpeg_tensor(progressive(b)) for b in jpegs[:16]]
     started = [dec.start(b) for b in jpegs]
     decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=dev)
     f16 = lambda x: F.interpolate(x.half(), size=(512, 512), mode="bilinear", antialias=True)  # noqa: E731
@@ -113,14 +113,8 @@ def measure_batch(n: int, photos: list[bytes], dec: Decoder, dev: torch.device, 
         "stack_resize_f16": timed(lambda: f16(torch.stack(decoded)).round_().clamp_(0, 255).to(torch.uint8)),
         "finish": timed(lambda: dec.finish(started)),
         "finish_with_views": timed(lambda: dec.finish(started, view_side)) if view_side else None,
-        "views_resize": timed(lambda: resize(torch.stack(decoded), *_view(decoded[0], view_side))) if view_side else None,
+        "views_resize": timed(lambda: resize(torch.stack(decoded), *_view_size(*decoded[0].shape[1:], view_side))) if view_side else None,
     }
-
-
-def _view(img: torch.Tensor, side: int) -> tuple[int, int]:
-    h, w = img.shape[1:]
-    scale = min(1.0, side / max(h, w))
-    return max(1, round(h * scale)), max(1, round(w * scale))
 
 
 def together(args, photos: list[bytes]) -> dict:

@@ -730,8 +730,7 @@ def _serial_lines(report: dict[str, Any]) -> list[str]:
         job = report.get(f"batch_{path}", {}).get("jpeg_800x600")
         if not job:
             continue
-        st = job["stage_ms_per_item"]
-        serial = st.get("unpack", 0.0) + st.get("finalize", 0.0)
+        serial = once_per_job_ms(job)
         ceiling = f"{1e3 / serial:.0f}" if serial > 0 else "-"
         lines.append(f"The 800x600 job, {path}: unpacking and finalizing, done once per job in one process, take"
                      f" {serial:.3f} ms an item, a ceiling of {ceiling} images/s however fast its chunks run; the chunks"
@@ -739,13 +738,18 @@ def _serial_lines(report: dict[str, Any]) -> list[str]:
     return ["", *lines] if lines else []
 
 
+def once_per_job_ms(job: dict[str, Any]) -> float:
+    """A batch job's per-job serial stages (unpacking at submission, finalizing results.zip), in
+    ms an item, from the job's own per-item stage times."""
+    stages = job.get("stage_ms_per_item", {})
+    return stages.get("unpack", 0.0) + stages.get("finalize", 0.0)
+
+
 def chunk_phase(job: dict[str, Any] | None) -> float | None:
-    """A batch job's images/s over its chunks alone: its wall time less the per-job serial stages
-    (unpacking at submission, finalizing results.zip), from the job's own per-item stage times."""
+    """A batch job's images/s over its chunks alone: its wall time less its per-job serial stages."""
     if not job:
         return None
-    stages = job.get("stage_ms_per_item", {})
-    serial_s = (stages.get("unpack", 0.0) + stages.get("finalize", 0.0)) * job["items"] / 1e3
+    serial_s = once_per_job_ms(job) * job["items"] / 1e3
     return round(job["items"] / max(job["wall_s"] - serial_s, 1e-9), 1)
 
 
