@@ -128,6 +128,9 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     assert series["images_per_s"] == pytest.approx(one_by_one, abs=0.1)
     assert f"over that: **{series['job_over']}**" in text
     assert "inprocess: unpacking and finalizing" in text
+    steps = report["steps_alone"]  # the job's steps without its files, one in flight on a CPU
+    assert steps["in_flight"] == 1 and steps["batch"] == alone["decode"]["batch"] and steps["images_per_s"] > 0
+    assert f"no files, rows or job store): **{steps['images_per_s']} images/s**" in text
     assert f"**{ratio['against_mean']}** against the mean" in text and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
     assert " / ".join(str(r["throughput_rps"]) for r in rounds) in text
     assert f"[{' / '.join(str(r['images_per_s']) for r in jobs)}]" in text

@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,23 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
     return out
 
 
+def steps_alone(runtime, images: list[bytes], n: int, step: int, in_flight: int) -> dict[str, Any]:
+    """The job's steps as its step threads run them, `in_flight` at once (each on a thread and a
+    CUDA stream of its own): decoded, run on the engine, overlays drawn and encoded, outputs on the
+    host; no file read or written, no rows, no job store. The job runs its items no faster."""
+    s = runtime.settings
+    photos = [images[i % len(images)] for i in range(step)]
+    queries = ["the red one"] * step
+    one = lambda _: runtime.process(photos, queries, Controls(), s.overlay_format)  # noqa: E731
+    steps = max(in_flight, n // step)
+    with ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-step") as pool:
+        list(pool.map(one, range(in_flight)))  # warm: each thread's stream
+        t0 = time.perf_counter()
+        list(pool.map(one, range(steps)))
+        wall = time.perf_counter() - t0
+    return {"items": steps * step, "batch": step, "in_flight": in_flight, "images_per_s": round(steps * step / wall, 1)}
+
+
 def stages_in_series(report: dict[str, Any]) -> dict[str, float] | None:
     """The 800x600 job's three device stages alone (engine, decoding, overlays) one after
     another, in images/s, and the in-process job over it: above 1 where the job overlaps them,
@@ -437,6 +455,8 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
     try:
         report["engine_alone"] = alone()
         report["stages_alone"] = stages_alone(ex.runtime, work, min(cfg.items, 1024), step, cfg.large_items)
+        in_flight = settings.batch_steps_in_flight if device.type == "cuda" else 1  # as the job runs them
+        report["steps_alone"] = steps_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step, in_flight)
         report["decode_parity"] = decode_parity(ex.runtime, work)
         report["dtype_parity"] = serving_dtype_parity(ex.runtime, work)
         report["batch_inprocess"] = {}
@@ -649,6 +669,13 @@ def markdown(report: dict[str, Any]) -> str:
     if series:
         lines += ["", f"The engine, decoding and overlays alone one after another: {series['images_per_s']} images/s;"
                       f" the 800x600 job in-process over that: **{series['job_over']}** (above 1: the job overlaps them)."]  # fmt: skip
+    steps = report.get("steps_alone")
+    job = report.get("batch_inprocess", {}).get("jpeg_800x600")
+    if steps:
+        over = f"; the 800x600 job in-process over that: **{round(job['images_per_s'] / steps['images_per_s'], 3)}**" if job else ""
+        lines += ["", f"The job's steps alone ({steps['batch']} photos each, {steps['in_flight']} in flight as the job runs"
+                      f" them: decoding, engine, overlays; no files, rows or job store): **{steps['images_per_s']}"
+                      f" images/s**{over}."]  # fmt: skip
     if any(len(row.get("rounds", [])) > 1 for p in ("inprocess", "celery") for row in report.get(f"batch_{p}", {}).values()):
         lines += ["", f"Batch jobs: each run once, then {cfg.get('rounds')} times in a row; the row is the job of median"
                       " images/s, the first job in brackets, each timed job's images/s and GPU busy in square brackets."]  # fmt: skip
