@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import io
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ from ..engine import resolve_device
 from ..registry import RANDOM_WEIGHTS, get_variant
 from ..request import Controls
 from ..service.jobs.batch import step_items as batch_step_items
+from ..service.jobs.files import job_dir
 from ..settings import Settings, default_settings
 from .env import collect_env
 from .load import percentile, run_load
@@ -184,6 +186,9 @@ def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "th
     stages["unpack"] = (t_unpacked - t0) * 1e3
     with zipfile.ZipFile(path) as zf, zf.open("results.parquet") as f:
         rows = pq.ParquetFile(f).metadata.num_rows
+    # measured: its files go, so that the next job does not write while the kernel still writes
+    # this one's back to disk (and the runs of a session do not fill it)
+    shutil.rmtree(job_dir(ex.settings, job), ignore_errors=True)
     return {
         "items": n, "done": st.done, "failed": st.failed, "rows": rows, "wall_s": round(wall, 3),
         "images_per_s": round(n / wall, 1), "gpu_busy": busy.fraction,
@@ -423,14 +428,17 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     work = workload()
     root = Path(tempfile.mkdtemp(prefix="arrcoc-e2e-"))
     report: dict[str, Any] = {"schema": "arrcoc.bench.e2e/1", "env": collect_env(device), "config": asdict(cfg)}
-    if cfg.inprocess:
-        _inprocess(cfg, work, root, device, report, progress)
-    if cfg.celery:
-        try:
-            report.update(_celery(cfg, work, root, device, progress))
-        except Exception as e:  # noqa: BLE001 -- the in-process half still stands; say what failed
-            report["celery_error"] = f"{type(e).__name__}: {e}"
-            progress(f"Celery part failed: {report['celery_error']}")
+    try:
+        if cfg.inprocess:
+            _inprocess(cfg, work, root, device, report, progress)
+        if cfg.celery:
+            try:
+                report.update(_celery(cfg, work, root, device, progress))
+            except Exception as e:  # noqa: BLE001 -- the in-process half still stands; say what failed
+                report["celery_error"] = f"{type(e).__name__}: {e}"
+                progress(f"Celery part failed: {report['celery_error']}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     return report
 
 
