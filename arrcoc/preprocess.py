@@ -76,10 +76,13 @@ def uses_gpu_decoder(device: torch.device) -> bool:
     return device.type == "cuda" and gpu_decoder_available()
 
 
-# At most this many pixels go through one resize call (its float copy: 4 bytes a channel). A step
-# of 64 12 MP photos was one 9.4 GB float tensor, twice over with two calls in flight in a worker
-# group's engine process; 800x600 photos still go 64 at a time.
+# At most this many pixels go through one resize call (its float copy: 4 bytes a channel): a step
+# of 12 MP photos resized at once would be a float tensor of gigabytes per call in flight; a step
+# of 800x600 photos still goes in one call.
 RESIZE_PIXELS = 1 << 26
+# At most this many pixels (uint8 RGB: 3 bytes each) decoded by one nvJPEG call: a batch of large
+# photos decodes in several calls, its device memory bounded whatever the step's size.
+DECODE_PIXELS = 1 << 29
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,18 @@ class Decoder:
         return Encoded(data, orientation, size) if ok else None
 
     def finish(self, encoded: Sequence[Encoded], view_side: int | None = None) -> list[Pixels | ArrcocError]:
-        """Decode a batch of started images on the GPU (one nvJPEG call)."""
-        return self._gpu_many(encoded, view_side) if encoded else []
+        """Decode a batch of started images on the GPU: one nvJPEG call for each run of them of at
+        most DECODE_PIXELS (one call for any batch of ordinary photos)."""
+        out: list[Pixels | ArrcocError] = []
+        begin = 0
+        while begin < len(encoded):
+            stop, pixels = begin + 1, encoded[begin].size[0] * encoded[begin].size[1]
+            while stop < len(encoded) and pixels + encoded[stop].size[0] * encoded[stop].size[1] <= DECODE_PIXELS:
+                pixels += encoded[stop].size[0] * encoded[stop].size[1]
+                stop += 1
+            out += self._gpu_many(encoded[begin:stop], view_side)
+            begin = stop
+        return out
 
     def decode(self, images: Sequence[bytes], view_side: int | None = None) -> list[Pixels | ArrcocError]:
         """Both steps for a batch: one Pixels (on this decoder's device) or one ImageError per image."""

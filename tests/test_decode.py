@@ -414,3 +414,29 @@ def test_a_png_in_a_gpu_decoded_step_falls_back_alone_and_the_step_runs(monkeypa
         assert batch.outputs.selected[1].tolist() == alone.selected.tolist()
     finally:
         runtime.close()
+
+
+def test_a_batch_of_large_photos_decodes_in_bounded_calls_in_order(monkeypatch) -> None:
+    """`Decoder.finish` hands nvJPEG runs of photos of at most DECODE_PIXELS decoded pixels (a
+    photo larger than that alone), every photo once and in order. nvJPEG cannot run in CI: the
+    GPU call is a stand-in that records each call's photos (the only mock here)."""
+    import arrcoc.preprocess as pre
+
+    monkeypatch.setattr(pre, "DECODE_PIXELS", 1000)
+    calls: list[list[bytes]] = []
+
+    def gpu_many(self, encoded, view_side):
+        calls.append([e.data for e in encoded])
+        return [e.data for e in encoded]
+
+    monkeypatch.setattr(pre.Decoder, "_gpu_many", gpu_many)
+    dec = Decoder.__new__(Decoder)  # finish uses nothing of its state but the call above
+    sizes = [(20, 20), (20, 20), (10, 10), (40, 40), (10, 50), (30, 10), (5, 5)]  # 400, 400, 100, 1600, 500, 300, 25
+    encoded = [pre.Encoded(bytes([i]), 1, size) for i, size in enumerate(sizes)]
+    assert dec.finish(encoded) == [e.data for e in encoded]
+    assert calls == [[b"\0", b"\1", b"\2"], [b"\3"], [b"\4", b"\5", b"\6"]]
+    ordinary = [pre.Encoded(bytes([i]), 1, (800, 600)) for i in range(128)]  # a step of photos: one call
+    monkeypatch.setattr(pre, "DECODE_PIXELS", 1 << 29)
+    calls.clear()
+    dec.finish(ordinary)
+    assert len(calls) == 1

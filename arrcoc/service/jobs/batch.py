@@ -71,9 +71,11 @@ def create_batch_job(
 # -- running a chunk --------------------------------------------------------------------------
 # A chunk runs step by step; a step is one engine-host call: its items decoded together (on the
 # GPU when it can), run in the largest buckets, overlays drawn and encoded together, its results
-# written as one part. Two engine batches a step (64 items on a GPU), at least 8 so that progress
-# moves on a CPU, which runs one image at a time.
-STEP_ITEMS = 64
+# written as one part. Two engine batches a step (128 items on a GPU), at least 8 so that progress
+# moves on a CPU, which runs one image at a time. A step's fixed costs (an nvJPEG call's device
+# wait, the step's part, row group and record) are paid per step, so the largest step the engine
+# batches allow (benchmarks/2026-11-26-h100-step-items-ab/).
+STEP_ITEMS = 128
 MIN_STEP_ITEMS = 8
 
 
