@@ -789,6 +789,36 @@ def test_summary_csv_cells_a_spreadsheet_would_run_are_neutralised(start):
     assert table["file"][0].as_py() == f"{text}.jpg"
 
 
+def test_a_step_holds_at_most_step_bytes_of_input(inprocess, settings, monkeypatch):
+    """Steps end at STEP_BYTES of input as well as at their item count (an item larger than that
+    goes alone): a job of large photos holds a bounded amount of them in memory; every item is
+    still run and recorded once, in order."""
+    from arrcoc.service.jobs import batch as jobs
+
+    photos = {f"{i:02d}.png": png_bytes(i, size=40 + 8 * (i % 3)) for i in range(10)}
+    sizes = [len(photos[name]) for name in sorted(photos)]
+    monkeypatch.setattr(jobs, "STEP_BYTES", 2 * max(sizes))  # two or three photos a step, never four
+    reads: list[int] = []
+    real_read = jobs._read
+
+    def read(jd, items):
+        reads.append(sum(it.length for it in items))
+        return real_read(jd, items)
+
+    monkeypatch.setattr(jobs, "_read", read)
+    job, _ = jobs.create_batch_job(make_zip(photos), "q", None, settings, inprocess.store)
+    jobs.run_chunk(job, 0, len(photos), inprocess.runtime, inprocess.store, settings)
+    st = inprocess.status(job)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, len(photos), 0)
+    assert len(reads) >= len(photos) // 3 and all(r <= jobs.STEP_BYTES for r in reads)
+    assert sum(reads) == sum(sizes)  # each photo read once
+    big = [jobs.Item(i, f"{i}", "q", "p", 0, 10) for i in range(5)]
+    monkeypatch.setattr(jobs, "STEP_BYTES", 15)
+    assert [[it.index for it in step] for step in jobs.steps_of(big, 4)] == [[0], [1], [2], [3], [4]]
+    monkeypatch.setattr(jobs, "STEP_BYTES", 1000)
+    assert [[it.index for it in step] for step in jobs.steps_of(big, 2)] == [[0, 1], [2, 3], [4]]
+
+
 def test_a_first_step_whose_items_all_failed_leaves_results_parquet_whole(inprocess):
     """A step whose items all failed knows neither K nor the grid: results.parquet still has the
     job's schema (the maps' width from the steps that ran), its rows first, one row group a step."""

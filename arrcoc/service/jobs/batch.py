@@ -77,11 +77,30 @@ def create_batch_job(
 # batches allow (benchmarks/2026-11-26-h100-step-items-ab/).
 STEP_ITEMS = 128
 MIN_STEP_ITEMS = 8
+# A step also ends at this much input (at least one item): its photos' bytes are in memory while it
+# runs, a few steps at once, so large photos go fewer to a step.
+STEP_BYTES = 64 << 20
 
 
 def step_items(host: EngineHost) -> int:
     """Items in one pipeline step (one engine-host call) on this host."""
     return min(STEP_ITEMS, max(MIN_STEP_ITEMS, 2 * host.max_batch))
+
+
+def steps_of(group: list[Item], size: int) -> list[list[Item]]:
+    """`group` cut into steps, in order, of at most `size` items and STEP_BYTES of input each (an
+    item larger than that alone)."""
+    steps: list[list[Item]] = []
+    step: list[Item] = []
+    held = 0
+    for it in group:
+        n = max(it.length, 0)
+        if step and (len(step) == size or held + n > STEP_BYTES):
+            steps.append(step)
+            step, held = [], 0
+        step.append(it)
+        held += n
+    return [*steps, step] if step else steps
 
 
 def _key(it: Item) -> ItemKey:
@@ -196,8 +215,7 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
     step's pictures go straight into `streamed`, its rows once they are recorded (it gives up if
     steps come out of order). `yield_now`, asked before each step but the first, ends the group
     early (another owner's turn)."""
-    size = step_items(host)
-    steps = iter([group[i : i + size] for i in range(0, len(group), size)])
+    steps = iter(steps_of(group, step_items(host)))
     fmt = settings.overlay_format
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
     ran = 0
