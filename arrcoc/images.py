@@ -162,7 +162,7 @@ _PLAIN_SOF = frozenset((0xC0, 0xC1, 0xC2))
 _ODD_MARKERS = frozenset((0x01, *range(0xD0, 0xD8), 0xC3, *range(0xC5, 0xC8), *range(0xC9, 0xCC), *range(0xCD, 0xD0)))
 
 
-def jpeg_header(data: bytes) -> JpegHeader | None:
+def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
     """A JPEG's frame header found by walking its markers up to the frame, EXIF orientation read
     by Pillow's own Exif parser from the APP1 block alone; Pillow's full header parse also reads
     every quantisation and Huffman table, in Python, for each request on the GPU path. None for
@@ -189,7 +189,7 @@ def jpeg_header(data: bytes) -> JpegHeader | None:
             exif_seen = True
             exif = Image.Exif()
             try:
-                exif.load(body)
+                exif.load(bytes(body))  # the header may be a view of a larger buffer
                 orientation = int(exif.get(0x0112, 1))
             except Exception:  # noqa: BLE001 -- an EXIF block Pillow cannot read: Pillow decides
                 return None
@@ -204,6 +204,16 @@ def jpeg_header(data: bytes) -> JpegHeader | None:
             return JpegHeader((width, height), components, orientation)
         pos += 2 + length
     return None
+
+
+def draft_size(size: tuple[int, int], side: int) -> tuple[int, int]:
+    """The size Pillow's draft decodes a JPEG of `size` (width, height) at for `side`: reduced by
+    the largest of 8, 4, 2 (or 1) that both sides hold `side` times over, rounded up, as
+    `JpegImageFile.draft` does (tests/test_images.py compares the two)."""
+    w, h = size
+    most = min(w // side, h // side)
+    scale = next((s for s in (8, 4, 2) if most >= s), 1)
+    return -(-w // scale), -(-h // scale)
 
 
 def check_header(data: bytes, limits: ImageLimits = ImageLimits(), side: int | None = None) -> tuple[int, int]:

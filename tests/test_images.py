@@ -120,3 +120,38 @@ def test_bad_arrays_fail_clearly() -> None:
         load_image(np.zeros((4, 40, 40, 3), np.uint8))
     with pytest.raises(InvalidInputError, match="No images"):
         prepare_batch([])
+
+
+def _jpeg_declaring(w: int, h: int) -> bytes:
+    """A small JPEG whose frame header declares w x h (only its header is ever read here)."""
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 40, 40)).save(buf, "JPEG")
+    data = buf.getvalue()
+    at = data.index(b"\xff\xc0") + 5  # SOF0: marker, length, precision, then height and width
+    return data[:at] + h.to_bytes(2, "big") + w.to_bytes(2, "big") + data[at + 4 :]
+
+
+def test_the_draft_size_from_the_header_is_pillows(monkeypatch) -> None:
+    """A batch job counts a plain JPEG's decoded pixels from its frame header (arrcoc.images
+    draft_size, on a view of the upload): the same size Pillow's own draft gives, for sizes from
+    tiny to beyond the scale of 8, and the same pixels as Pillow's path in the job's check."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from arrcoc.images import draft_size, jpeg_header
+    from arrcoc.service.jobs.archive import _decoded_pixels
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # Pillow's own bomb check is not the point here
+    @settings(max_examples=300, deadline=None)
+    @given(st.integers(1, 30000), st.integers(1, 30000), st.sampled_from([64, 512, 1000, 1024]))
+    def same(w: int, h: int, side: int) -> None:
+        data = _jpeg_declaring(w, h)
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft("RGB", (side, side))
+            expect = img.size
+        assert draft_size((w, h), side) == expect
+        head = jpeg_header(memoryview(data))
+        assert head is not None and head.size == (w, h)
+        assert _decoded_pixels(memoryview(data), side, -1) == expect[0] * expect[1]
+
+    same()
