@@ -442,9 +442,7 @@ def _decoded_pixels(head: bytes | memoryview, side: int, unknown: int) -> int:
     """Pixels an image is decoded at, from its header: a JPEG at the reduced size its decoder's
     draft gives for `side`, anything else at full size; `unknown` when the header cannot be read
     (the item then fails alone, or decodes within the per-image pixel limit)."""
-    import os  # A/B switch, removed after the A/B
-
-    jpeg = jpeg_header(head) if os.environ.get("ARRCOC_AB_PILLOW_HEADERS") != "1" else None
+    jpeg = jpeg_header(head)
     if jpeg is not None:  # a plain JPEG: its frame header, without Pillow's parse of every table
         w, h = draft_size(jpeg.size, side)
         return w * h
