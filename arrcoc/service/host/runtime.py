@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import gc
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,23 +54,6 @@ def on_stream(stream: torch.cuda.Stream) -> Iterator[None]:
         yield
     finally:
         torch.cuda.set_stream(previous)
-
-
-_frozen = False
-
-
-def _freeze_startup_objects() -> None:
-    """Once per process, after the first warm-up: the objects start-up built (the model, the
-    engine, torch's and transformers' modules: hundreds of thousands) live as long as the
-    process, and a full collection would scan them all while every thread waits, a pause that
-    the requests in flight then show as their tail latency. Frozen, the collector scans only what
-    serving allocates since (benchmarks/2026-11-26-h100-gc-freeze-ab/)."""
-    global _frozen
-    if _frozen or os.environ.get("ARRCOC_AB_NO_GC_FREEZE") == "1":  # A/B switch, removed after the A/B
-        return
-    _frozen = True
-    gc.collect()  # start-up's own garbage goes first
-    gc.freeze()
 
 
 class Runtime(EngineHost):
@@ -367,10 +348,8 @@ class Runtime(EngineHost):
         return stream
 
     def warm(self) -> None:
-        """Build and warm the default backend's engine and batcher now, not on the first request;
-        then what start-up built is frozen out of the garbage collector's passes."""
+        """Build and warm the default backend's engine and batcher now, not on the first request."""
         self.batcher_for(None)
-        _freeze_startup_objects()
 
     # -- benchmarks: the device held exclusively -------------------------------------------
     @contextlib.contextmanager
