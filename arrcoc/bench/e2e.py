@@ -456,7 +456,7 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
     report["serving"] = serving(ex.runtime)
     jobs = {"jpeg_800x600": (cfg.items, ".jpg"), "jpeg_4032x3024": (cfg.large_items, ".jpg"),
             "png_800x600": (cfg.png_items, ".png")}  # fmt: skip
-    # the engine alone at a batch job's batch size: a step's items per engine-host call (64 on a
+    # the engine alone at a batch job's batch size: a step's items per engine-host call (128 on a
     # GPU, 8 on a CPU, which runs one image at a time and records progress every step)
     step = batch_step_items(ex.runtime)
     alone = functools.partial(engine_alone, ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step)
