@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     # steps of a batch chunk on the engine host at once, each read and run by a thread of its own, where
     # the engine is in the job's process on a GPU: one step decodes and runs while another's overlays
     # encode (docs/service.md#concurrency); a CPU host and a worker group's Celery processes run one
-    batch_steps_in_flight: int = Field(3, ge=1, le=4)
+    batch_steps_in_flight: int = Field(2, ge=1, le=4)
 
     # Service
     broker_url: str | None = None  # None: in-process executor
