@@ -125,15 +125,15 @@ class Decoder:
         """Decode a batch of started images on the GPU: one nvJPEG call for each run of them of at
         most DECODE_PIXELS (one call for any batch of ordinary photos)."""
         out: list[Pixels | ArrcocError] = []
-        begin = 0
-        while begin < len(encoded):
-            stop, pixels = begin + 1, encoded[begin].size[0] * encoded[begin].size[1]
-            while stop < len(encoded) and pixels + encoded[stop].size[0] * encoded[stop].size[1] <= DECODE_PIXELS:
-                pixels += encoded[stop].size[0] * encoded[stop].size[1]
-                stop += 1
-            out += self._gpu_many(encoded[begin:stop], view_side)
-            begin = stop
-        return out
+        run: list[Encoded] = []
+        pixels = 0
+        for e in encoded:
+            if run and pixels + e.size[0] * e.size[1] > DECODE_PIXELS:
+                out += self._gpu_many(run, view_side)
+                run, pixels = [], 0
+            run.append(e)
+            pixels += e.size[0] * e.size[1]
+        return out + self._gpu_many(run, view_side) if run else out
 
     def decode(self, images: Sequence[bytes], view_side: int | None = None) -> list[Pixels | ArrcocError]:
         """Both steps for a batch: one Pixels (on this decoder's device) or one ImageError per image."""

@@ -43,6 +43,7 @@ from ..engine import resolve_device
 from ..registry import RANDOM_WEIGHTS, get_variant
 from ..request import Controls
 from ..service.jobs.batch import step_items as batch_step_items
+from ..service.jobs.batch import steps_in_flight as batch_steps_in_flight
 from ..service.jobs.files import job_dir
 from ..settings import Settings, default_settings
 from .env import collect_env
@@ -215,11 +216,16 @@ def _median(runs: list[dict[str, Any]], key: str, also: tuple[str, ...]) -> dict
     return median | {"rounds": [{k: r[k] for k in (key, *also)} for r in runs]}
 
 
+def _cycle(items: list, n: int) -> list:
+    """`n` items taken from `items` round and round."""
+    return [items[i % len(items)] for i in range(n)]
+
+
 def engine_alone(runtime, images: list[bytes], n: int, step: int) -> dict[str, Any]:
     """The engine on the same items at the same batch size, pixels decoded beforehand."""
     pipe = runtime.pipeline
     prepared = [p[0] for p in pipe.prepare_many(images, ["the red one"] * len(images))]
-    reqs = [prepared[i % len(prepared)] for i in range(step)]
+    reqs = _cycle(prepared, step)
     runtime.run_batch(reqs)  # warm
     sync = torch.cuda.synchronize if pipe.device.type == "cuda" else (lambda: None)
     sync()
@@ -254,10 +260,7 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
         sync()
         return {"items": calls * per_call, "batch": per_call, "images_per_s": round(calls * per_call / (time.perf_counter() - t0), 1)}
 
-    def cycle(photos: list[bytes], size: int) -> list[bytes]:
-        return [photos[i % len(photos)] for i in range(size)]
-
-    photos = cycle(work["jpeg_800x600"], step)
+    photos = _cycle(work["jpeg_800x600"], step)
     out = {"decode": rate(lambda: pipe.decoder.decode(photos, view_side), n, step)}
     if view_side is not None:
         done = runtime.process(photos, ["the red one"] * step, Controls(), s.overlay_format)
@@ -266,10 +269,10 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
         out["overlays"] = rate(lambda: overlays.encode(views, maps, s.overlay_format, pipe.decoder.pool,
                                                        s.overlay_jpeg_quality), n, step)  # fmt: skip
     if large:
-        big = cycle(work["jpeg_4032x3024"], min(step, large))
+        big = _cycle(work["jpeg_4032x3024"], min(step, large))
         out["decode_12mp"] = rate(lambda: pipe.decoder.decode(big, view_side), large, len(big))
     size = runtime.interactive_batch
-    few = cycle(work["jpeg_800x600"], size)
+    few = _cycle(work["jpeg_800x600"], size)
     out["decode_interactive"] = rate(lambda: pipe.decoder.decode(few), n, size)
     return out
 
@@ -279,7 +282,7 @@ def steps_alone(runtime, images: list[bytes], n: int, step: int, in_flight: int)
     CUDA stream of its own): decoded, run on the engine, overlays drawn and encoded, outputs on the
     host; no file read or written, no rows, no job store. The job runs its items no faster."""
     s = runtime.settings
-    photos = [images[i % len(images)] for i in range(step)]
+    photos = _cycle(images, step)
     queries = ["the red one"] * step
     one = lambda _: runtime.process(photos, queries, Controls(), s.overlay_format)  # noqa: E731
     steps = max(in_flight, n // step)
@@ -456,15 +459,14 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
     report["serving"] = serving(ex.runtime)
     jobs = {"jpeg_800x600": (cfg.items, ".jpg"), "jpeg_4032x3024": (cfg.large_items, ".jpg"),
             "png_800x600": (cfg.png_items, ".png")}  # fmt: skip
-    # the engine alone at a batch job's batch size: a step's items per engine-host call (128 on a
-    # GPU, 8 on a CPU, which runs one image at a time and records progress every step)
+    # the engine alone at a batch job's batch size: a step's items per engine-host call
     step = batch_step_items(ex.runtime)
     alone = functools.partial(engine_alone, ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step)
     try:
         report["engine_alone"] = alone()
         report["stages_alone"] = stages_alone(ex.runtime, work, min(cfg.items, 1024), step, cfg.large_items)
-        in_flight = settings.batch_steps_in_flight if device.type == "cuda" else 1  # as the job runs them
-        report["steps_alone"] = steps_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step, in_flight)
+        report["steps_alone"] = steps_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step,
+                                            batch_steps_in_flight(ex.runtime, settings))  # fmt: skip
         report["decode_parity"] = decode_parity(ex.runtime, work)
         report["dtype_parity"] = serving_dtype_parity(ex.runtime, work)
         report["batch_inprocess"] = {}

@@ -71,8 +71,8 @@ def create_batch_job(
 # -- running a chunk --------------------------------------------------------------------------
 # A chunk runs step by step; a step is one engine-host call: its items decoded together (on the
 # GPU when it can), run in the largest buckets, overlays drawn and encoded together, its results
-# written as one part. Two engine batches a step (128 items on a GPU), at least 8 so that progress
-# moves on a CPU, which runs one image at a time. A step's fixed costs (an nvJPEG call's device
+# written as one part. Two engine batches a step, at least 8 so that progress moves on a CPU,
+# which runs one image at a time. A step's fixed costs (an nvJPEG call's device
 # wait, the step's part, row group and record) are paid per step, so the largest step the engine
 # batches allow (benchmarks/2026-11-26-h100-step-items-ab/).
 STEP_ITEMS = 128
@@ -85,6 +85,14 @@ STEP_BYTES = 64 << 20
 def step_items(host: EngineHost) -> int:
     """Items in one pipeline step (one engine-host call) on this host."""
     return min(STEP_ITEMS, max(MIN_STEP_ITEMS, 2 * host.max_batch))
+
+
+def steps_in_flight(host: EngineHost, settings: Settings) -> int:
+    """Steps of a chunk run at once. Several only where the engine is in this process and on an
+    accelerator: a worker group's engine processes already serve every Celery process's chunks at
+    once, and more calls only contend there; on a CPU the engine's threads take every core, which a
+    second step's decoding would compete for."""
+    return settings.batch_steps_in_flight if host.in_this_process and not host.on_cpu else 1
 
 
 def steps_of(group: list[Item], size: int) -> list[list[Item]]:
@@ -224,12 +232,8 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
     stopped = cancelled = False
     # beside this thread, which orders the steps: step threads, each reading a step's files and
     # running it on the host (one decodes and runs while another's overlays encode), and one
-    # thread writing the last step's results while later ones run (docs/service.md#concurrency).
-    # Several steps at once only where the engine is in this process and on an accelerator: a
-    # worker group's engine processes already serve every Celery process's chunks at once, and more
-    # calls only contend there; on a CPU the engine's threads take every core, which a second step's
-    # decoding would compete for
-    in_flight = settings.batch_steps_in_flight if host.in_this_process and not host.on_cpu else 1
+    # thread writing the last step's results while later ones run (docs/service.md#concurrency)
+    in_flight = steps_in_flight(host, settings)
     with ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-step") as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write") as writer:
         try:
