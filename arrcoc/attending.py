@@ -41,11 +41,15 @@ _FEATURE_SCALES = (1.0, 1.0, 1.0, 2.55, 2.55)
 def cell_features(texture: Tensor) -> Tensor:
     """texture (B, 13, G, G) -> (B, G*G, 5): each cell's position and colour for "diverse"."""
     # python scalars and slices, no index or scale tensors: nothing is copied to the device in forward
-    f = torch.stack([texture[:, ch] * sc for ch, sc in zip(_FEATURE_CHANNELS, _FEATURE_SCALES, strict=True)], dim=-1)
+    f = torch.stack(
+        [texture[:, ch] * sc for ch, sc in zip(_FEATURE_CHANNELS, _FEATURE_SCALES, strict=True)], dim=-1
+    )
     return f.flatten(1, 2)
 
 
-def diverse_order(scores: Tensor, order: Tensor, features: Tensor, candidates: int = DIVERSE_CANDIDATES) -> Tensor:
+def diverse_order(
+    scores: Tensor, order: Tensor, features: Tensor, candidates: int = DIVERSE_CANDIDATES
+) -> Tensor:
     """scores, order (B, N) relevance ranking (highest first); features (B, N, D) -> (B, N) the
     "diverse" order. Static shapes and no data-dependent control flow (compiles and exports)."""
     b, n = order.shape
@@ -53,7 +57,9 @@ def diverse_order(scores: Tensor, order: Tensor, features: Tensor, candidates: i
     cand = order[:, :c]
     f = features.gather(1, cand.unsqueeze(-1).expand(-1, -1, features.shape[-1]))  # (B, C, D)
     sq = (f * f).sum(-1)
-    d2 = (sq.unsqueeze(2) + sq.unsqueeze(1) - 2.0 * torch.bmm(f, f.transpose(1, 2))).clamp_min(0.0)  # (B, C, C)
+    d2 = (sq.unsqueeze(2) + sq.unsqueeze(1) - 2.0 * torch.bmm(f, f.transpose(1, 2))).clamp_min(
+        0.0
+    )  # (B, C, C)
     rank = torch.arange(c, device=order.device)
     earlier = rank.view(1, c) < rank.view(c, 1)  # [i, j]: j ranks above i
     # squared distance over the radius squared: a cell a step or two from a better look-alike keeps
@@ -82,8 +88,14 @@ class TokenAllocator(nn.Module):
     def gamma(self) -> Tensor:
         return F.softplus(self.gamma_raw)
 
-    def forward(self, relevance: Tensor, k: Tensor, total: Tensor, selection: Tensor | None = None,
-                features: Tensor | None = None) -> Allocation:  # fmt: skip
+    def forward(
+        self,
+        relevance: Tensor,
+        k: Tensor,
+        total: Tensor,
+        selection: Tensor | None = None,
+        features: Tensor | None = None,
+    ) -> Allocation:
         """relevance (B, G, G) in [0, 1]; k (B,) cells to select; total (B,) token budget;
         selection (B,) 1 where the image asks for "diverse" (then features (B, G*G, D), see
         cell_features), 0 for "top"."""

@@ -128,7 +128,9 @@ class ArrcocClip(ArrcocTexture):
         with torch.autocast(images.device.type, enabled=False):
             return F.normalize(features.float(), dim=-1)
 
-    def scorer_maps(self, images: Tensor, query: Tensor, patches: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def scorer_maps(
+        self, images: Tensor, query: Tensor, patches: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """(maps (B, 3, G, G), texture (B, 13, G, G)); `patches`: dense_embeddings(images) if known."""
         b, g = images.shape[0], self.config.grid
         rgb = images.to(torch.float32) / 255.0
@@ -153,8 +155,16 @@ class ClipTextEncoder(CachedTextEncoder):
     results of a random-weights model say benchmark_only.
     """
 
-    def __init__(self, tokenizer, text_model: nn.Module | None, text_projection: nn.Module | None, dim: int,
-                 cache_size: int = 1024, max_chars: int = 500, device: str = "cpu"):  # fmt: skip
+    def __init__(
+        self,
+        tokenizer,
+        text_model: nn.Module | None,
+        text_projection: nn.Module | None,
+        dim: int,
+        cache_size: int = 1024,
+        max_chars: int = 500,
+        device: str = "cpu",
+    ):
         super().__init__(cache_size, max_chars)
         self.tokenizer = tokenizer
         self.text_model = text_model.to(device).eval() if text_model is not None else None

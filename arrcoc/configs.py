@@ -10,9 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CHANNEL_NAMES = (
-    "red", "green", "blue", "lightness", "a*", "sobel_x", "sobel_y", "edge_magnitude",
-    "y", "x", "eccentricity", "b*", "local_contrast",
-)  # fmt: skip
+    "red",
+    "green",
+    "blue",
+    "lightness",
+    "a*",
+    "sobel_x",
+    "sobel_y",
+    "edge_magnitude",
+    "y",
+    "x",
+    "eccentricity",
+    "b*",
+    "local_contrast",
+)
 COMPAT_CHANNEL_NAMES = CHANNEL_NAMES[:11] + ("edge_magnitude_copy", "lightness_copy")
 
 CLIP_HUB_ID = "openai/clip-vit-base-patch16"
@@ -86,16 +97,35 @@ class ClipModelConfig:
 
     @property
     def tower(self) -> TowerConfig:
-        return TowerConfig(self.image_size, self.cell, self.hidden, self.heads, self.layers, self.mlp,
-                           dense=self.dense, neighbourhood_std=self.neighbourhood_std)  # fmt: skip
+        return TowerConfig(
+            self.image_size,
+            self.cell,
+            self.hidden,
+            self.heads,
+            self.layers,
+            self.mlp,
+            dense=self.dense,
+            neighbourhood_std=self.neighbourhood_std,
+        )
 
     def hf_config(self):
         """transformers' CLIPConfig of the same shapes, at the checkpoint's image size."""
         from transformers import CLIPConfig
 
-        vision = dict(hidden_size=self.hidden, intermediate_size=self.mlp, num_hidden_layers=self.layers,
-                      num_attention_heads=self.heads, image_size=self.pretrained_size, patch_size=self.cell,
-                      projection_dim=self.query_dim)  # fmt: skip
-        text = dict(hidden_size=self.text_hidden, intermediate_size=self.text_mlp, num_hidden_layers=self.text_layers,
-                    num_attention_heads=self.text_heads, projection_dim=self.query_dim)  # fmt: skip
+        vision = dict(
+            hidden_size=self.hidden,
+            intermediate_size=self.mlp,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            image_size=self.pretrained_size,
+            patch_size=self.cell,
+            projection_dim=self.query_dim,
+        )
+        text = dict(
+            hidden_size=self.text_hidden,
+            intermediate_size=self.text_mlp,
+            num_hidden_layers=self.text_layers,
+            num_attention_heads=self.text_heads,
+            projection_dim=self.query_dim,
+        )
         return CLIPConfig(text_config=text, vision_config=vision, projection_dim=self.query_dim)

@@ -46,7 +46,10 @@ class CachedTextEncoder(ABC):
         if isinstance(queries, str):
             queries = [queries]
         # a cached string is a validated one (validating is idempotent): only new strings are checked
-        texts = [q if isinstance(q, str) and q in self._cache else validate_query(q, self.max_chars) for q in queries]
+        texts = [
+            q if isinstance(q, str) and q in self._cache else validate_query(q, self.max_chars)
+            for q in queries
+        ]
         with self._lock:
             missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
             if missing:

@@ -52,7 +52,9 @@ def _taps(cells: int, cell: int, level: int, device: torch.device) -> tuple[Tens
     (cells * level samples) that bilinear interpolation (align_corners=False) of its own cell
     reads, and the second one's weight — F.interpolate's arithmetic, each cell's edges clamped to
     the cell. Shapes only (arange, no copies from the host), so a compiled graph folds them."""
-    src = ((torch.arange(cell, device=device, dtype=torch.float32) + 0.5) * (level / cell) - 0.5).clamp_min(0.0)
+    src = ((torch.arange(cell, device=device, dtype=torch.float32) + 0.5) * (level / cell) - 0.5).clamp_min(
+        0.0
+    )
     first = src.floor()
     weight = (src - first).repeat(cells)
     first = first.long()
@@ -91,8 +93,9 @@ def _per_pixel(cells: Tensor, ch: int, rows: Tensor, cols: Tensor) -> Tensor:
     return cells.unsqueeze(1).expand(b, ch, g, g).reshape(b * ch, 1, g, g)[..., cols].index_select(2, rows)
 
 
-def foveate(images: Tensor, budget_map: Tensor, patch: int = DEFAULT_PATCH,
-            base_side: int = DEFAULT_BASE_SIDE) -> Tensor:  # fmt: skip
+def foveate(
+    images: Tensor, budget_map: Tensor, patch: int = DEFAULT_PATCH, base_side: int = DEFAULT_BASE_SIDE
+) -> Tensor:
     """images (B, 3, H, W) (uint8 or float); budget_map (B, G, G) tokens per cell, 0 where not
     selected -> the foveated view, (B, 3, H, W) in the images' dtype.
 
@@ -103,7 +106,9 @@ def foveate(images: Tensor, budget_map: Tensor, patch: int = DEFAULT_PATCH,
     own pixels keeps the original pixels (pixel (y, x) is in cell (floor(y*G/H), floor(x*G/W))).
     """
     if images.dim() != 4 or budget_map.dim() != 3 or images.shape[0] != budget_map.shape[0]:
-        raise ValueError(f"images (B, 3, H, W) and budget_map (B, G, G), got {tuple(images.shape)} and {tuple(budget_map.shape)}")
+        raise ValueError(
+            f"images (B, 3, H, W) and budget_map (B, G, G), got {tuple(images.shape)} and {tuple(budget_map.shape)}"
+        )
     if patch < 1 or base_side < 1:
         raise ValueError(f"patch and base_side must be at least 1 pixel, got {patch} and {base_side}")
     b, ch, h, w = images.shape
@@ -121,7 +126,9 @@ def foveate(images: Tensor, budget_map: Tensor, patch: int = DEFAULT_PATCH,
     rows = torch.arange(ph * g, device=x.device).div(ph, rounding_mode="floor")
     cols = torch.arange(pw * g, device=x.device).div(pw, rounding_mode="floor")
     drawn, own = x, torch.ones_like(want_h, dtype=torch.bool)  # own: the cell keeps its own pixels
-    for lh, lw in _levels(ph, pw, patch, base_side):  # static: a few levels at most; one where the smallest budget already affords a whole cell
+    for lh, lw in _levels(
+        ph, pw, patch, base_side
+    ):  # static: a few levels at most; one where the smallest budget already affords a whole cell
         take = (want_h == lh) & (want_w == lw)  # (B, G, G)
         level = _resampled(x, g, (lh, lw))
         drawn = level if drawn is x else torch.where(_per_pixel(take, ch, rows, cols), level, drawn)
@@ -149,8 +156,13 @@ def foveate(images: Tensor, budget_map: Tensor, patch: int = DEFAULT_PATCH,
 VIEW_PIXELS = 1 << 24
 
 
-def foveate_views(views: Sequence[Tensor], budget_maps: Tensor, patch: int = DEFAULT_PATCH,
-                  base_side: int = DEFAULT_BASE_SIDE, max_pixels: int = VIEW_PIXELS) -> list[Tensor]:  # fmt: skip
+def foveate_views(
+    views: Sequence[Tensor],
+    budget_maps: Tensor,
+    patch: int = DEFAULT_PATCH,
+    base_side: int = DEFAULT_BASE_SIDE,
+    max_pixels: int = VIEW_PIXELS,
+) -> list[Tensor]:
     """A batch job's step at once: views ((3, h, w) tensors of any sizes, on one device) and their
     budget maps ((n, G, G)) -> each view foveated, as `foveate` draws it. Views of one shape go
     through one `foveate` call (up to `max_pixels` pixels), so a step costs a call per size, not
@@ -172,8 +184,12 @@ def foveate_views(views: Sequence[Tensor], budget_maps: Tensor, patch: int = DEF
     return out  # type: ignore[return-value]
 
 
-def view_tokens(budget_map: Tensor, image_hw: tuple[int, int], patch: int = DEFAULT_PATCH,
-                base_side: int = DEFAULT_BASE_SIDE) -> Tensor:  # fmt: skip
+def view_tokens(
+    budget_map: Tensor,
+    image_hw: tuple[int, int],
+    patch: int = DEFAULT_PATCH,
+    base_side: int = DEFAULT_BASE_SIDE,
+) -> Tensor:
     """(B,) the tokens the foveated view really spends: a selected cell min(b, what its own pixels
     fill), an unselected cell its base level, both counted in patches (fractions allowed) — a cell
     smaller than its budget cannot use the rest."""

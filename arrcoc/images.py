@@ -131,7 +131,9 @@ def _check_pixels(img: Image.Image, declared: tuple[int, int], limits: ImageLimi
     w, h = img.size  # after any draft: what will be decoded
     dw, dh = declared
     if dw * dh > _BOMB_PIXELS or w * h > limits.max_pixels:
-        reducible = " (JPEG photos are reduced while decoding; other formats are not)" if (w, h) == declared else ""
+        reducible = (
+            " (JPEG photos are reduced while decoding; other formats are not)" if (w, h) == declared else ""
+        )
         raise ImageError(
             f"The image is {dw}x{dh} = {dw * dh / 1e6:.0f} megapixels; the limit is"
             f" {limits.max_pixels / 1e6:.0f} megapixels decoded{reducible}. Downscale it first."
@@ -159,7 +161,9 @@ class JpegHeader:
 _PLAIN_SOF = frozenset((0xC0, 0xC1, 0xC2))
 # Markers with no length field (TEM, RSTn) and the rest of the SOF family (lossless, arithmetic):
 # either is unusual before the frame header, so the caller asks Pillow.
-_ODD_MARKERS = frozenset((0x01, *range(0xD0, 0xD8), 0xC3, *range(0xC5, 0xC8), *range(0xC9, 0xCC), *range(0xCD, 0xD0)))
+_ODD_MARKERS = frozenset(
+    (0x01, *range(0xD0, 0xD8), 0xC3, *range(0xC5, 0xC8), *range(0xC9, 0xCC), *range(0xCD, 0xD0))
+)
 
 
 def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
@@ -198,7 +202,11 @@ def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
         elif marker in _PLAIN_SOF:
             if len(body) < 6 or body[0] != 8:
                 return None
-            height, width, components = int.from_bytes(body[1:3], "big"), int.from_bytes(body[3:5], "big"), body[5]
+            height, width, components = (
+                int.from_bytes(body[1:3], "big"),
+                int.from_bytes(body[3:5], "big"),
+                body[5],
+            )
             if not width or not height or components not in (1, 3, 4):
                 return None
             return JpegHeader((width, height), components, orientation)
@@ -216,7 +224,9 @@ def draft_size(size: tuple[int, int], side: int) -> tuple[int, int]:
     return -(-w // scale), -(-h // scale)
 
 
-def check_header(data: bytes, limits: ImageLimits = ImageLimits(), side: int | None = None) -> tuple[int, int]:
+def check_header(
+    data: bytes, limits: ImageLimits = ImageLimits(), side: int | None = None
+) -> tuple[int, int]:
     """(width, height) from the header alone: the format is one we read and the size is within the
     limits (as `decode_image` with the same `side` checks them). A submitting side that only
     forwards the bytes needs no more; whoever decodes them still reports a corrupt or truncated
@@ -275,8 +285,10 @@ def _to_uint8(img: Image.Image, rows: int = 256) -> np.ndarray:
     the whole image (6300x6300 at 8 bytes a pixel was 320 MB)."""
     arr = np.asarray(img)
     if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-        raise ImageError("The image's pixels include NaN (not-a-number) or infinite values (a floating-point TIFF);"
-                         " export it with finite values, e.g. as 8-bit or 16-bit.")  # fmt: skip
+        raise ImageError(
+            "The image's pixels include NaN (not-a-number) or infinite values (a floating-point TIFF);"
+            " export it with finite values, e.g. as 8-bit or 16-bit."
+        )
     peak = 65535 if img.mode.startswith("I;16") or int(arr.max()) > 255 else 255
     out = np.empty(arr.shape, dtype=np.uint8)
     for r in range(0, arr.shape[0], rows):
@@ -285,7 +297,9 @@ def _to_uint8(img: Image.Image, rows: int = 256) -> np.ndarray:
     return out
 
 
-def load_image(source: ImageLike, limits: ImageLimits = ImageLimits(), side: int | None = None) -> Image.Image:
+def load_image(
+    source: ImageLike, limits: ImageLimits = ImageLimits(), side: int | None = None
+) -> Image.Image:
     """Any supported input -> upright 8-bit RGB PIL image (see decode_image for `side`)."""
     return load_decoded(source, limits, side).image
 
@@ -295,7 +309,9 @@ def load_decoded(source: ImageLike, limits: ImageLimits = ImageLimits(), side: i
     if isinstance(source, Image.Image):
         w, h = source.size
         if w * h > limits.max_pixels:
-            raise ImageError(f"The image is {w}x{h}; the limit is {limits.max_pixels:,} pixels. Downscale it first.")
+            raise ImageError(
+                f"The image is {w}x{h}; the limit is {limits.max_pixels:,} pixels. Downscale it first."
+            )
         img = to_rgb(source, limits)
         return Decoded(img, img.size)
     if isinstance(source, np.ndarray):

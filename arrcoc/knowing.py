@@ -107,9 +107,7 @@ class ParticipatoryScorer(nn.Module):
     def __init__(self, channels: int = 13, hidden: int = 48, query_dim: int = 384, embed_dim: int = 64):
         super().__init__()
         self.stem = nn.Conv2d(channels, hidden, 3, padding=1)
-        self.convs = nn.ModuleList(
-            [nn.Conv2d(hidden, hidden, 3, padding=d, dilation=d) for d in (2, 4)]
-        )
+        self.convs = nn.ModuleList([nn.Conv2d(hidden, hidden, 3, padding=d, dilation=d) for d in (2, 4)])
         self.film = nn.Linear(query_dim, 2 * hidden * 4)
         self.anchor_cells = nn.Conv2d(hidden, embed_dim, 1)
         self.anchor_query = nn.Linear(query_dim, embed_dim)
@@ -128,7 +126,9 @@ class ParticipatoryScorer(nn.Module):
             h = h + F.gelu(conv_bmm(h, conv)) * (1 + film[:, i, 0]) + film[:, i, 1]
         # anchor: where the query's second object is, as a softmax over cells
         keys = conv_bmm(h, self.anchor_cells).flatten(2)  # (B, E, N)
-        logits = torch.einsum("ben,be->bn", keys, row_linear(query, self.anchor_query)) / math.sqrt(self.embed_dim)
+        logits = torch.einsum("ben,be->bn", keys, row_linear(query, self.anchor_query)) / math.sqrt(
+            self.embed_dim
+        )
         attn = torch.softmax(logits, dim=-1).unsqueeze(1)  # (B, 1, N)
         pos = texture[:, 8:10]  # (B, 2, G, G): y, x in [0, 1]
         anchor = (attn * pos.flatten(2)).sum(-1).view(b, 2, 1, 1)

@@ -96,7 +96,9 @@ def relevance_captured(relevance: np.ndarray, selected: np.ndarray) -> float:
     total = float(np.asarray(relevance, dtype=np.float64).sum())
     if total <= 0:
         return 0.0
-    return float(np.asarray(relevance, dtype=np.float64).ravel()[np.asarray(selected, dtype=np.int64)].sum() / total)
+    return float(
+        np.asarray(relevance, dtype=np.float64).ravel()[np.asarray(selected, dtype=np.int64)].sum() / total
+    )
 
 
 def selection_metrics(relevance: np.ndarray, selected: np.ndarray) -> SelectionMetrics:
@@ -146,7 +148,10 @@ def weighted_centroid(relevance: np.ndarray) -> np.ndarray:
 
 
 def query_impact(
-    relevance_with: np.ndarray, selected_with: np.ndarray, relevance_without: np.ndarray, selected_without: np.ndarray
+    relevance_with: np.ndarray,
+    selected_with: np.ndarray,
+    relevance_without: np.ndarray,
+    selected_without: np.ndarray,
 ) -> QueryImpact:
     a, b = set(map(int, selected_with)), set(map(int, selected_without))
     both = len(a & b)
@@ -154,7 +159,9 @@ def query_impact(
         overlap=both,
         overlap_share=both / max(len(a), 1),
         jaccard=both / max(len(a | b), 1),
-        centroid_shift=float(np.linalg.norm(weighted_centroid(relevance_with) - weighted_centroid(relevance_without))),
+        centroid_shift=float(
+            np.linalg.norm(weighted_centroid(relevance_with) - weighted_centroid(relevance_without))
+        ),
         mean_abs_change=float(np.abs(np.asarray(relevance_with) - np.asarray(relevance_without)).mean()),
         gained=np.array(sorted(a - b), dtype=np.int64),
         lost=np.array(sorted(b - a), dtype=np.int64),

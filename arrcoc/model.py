@@ -20,7 +20,14 @@ from .texture import CHANNELS, TextureConstants, texture_from_float
 
 # controls (B, 6): scorer scales (information, perspectival, participatory), K, total tokens,
 # selection (the index of the mode in arrcoc.request.SELECTION_MODES: 0 top, 1 diverse)
-CONTROL_FIELDS = ("scale_information", "scale_perspectival", "scale_participatory", "k", "token_budget", "selection")
+CONTROL_FIELDS = (
+    "scale_information",
+    "scale_perspectival",
+    "scale_participatory",
+    "k",
+    "token_budget",
+    "selection",
+)
 
 
 class ModelOutput(NamedTuple):
@@ -53,8 +60,17 @@ class ArrcocTexture(nn.Module):
 
     def default_controls(self, batch: int, device: torch.device | None = None) -> Tensor:
         c = self.config
-        row = torch.tensor([1.0, 1.0, 1.0, float(c.k), float(c.token_budget),
-                            float(SELECTION_MODES.index(DEFAULT_SELECTION))], device=device)  # fmt: skip
+        row = torch.tensor(
+            [
+                1.0,
+                1.0,
+                1.0,
+                float(c.k),
+                float(c.token_budget),
+                float(SELECTION_MODES.index(DEFAULT_SELECTION)),
+            ],
+            device=device,
+        )
         return row.expand(batch, -1).contiguous()
 
     def fixed_maps(self, images: Tensor) -> tuple[Tensor, Tensor]:
@@ -97,8 +113,19 @@ class ArrcocTexture(nn.Module):
     def outputs(self, maps: Tensor, texture: Tensor, query: Tensor, controls: Tensor) -> ModelOutput:
         """The scorer maps (B, 3, G, G) balanced, allocated and packed into the ModelOutput."""
         balanced = self.balancer(maps, query, controls[:, 0:3])
-        alloc = self.allocator(balanced.relevance, controls[:, 3], controls[:, 4], controls[:, 5], cell_features(texture))
+        alloc = self.allocator(
+            balanced.relevance, controls[:, 3], controls[:, 4], controls[:, 5], cell_features(texture)
+        )
         return ModelOutput(
-            balanced.relevance, maps[:, 0], maps[:, 1], maps[:, 2], balanced.weights,
-            balanced.tensions, alloc.order, alloc.budgets, alloc.budget_map, texture, self.match_score(maps),
-        )  # fmt: skip
+            balanced.relevance,
+            maps[:, 0],
+            maps[:, 1],
+            maps[:, 2],
+            balanced.weights,
+            balanced.tensions,
+            alloc.order,
+            alloc.budgets,
+            alloc.budget_map,
+            texture,
+            self.match_score(maps),
+        )

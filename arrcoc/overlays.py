@@ -29,20 +29,33 @@ from .settings import DEFAULT_OVERLAY_KIND
 JPEG_QUALITY = 90
 
 
-def encode(views: Sequence[torch.Tensor], maps: np.ndarray, fmt: str, pool: Executor | None = None,
-           quality: int = JPEG_QUALITY, kind: str = DEFAULT_OVERLAY_KIND) -> list[bytes]:  # fmt: skip
+def encode(
+    views: Sequence[torch.Tensor],
+    maps: np.ndarray,
+    fmt: str,
+    pool: Executor | None = None,
+    quality: int = JPEG_QUALITY,
+    kind: str = DEFAULT_OVERLAY_KIND,
+) -> list[bytes]:
     """One encoded overlay per (view (3, h, w) uint8, map (G, G)); `fmt` jpeg or png, `quality`
     JPEG's. `kind` "relevance": the map (in [0, 1]) blended over the view; "foveated": the view
     foveated under the map (tokens per cell, a budget map)."""
     if not len(views):
         return []
-    run = (lambda work, items: list(pool.map(work, items))) if pool is not None else (lambda work, items: [work(x) for x in items])
+    run = (
+        (lambda work, items: list(pool.map(work, items)))
+        if pool is not None
+        else (lambda work, items: [work(x) for x in items])
+    )
     if kind == "foveated":
         pictures = foveate_views(views, maps)  # tensor work on either device
     elif views[0].is_cuda:
         pictures = blend_overlays(views, maps)
     else:  # a CPU worker: Pillow draws and encodes each picture in the pool
-        draw = lambda vm: _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)  # noqa: E731
+
+        def draw(vm):
+            return _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)
+
         return run(draw, list(zip(views, maps, strict=True)))
     if fmt == "jpeg" and views[0].is_cuda:
         from torchvision.io import encode_jpeg

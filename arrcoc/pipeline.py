@@ -56,7 +56,8 @@ class RelevancePipeline:
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         cache_dir: Path | None = None,
         dtype: torch.dtype | str = torch.float32,  # or "auto": the variant's own on a GPU (serving_dtype)
-        query_source: str | None = None,  # with no query_encoder: all-MiniLM's HF id or path (settings.query_encoder)
+        query_source: str
+        | None = None,  # with no query_encoder: all-MiniLM's HF id or path (settings.query_encoder)
         query_cache_size: int = 1024,
         max_query_chars: int = MAX_QUERY_CHARS,
     ):
@@ -70,7 +71,9 @@ class RelevancePipeline:
             dtype = serving_dtype(dtype, self.device, self.variant.gpu_dtype, backend)
             self.backend = create_backend(backend, self.model, self.device, buckets, dtype, cache_dir)
         # the variant's own (CLIP's text tower), else all-MiniLM-L6-v2
-        self.encoder = query_encoder or query_encoder_for(self.model, query_source, query_cache_size, max_query_chars)
+        self.encoder = query_encoder or query_encoder_for(
+            self.model, query_source, query_cache_size, max_query_chars
+        )
         self.limits = limits
         # one decoding path per device (arrcoc.preprocess): every caller of this pipeline gets the
         # same pixels for the same bytes
@@ -119,7 +122,9 @@ class RelevancePipeline:
         text = validate_query(query, self.encoder.max_chars)
         encoded = None
         if isinstance(image, (bytes, bytearray, str, Path)):
-            got = self.decoder.start(read_bytes(image, self.limits))  # on a GPU: checked, decoded with its batch
+            got = self.decoder.start(
+                read_bytes(image, self.limits)
+            )  # on a GPU: checked, decoded with its batch
             pixels, size = (None, got.size) if isinstance(got, Encoded) else (got.pixels, got.size)
             encoded = got if isinstance(got, Encoded) else None
         else:  # an image already in memory (PIL, numpy)
@@ -127,8 +132,13 @@ class RelevancePipeline:
             pixels, size = to_tensor(decoded.image, self.variant.image_size, self.resample), decoded.size
         return PreparedRequest(pixels, size, text, checked, (time.perf_counter() - t0) * 1e3, encoded)
 
-    def prepare_many(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls | None = None,
-                     view_side: int | None = None) -> list[tuple[PreparedRequest, torch.Tensor | None] | ArrcocError]:  # fmt: skip
+    def prepare_many(
+        self,
+        images: Sequence[bytes],
+        queries: Sequence[str],
+        controls: Controls | None = None,
+        view_side: int | None = None,
+    ) -> list[tuple[PreparedRequest, torch.Tensor | None] | ArrcocError]:
         """A batch job's items decoded together (on the GPU when it can): per item the prepared
         request and, with `view_side`, the upright image at most that size on a side (for its
         overlay), or the item's error."""
@@ -141,8 +151,14 @@ class RelevancePipeline:
             try:
                 if isinstance(got, ArrcocError):
                     raise got
-                out.append((PreparedRequest(got.pixels, got.size, validate_query(query, self.encoder.max_chars),
-                                            checked, ms), got.view))  # fmt: skip
+                out.append(
+                    (
+                        PreparedRequest(
+                            got.pixels, got.size, validate_query(query, self.encoder.max_chars), checked, ms
+                        ),
+                        got.view,
+                    )
+                )
             except ArrcocError as e:
                 out.append(e)
         return out
@@ -179,21 +195,31 @@ class RelevancePipeline:
             # shows where a worker's CPU goes (`arrcoc submit loadtest` reports it: arrcoc/bench/load.py)
             cpu_ms = (launch_cpu + time.thread_time() - cpu1) * 1e3 / len(requests)
             # what every item of the batch shares, looked up once
-            shared = {"variant": self.variant.name, "weights_version": self.weights_version,
-                      "backend": self.backend.name, "benchmark_only": self.variant.benchmark_only
-                      or self.weights_version == "random", "bucket": self.backend.bucket_for(out.relevance.shape[0])}  # fmt: skip
+            shared = {
+                "variant": self.variant.name,
+                "weights_version": self.weights_version,
+                "backend": self.backend.name,
+                "benchmark_only": self.variant.benchmark_only or self.weights_version == "random",
+                "bucket": self.backend.bucket_for(out.relevance.shape[0]),
+            }
             return BatchResults(out, out.budgets.astype(np.int64), requests, shared, model_ms, cpu_ms)
 
         return collect
 
-    def decode_pending(self, requests: list[PreparedRequest], stamp: Callable[[], float] | None = None
-                       ) -> list[PreparedRequest | ArrcocError]:  # fmt: skip
+    def decode_pending(
+        self, requests: list[PreparedRequest], stamp: Callable[[], float] | None = None
+    ) -> list[PreparedRequest | ArrcocError]:
         """What `prepare` left for the GPU, decoded in one call: per request the request with its
         pixels, or its ImageError. `stamp()`, called once the batch is decoded, gives the decode
         stage's time, set on every request (`batch_decode_ms`)."""
         pending = [i for i, r in enumerate(requests) if r.pixels is None]
-        got = dict(zip(pending, self.decoder.finish([requests[i].encoded for i in pending]) if pending else [],
-                       strict=True))  # fmt: skip
+        got = dict(
+            zip(
+                pending,
+                self.decoder.finish([requests[i].encoded for i in pending]) if pending else [],
+                strict=True,
+            )
+        )
         ms = stamp() if stamp is not None else None
         out: list[PreparedRequest | ArrcocError] = []
         for i, r in enumerate(requests):
@@ -204,9 +230,17 @@ class RelevancePipeline:
                 out.append(r)
             else:  # by its constructor: dataclasses.replace is slower, and this runs per request of a batch
                 pixels, encoded = (r.pixels, r.encoded) if g is None else (g.pixels, None)
-                out.append(PreparedRequest(pixels=pixels, size=r.size, query=r.query, controls=r.controls,
-                                           prepare_ms=r.prepare_ms, encoded=encoded,
-                                           batch_decode_ms=r.batch_decode_ms if ms is None else ms))  # fmt: skip
+                out.append(
+                    PreparedRequest(
+                        pixels=pixels,
+                        size=r.size,
+                        query=r.query,
+                        controls=r.controls,
+                        prepare_ms=r.prepare_ms,
+                        encoded=encoded,
+                        batch_decode_ms=r.batch_decode_ms if ms is None else ms,
+                    )
+                )
         return out
 
     def _decoded(self, requests: list[PreparedRequest]) -> list[PreparedRequest]:

@@ -99,8 +99,14 @@ class Decoder:
     `start` in the request's own thread (header checks, and on the CPU path the whole decode), and
     `finish` for a batch of what `start` left for the GPU, in one nvJPEG call."""
 
-    def __init__(self, device: torch.device, side: int, limits: ImageLimits, resample: str = "bilinear",
-                 threads: int = 8):  # fmt: skip
+    def __init__(
+        self,
+        device: torch.device,
+        side: int,
+        limits: ImageLimits,
+        resample: str = "bilinear",
+        threads: int = 8,
+    ):
         self.device = device
         self.side = side
         self.limits = limits
@@ -147,7 +153,9 @@ class Decoder:
         # the GPU's header checks are a few microseconds of Python each: here, one after another,
         # not each through a hand-off to the pool; Pillow's decodes, which let go of the GIL, in
         # parallel in the pool
-        out: list[Any] = [guarded(self._encoded, data) for data in images] if self.gpu else [None] * len(images)
+        out: list[Any] = (
+            [guarded(self._encoded, data) for data in images] if self.gpu else [None] * len(images)
+        )
         cpu = [i for i, got in enumerate(out) if got is None]
         decoded = self._pool.map(lambda i: guarded(self._cpu_one, images[i], view_side), cpu)
         for i, got in zip(cpu, decoded, strict=True):
@@ -178,14 +186,15 @@ class Decoder:
             decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:  # one of them nvJPEG refuses (an odd or corrupt JPEG): each on its own
             return [self._gpu_one(e, view_side) for e in encoded]
-        return self._finish([_orient(img, e.orientation) for img, e in zip(decoded, encoded, strict=True)], view_side)
+        return self._finish(
+            [_orient(img, e.orientation) for img, e in zip(decoded, encoded, strict=True)], view_side
+        )
 
     def _gpu_one(self, e: Encoded, view_side: int | None) -> Pixels | ArrcocError:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
-            img = decode_jpeg(jpeg_tensor(e.data), mode=ImageReadMode.RGB,
-                              device=self.device)  # fmt: skip
+            img = decode_jpeg(jpeg_tensor(e.data), mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:
             try:
                 return self._cpu_one(e.data, view_side)  # Pillow decodes it, or says what is wrong
@@ -202,7 +211,9 @@ class Decoder:
         if view_side is not None:
             sizes = [_view_size(h, w, view_side) for h, w in shapes]
             small = [i for i, (hw, size) in enumerate(zip(shapes, sizes, strict=True)) if hw != size]
-            for i, view in zip(small, resize_groups([images[i] for i in small], [sizes[i] for i in small]), strict=True):
+            for i, view in zip(
+                small, resize_groups([images[i] for i in small], [sizes[i] for i in small]), strict=True
+            ):
                 views[i] = view
             views = [images[i] if v is None else v for i, v in enumerate(views)]
         return [Pixels(px, (w, h), view) for px, (h, w), view in zip(pixels, shapes, views, strict=True)]
@@ -232,8 +243,12 @@ def _view_size(h: int, w: int, side: int) -> tuple[int, int]:
     return (h, w) if scale == 1.0 else (max(1, round(h * scale)), max(1, round(w * scale)))
 
 
-def resize_groups(images: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]], mode: str = "bilinear",
-                  max_pixels: int | None = None) -> list[torch.Tensor]:  # fmt: skip
+def resize_groups(
+    images: Sequence[torch.Tensor],
+    sizes: Sequence[tuple[int, int]],
+    mode: str = "bilinear",
+    max_pixels: int | None = None,
+) -> list[torch.Tensor]:
     """Each uint8 (3, h, w) image resized to its (height, width): the images of one shape going to
     one size in one call (at most `max_pixels` source pixels a call: bounded memory for large
     photos), whatever device they are on."""
@@ -246,7 +261,9 @@ def resize_groups(images: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int
         per = max(1, limit // (shape[1] * shape[2]))
         for k in range(0, len(idx), per):
             part = idx[k : k + per]
-            for i, px in zip(part, resize(torch.stack([images[i] for i in part]), height, width, mode), strict=True):
+            for i, px in zip(
+                part, resize(torch.stack([images[i] for i in part]), height, width, mode), strict=True
+            ):
                 out[i] = px
     return out  # type: ignore[return-value]
 
@@ -291,4 +308,13 @@ def _orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
     return (img.flip(flips) if flips else img).contiguous()
 
 
-__all__ = ["Decoder", "Encoded", "Pixels", "prepare_batch", "resize", "resize_groups", "to_tensor", "uses_gpu_decoder"]
+__all__ = [
+    "Decoder",
+    "Encoded",
+    "Pixels",
+    "prepare_batch",
+    "resize",
+    "resize_groups",
+    "to_tensor",
+    "uses_gpu_decoder",
+]

@@ -27,8 +27,13 @@ def bundled_model_path() -> Path:
 class QueryEncoder(CachedTextEncoder):
     """Text -> (N, 384) float32 unit vectors. Thread-safe; loads the model on first use."""
 
-    def __init__(self, source: str | Path | None = None, cache_size: int = 1024, max_chars: int = MAX_QUERY_CHARS,
-                 device: str = "cpu"):  # fmt: skip
+    def __init__(
+        self,
+        source: str | Path | None = None,
+        cache_size: int = 1024,
+        max_chars: int = MAX_QUERY_CHARS,
+        device: str = "cpu",
+    ):
         super().__init__(cache_size, max_chars)
         self.source = str(source) if source else None
         self.device = device  # where the encoder runs; outputs are always CPU float32
@@ -44,8 +49,9 @@ class QueryEncoder(CachedTextEncoder):
         return self._model
 
     def _encode(self, texts: list[str]) -> Tensor:
-        return self._load().encode(texts, convert_to_tensor=True, normalize_embeddings=True,
-                                   show_progress_bar=False)  # no per-query tqdm line in the logs  # fmt: skip
+        return self._load().encode(
+            texts, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
+        )  # no per-query tqdm line in the logs
 
 
 def query_encoder_for(

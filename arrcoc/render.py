@@ -9,10 +9,18 @@ from PIL import Image
 
 # anchor colours of a perceptually ordered map (dark purple -> orange -> pale yellow, "inferno")
 _ANCHORS = np.array(
-    [[0, 0, 4], [40, 11, 84], [101, 21, 110], [159, 42, 99], [212, 72, 66], [245, 125, 21],
-     [250, 193, 39], [252, 255, 164]],
+    [
+        [0, 0, 4],
+        [40, 11, 84],
+        [101, 21, 110],
+        [159, 42, 99],
+        [212, 72, 66],
+        [245, 125, 21],
+        [250, 193, 39],
+        [252, 255, 164],
+    ],
     dtype=np.float64,
-)  # fmt: skip
+)
 _LUT = np.stack(
     [np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(_ANCHORS)), _ANCHORS[:, c]) for c in range(3)],
     axis=1,
@@ -25,7 +33,9 @@ def colorize(values: np.ndarray, vmin: float = 0.0, vmax: float = 1.0) -> np.nda
     return _LUT[np.clip(scaled * 255.0 + 0.5, 0, 255).astype(np.uint8)]
 
 
-def heatmap_image(grid_values: np.ndarray, size: tuple[int, int], vmin: float = 0.0, vmax: float = 1.0) -> Image.Image:
+def heatmap_image(
+    grid_values: np.ndarray, size: tuple[int, int], vmin: float = 0.0, vmax: float = 1.0
+) -> Image.Image:
     """A (G, G) map as a colour image of `size` (width, height), cells kept crisp."""
     return Image.fromarray(colorize(grid_values, vmin, vmax)).resize(size, Image.Resampling.NEAREST)
 
@@ -62,14 +72,24 @@ def homunculus(image: Image.Image, selected: np.ndarray, grid: int, dim: float =
     """The image with rejected cells dimmed: what the model 'looks at'."""
     base = np.asarray(image.convert("RGB"), dtype=np.float32)
     h, w = base.shape[:2]
-    keep = np.asarray(Image.fromarray(selection_mask(selected, grid).astype(np.uint8) * 255).resize((w, h), Image.Resampling.NEAREST)) > 127
+    keep = (
+        np.asarray(
+            Image.fromarray(selection_mask(selected, grid).astype(np.uint8) * 255).resize(
+                (w, h), Image.Resampling.NEAREST
+            )
+        )
+        > 127
+    )
     out = np.where(keep[..., None], base, base * dim)
     return Image.fromarray(out.astype(np.uint8))
 
 
 def colormap_hex(n: int = 9) -> list[str]:
     """n evenly spaced colours of the heatmap colour map as '#rrggbb' (for legends and colourbars)."""
-    return ["#{:02x}{:02x}{:02x}".format(*tuple(int(v) for v in _LUT[i])) for i in np.linspace(0, 255, n).astype(int)]
+    return [
+        "#{:02x}{:02x}{:02x}".format(*tuple(int(v) for v in _LUT[i]))
+        for i in np.linspace(0, 255, n).astype(int)
+    ]
 
 
 def budget_image(budget_map: np.ndarray, size: tuple[int, int], vmax: float = 400.0) -> Image.Image:
@@ -81,7 +101,11 @@ def budget_image(budget_map: np.ndarray, size: tuple[int, int], vmax: float = 40
 
 
 def tint_cells(
-    image: Image.Image, grid: int, layers: list[tuple[np.ndarray, tuple[int, int, int]]], alpha: float = 0.55, dim: float = 1.0
+    image: Image.Image,
+    grid: int,
+    layers: list[tuple[np.ndarray, tuple[int, int, int]]],
+    alpha: float = 0.55,
+    dim: float = 1.0,
 ) -> Image.Image:
     """The image (other cells multiplied by `dim`) with each (G, G) bool mask tinted in its colour."""
     base = np.asarray(image.convert("RGB"), dtype=np.float32)
@@ -142,7 +166,9 @@ def captioned(image: Image.Image, query: str, match_score: float | None, weak: b
         score = f"match {match_score:.2f}" + (" · weak match" if weak else "")
         colour = (255, 170, 60) if weak else (140, 220, 140)
     score_w = draw.textlength(score, font=font)
-    draw.text((pad, y), _fit(draw, f"“{query}”", font, width - score_w - 3 * pad), fill=(240, 240, 245), font=font)
+    draw.text(
+        (pad, y), _fit(draw, f"“{query}”", font, width - score_w - 3 * pad), fill=(240, 240, 245), font=font
+    )
     draw.text((width - pad - score_w, y), score, fill=colour, font=font)
     # the colour scale: low on the left, high on the right, labelled at both ends
     y = h + pad * 3 + fs
@@ -151,10 +177,14 @@ def captioned(image: Image.Image, query: str, match_score: float | None, weak: b
     x1 = width - pad - draw.textlength(high, font=font) - pad
     if x1 - x0 < 16:  # too narrow for words: the bar alone
         x0, x1, low, high = pad, width - pad, "", ""
-    ramp = np.broadcast_to(_LUT[np.linspace(0, 255, max(1, int(x1 - x0))).astype(int)][None], (bar_h, max(1, int(x1 - x0)), 3))
+    ramp = np.broadcast_to(
+        _LUT[np.linspace(0, 255, max(1, int(x1 - x0))).astype(int)][None], (bar_h, max(1, int(x1 - x0)), 3)
+    )
     bx, by = int(x0), int(y + (fs - bar_h) // 2)
     out.paste(Image.fromarray(np.ascontiguousarray(ramp)), (bx, by))
-    draw.rectangle((bx - 1, by - 1, bx + ramp.shape[1], by + bar_h), outline=(110, 110, 125))  # the dark end shows
+    draw.rectangle(
+        (bx - 1, by - 1, bx + ramp.shape[1], by + bar_h), outline=(110, 110, 125)
+    )  # the dark end shows
     draw.text((pad, y), low, fill=(200, 200, 210), font=font)
     draw.text((x1 + pad, y), high, fill=(200, 200, 210), font=font)
     return out

@@ -44,8 +44,14 @@ class Controls:
         """These controls checked for a model of `cells` cells, defaults filled in (InvalidInputError
         for bad ones). Remembered per value and type (True == 1, but a bool is no number here):
         every request checks its controls, mostly the same few."""
-        values = (self.scale_information, self.scale_perspectival, self.scale_participatory, self.k, self.token_budget,
-                  self.selection)  # fmt: skip
+        values = (
+            self.scale_information,
+            self.scale_perspectival,
+            self.scale_participatory,
+            self.k,
+            self.token_budget,
+            self.selection,
+        )
         key = tuple((type(v), v) for v in values)
         try:
             hash(key)
@@ -62,7 +68,9 @@ class Controls:
         k = default_k if self.k is None else _whole(self.k, "K")
         if not 1 <= k <= cells:
             raise InvalidInputError(f"K must be between 1 and {cells} (the number of cells).")
-        budget = default_budget if self.token_budget is None else _whole(self.token_budget, "The token budget")
+        budget = (
+            default_budget if self.token_budget is None else _whole(self.token_budget, "The token budget")
+        )
         if not MIN_CELL_TOKENS * k <= budget <= MAX_CELL_TOKENS * cells:
             raise InvalidInputError(
                 f"The token budget must be between {MIN_CELL_TOKENS}*K = {MIN_CELL_TOKENS * k} and"
@@ -70,12 +78,20 @@ class Controls:
             )
         selection = DEFAULT_SELECTION if self.selection is None else self.selection
         if not isinstance(selection, str) or selection not in SELECTION_MODES:
-            raise InvalidInputError(f"The selection must be one of {', '.join(SELECTION_MODES)}, got {selection!r}.")
+            raise InvalidInputError(
+                f"The selection must be one of {', '.join(SELECTION_MODES)}, got {selection!r}."
+            )
         return Controls(*(float(s) for s in scales), k, budget, selection)
 
     def as_row(self) -> list[float]:
-        return [self.scale_information, self.scale_perspectival, self.scale_participatory,
-                float(self.k), float(self.token_budget), float(SELECTION_MODES.index(self.selection or DEFAULT_SELECTION))]  # fmt: skip
+        return [
+            self.scale_information,
+            self.scale_perspectival,
+            self.scale_participatory,
+            float(self.k),
+            float(self.token_budget),
+            float(SELECTION_MODES.index(self.selection or DEFAULT_SELECTION)),
+        ]
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,12 +106,16 @@ def check_overlay_kind(value: object) -> str:
     if value is None:
         return DEFAULT_OVERLAY_KIND
     if not isinstance(value, str) or value not in OVERLAY_KINDS:
-        raise InvalidInputError(f"The overlay kind (overlay_kind) must be one of {', '.join(OVERLAY_KINDS)}, got {value!r}.")
+        raise InvalidInputError(
+            f"The overlay kind (overlay_kind) must be one of {', '.join(OVERLAY_KINDS)}, got {value!r}."
+        )
     return value
 
 
 @functools.lru_cache(maxsize=256)
-def _validated(typed: tuple[tuple[type, Any], ...], cells: int, default_k: int, default_budget: int) -> Controls:
+def _validated(
+    typed: tuple[tuple[type, Any], ...], cells: int, default_k: int, default_budget: int
+) -> Controls:
     return Controls(*(v for _, v in typed))._validated(cells, default_k, default_budget)
 
 
@@ -112,8 +132,15 @@ def _whole(x: object, what: str) -> int:
 # Control characters (NUL, ESC and the rest of C0/C1, DEL) and the bidirectional overrides that
 # reorder text on screen: a query holding them is refused, never echoed into logs, terminals or
 # pages. Tab and newlines are whitespace and are normalised away.
-_CONTROL = {*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0),
-            *range(0x202A, 0x202F), *range(0x2066, 0x206A)}  # fmt: skip
+_CONTROL = {
+    *range(0x00, 0x09),
+    0x0B,
+    0x0C,
+    *range(0x0E, 0x20),
+    *range(0x7F, 0xA0),
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+}
 
 
 MAX_QUERY_CHARS: int = Settings.model_fields["max_query_chars"].default
@@ -132,7 +159,11 @@ def validate_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
     # sees but what the model reads
     bad = next((ch for ch in query if unicodedata.category(ch) in ("Cs", "Cf")), None)
     if bad is not None:
-        what = "a lone surrogate (not valid UTF-8)" if unicodedata.category(bad) == "Cs" else "an invisible format character"
+        what = (
+            "a lone surrogate (not valid UTF-8)"
+            if unicodedata.category(bad) == "Cs"
+            else "an invisible format character"
+        )
         raise InvalidInputError(f"The query holds {what} (U+{ord(bad):04X}); type plain text.")
     text = " ".join(query.split())
     if not text:

@@ -11,8 +11,18 @@ SCORER_NAMES = ("information", "perspectival", "participatory")  # the order of 
 TENSION_NAMES = ("compress_particularize", "exploit_explore", "focus_diversify")
 
 JSON_KEYS = (
-    "variant", "weights_version", "backend", "grid", "relevance", "information", "perspectival",
-    "participatory", "balance", "tensions", "selected", "budgets",
+    "variant",
+    "weights_version",
+    "backend",
+    "grid",
+    "relevance",
+    "information",
+    "perspectival",
+    "participatory",
+    "balance",
+    "tensions",
+    "selected",
+    "budgets",
 )  # fmt: skip  -- the stable contract of `arrcoc infer --json`; add keys, never rename
 
 
@@ -91,8 +101,13 @@ class RelevanceResult:
     def selected_boxes(self) -> np.ndarray:
         """(K, 5) int64: each selected cell's box in the original photo's pixels (x0, y0, x1, y1,
         exclusive ends) and its tokens, most relevant first: the compact form a program hands a VLM."""
-        return np.concatenate((cell_boxes(self.selected, self.grid, self.image_size),
-                               np.asarray(self.budgets, dtype=np.int64).reshape(-1, 1)), axis=1)  # fmt: skip
+        return np.concatenate(
+            (
+                cell_boxes(self.selected, self.grid, self.image_size),
+                np.asarray(self.budgets, dtype=np.int64).reshape(-1, 1),
+            ),
+            axis=1,
+        )
 
     def to_json(self, *, numpy_arrays: bool = False) -> dict[str, Any]:
         """The result as a JSON document (`arrcoc infer --json`). numpy_arrays: the maps and index
@@ -100,7 +115,11 @@ class RelevanceResult:
         which writes the same JSON many times faster than lists through json.dumps (a batch job writes
         one document per item)."""
         grid = _rounded if numpy_arrays else _grid
-        ints = (lambda a: np.ascontiguousarray(a, dtype=np.int64)) if numpy_arrays else (lambda a: np.asarray(a, dtype=np.int64).tolist())
+        ints = (
+            (lambda a: np.ascontiguousarray(a, dtype=np.int64))
+            if numpy_arrays
+            else (lambda a: np.asarray(a, dtype=np.int64).tolist())
+        )
         out: dict[str, Any] = {
             "variant": self.variant,
             "weights_version": self.weights_version,

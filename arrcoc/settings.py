@@ -179,8 +179,16 @@ class Settings(BaseSettings):
     # per request in flight
     engine_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
-    @field_validator("backends", "buckets", "token_scope", "engine_group", "engine_pool", "devices", "trusted_proxies",
-                     mode="before")
+    @field_validator(
+        "backends",
+        "buckets",
+        "token_scope",
+        "engine_group",
+        "engine_pool",
+        "devices",
+        "trusted_proxies",
+        mode="before",
+    )
     @classmethod
     def _list_from_env(cls, v: object) -> object:
         if isinstance(v, str):
@@ -201,7 +209,9 @@ class Settings(BaseSettings):
     def _known_devices(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if v == ("all",) or all(d == "cpu" or re.fullmatch(r"cuda(:\d+)?", d) for d in v):
             return v
-        raise ValueError("ARRCOC_DEVICES must be all, or devices such as cuda:0,cuda:1 (cpu for a test group)")
+        raise ValueError(
+            "ARRCOC_DEVICES must be all, or devices such as cuda:0,cuda:1 (cpu for a test group)"
+        )
 
     @field_validator("backend")
     @classmethod
@@ -238,7 +248,9 @@ class Settings(BaseSettings):
             try:
                 ipaddress.ip_network(p, strict=False)
             except ValueError:
-                raise ValueError(f"ARRCOC_TRUSTED_PROXIES: {p!r} is not an address or network, e.g. 10.0.0.0/8") from None
+                raise ValueError(
+                    f"ARRCOC_TRUSTED_PROXIES: {p!r} is not an address or network, e.g. 10.0.0.0/8"
+                ) from None
         return tuple(v)
 
     @field_validator("api_token")
@@ -266,8 +278,10 @@ class Settings(BaseSettings):
         does not serve it."""
         name = backend or self.backend
         if name not in self.backends:
-            raise InvalidInputError(f"This server does not serve the {name!r} backend; it serves"
-                                    f" {', '.join(self.backends)} (ARRCOC_BACKENDS).")  # fmt: skip
+            raise InvalidInputError(
+                f"This server does not serve the {name!r} backend; it serves"
+                f" {', '.join(self.backends)} (ARRCOC_BACKENDS)."
+            )
         return name
 
 
@@ -282,5 +296,12 @@ def default_settings(**overrides: object) -> Settings:
     return get_settings().model_copy(update=overrides)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BUCKETS", "DEFAULT_BROKER_URL", "DTYPES", "Settings", "get_settings",
-           "default_settings"]  # fmt: skip
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_BUCKETS",
+    "DEFAULT_BROKER_URL",
+    "DTYPES",
+    "Settings",
+    "get_settings",
+    "default_settings",
+]

@@ -97,7 +97,9 @@ class TextureConstants(nn.Module):
         self.register_buffer("grey_weights", torch.tensor(_GREY).view(1, 3, 1, 1), persistent=False)
         # XYZ over the D65 white, in one matrix: (3, 3) @ linear RGB
         self.register_buffer(
-            "xyz_over_white", torch.tensor(_RGB_TO_XYZ) / torch.tensor(_WHITE_D65).view(3, 1), persistent=False
+            "xyz_over_white",
+            torch.tensor(_RGB_TO_XYZ) / torch.tensor(_WHITE_D65).view(3, 1),
+            persistent=False,
         )
         self.register_buffer("positions", position_channels(grid), persistent=False)
 
@@ -125,7 +127,9 @@ def lab_f(xyz: Tensor) -> Tensor:
     return torch.where(xyz > delta**3, xyz.clamp_min(1e-12).pow(1.0 / 3.0), xyz / (3 * delta**2) + 4.0 / 29.0)
 
 
-def texture_from_float(rgb: Tensor, consts: TextureConstants, grid: int, compat: bool) -> tuple[Tensor, Tensor]:
+def texture_from_float(
+    rgb: Tensor, consts: TextureConstants, grid: int, compat: bool
+) -> tuple[Tensor, Tensor]:
     """rgb (B, 3, S, S) in [0, 1] -> (texture (B, 13, G, G), grey (B, 1, S, S))."""
     if compat:
         return _texture_compat(rgb, consts, grid)
@@ -153,7 +157,16 @@ def texture_from_float(rgb: Tensor, consts: TextureConstants, grid: int, compat:
     contrast = minmax(torch.sqrt(variance.clamp_min(1e-12)))
     pos = consts.positions.unsqueeze(0).expand(b, -1, -1, -1)
     return torch.cat(
-        (F.avg_pool2d(rgb, cell), lightness, (a_star + 128.0) / 255.0, edges, pos, (b_star + 128.0) / 255.0, contrast), dim=1
+        (
+            F.avg_pool2d(rgb, cell),
+            lightness,
+            (a_star + 128.0) / 255.0,
+            edges,
+            pos,
+            (b_star + 128.0) / 255.0,
+            contrast,
+        ),
+        dim=1,
     ), grey
 
 

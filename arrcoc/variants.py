@@ -45,8 +45,12 @@ BUILTIN: tuple[Variant, ...] = (
             build=ArrcocClip,
             load=build_clip,
             # 4x the cells at 448: K and the budget keep the same share of them
-            config=ClipModelConfig(image_size=size, k=40 * (size // 224) ** 2, token_budget=5120 * (size // 224) ** 2,
-                                   dense=dense),  # fmt: skip
+            config=ClipModelConfig(
+                image_size=size,
+                k=40 * (size // 224) ** 2,
+                token_budget=5120 * (size // 224) ** 2,
+                dense=dense,
+            ),
             description=f"CLIP ViT-B/16 ({size} px, {(size // 16) ** 2} patches, 768 hidden, 12x12): dense"
             f" patch-text similarity ({DENSE_NAMES[dense]}) with CLIP's text tower; weights from the hub"
             " (openai/clip-vit-base-patch16) or a local directory",
@@ -55,6 +59,10 @@ BUILTIN: tuple[Variant, ...] = (
             # bfloat16, its outputs and every map in float32 (ArrcocClip.forward)
             gpu_dtype="bfloat16",
         )
-        for size, suffix, dense in ((224, "", "naclip"), (448, "-448", "naclip"), (224, "-maskclip", "maskclip"))
+        for size, suffix, dense in (
+            (224, "", "naclip"),
+            (448, "-448", "naclip"),
+            (224, "-maskclip", "maskclip"),
+        )
     ),
 )

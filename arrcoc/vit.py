@@ -63,7 +63,9 @@ class CLIPAttention(nn.Module):
         similarity with each other (k k^T / sqrt(d), no queries) plus `prior` (T, T), a Gaussian
         of the distance between patches, so each patch attends to its similar neighbours."""
         b, t, d = x.shape
-        k, v = (p(x).view(b, t, self.heads, d // self.heads).transpose(1, 2) for p in (self.k_proj, self.v_proj))
+        k, v = (
+            p(x).view(b, t, self.heads, d // self.heads).transpose(1, 2) for p in (self.k_proj, self.v_proj)
+        )
         y = F.scaled_dot_product_attention(k, k, v, attn_mask=prior.to(k.dtype))  # (B, H, T, D/H)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, d))
 

@@ -39,10 +39,17 @@ def tensors_sha256(state: dict[str, Tensor]) -> str:
     return h.hexdigest()
 
 
-def save_weights(model: nn.Module, path: Path, variant: str, version: str, extra: dict[str, str] | None = None) -> None:
+def save_weights(
+    model: nn.Module, path: Path, variant: str, version: str, extra: dict[str, str] | None = None
+) -> None:
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    meta = {"format": FORMAT, "variant": variant, "version": version, "architecture": architecture_hash(model),
-            "tensors_sha256": tensors_sha256(state)}  # fmt: skip
+    meta = {
+        "format": FORMAT,
+        "variant": variant,
+        "version": version,
+        "architecture": architecture_hash(model),
+        "tensors_sha256": tensors_sha256(state),
+    }
     meta.update(extra or {})
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path), metadata=meta)
@@ -84,7 +91,9 @@ def load_weights(model: nn.Module, path: Path, variant: str, expected_sha256: st
     except (SafetensorError, OSError, ValueError) as e:
         raise WeightsError(f"{path} is not a readable safetensors file ({e}).") from e
     if "tensors_sha256" in meta and tensors_sha256(state) != meta["tensors_sha256"]:
-        raise WeightsError(f"{path}: the tensors do not match the hash in its metadata (damaged or modified).")
+        raise WeightsError(
+            f"{path}: the tensors do not match the hash in its metadata (damaged or modified)."
+        )
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise WeightsError(f"{path} does not fit {variant}: missing {missing}, unexpected {unexpected}.")

@@ -75,8 +75,13 @@ def launch(demo: gr.Blocks | None = None, **kwargs: Any) -> tuple:
     demo.queue(default_concurrency_limit=2)
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(guard.RateGate, blocks=demo)]
-    opts: dict[str, Any] = {"theme": THEME, "css": CSS, "max_file_size": get_settings().max_image_bytes,
-                            "footer_links": ["api"], "app_kwargs": app_kwargs}  # fmt: skip
+    opts: dict[str, Any] = {
+        "theme": THEME,
+        "css": CSS,
+        "max_file_size": get_settings().max_image_bytes,
+        "footer_links": ["api"],
+        "app_kwargs": app_kwargs,
+    }
     opts.update(kwargs)
     return demo.launch(**opts)
 
@@ -84,7 +89,10 @@ def launch(demo: gr.Blocks | None = None, **kwargs: Any) -> tuple:
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    launch(
+        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+    )
 
 
 if __name__ == "__main__":

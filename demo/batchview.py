@@ -26,8 +26,20 @@ THUMB_SIDE = 320
 
 
 # what the page shows of an item: results.parquet's small columns (no maps)
-ITEM_COLUMNS = ["index", "file", "query", "status", "error", "overlay", "match_score", "weak_match", "tokens_used",
-                "backend", "selected", "grid"]  # fmt: skip
+ITEM_COLUMNS = [
+    "index",
+    "file",
+    "query",
+    "status",
+    "error",
+    "overlay",
+    "match_score",
+    "weak_match",
+    "tokens_used",
+    "backend",
+    "selected",
+    "grid",
+]
 
 
 def item_rows(zip_path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
@@ -41,19 +53,34 @@ def item_rows(zip_path: str | Path, limit: int | None = None) -> list[dict[str, 
     if limit is not None:
         table = table.slice(0, limit)
     if "selected" in columns:  # only the top cell, not K of them
-        table = table.set_column(table.column_names.index("selected"), "selected", pc.list_element(table["selected"], 0))
+        table = table.set_column(
+            table.column_names.index("selected"), "selected", pc.list_element(table["selected"], 0)
+        )
     return [item_json(r) for r in table.to_pylist()]
 
 
 def item_json(row: dict[str, Any]) -> dict[str, Any]:
     """One item for the API: file, query, ok, and the match score and top cell, or why it failed."""
     ok = row.get("status") == "ok"
-    out: dict[str, Any] = {"index": row.get("index"), "file": row.get("file"), "query": row.get("query"), "ok": ok}
+    out: dict[str, Any] = {
+        "index": row.get("index"),
+        "file": row.get("file"),
+        "query": row.get("query"),
+        "ok": ok,
+    }
     if ok:
         top, grid = row.get("selected"), row.get("grid")
-        cell = {"row": int(top) // int(grid), "col": int(top) % int(grid)} if top is not None and grid else None
-        out.update(match_score=row.get("match_score"), weak_match=row.get("weak_match"), top_cell=cell,
-                   tokens_used=row.get("tokens_used"), backend=row.get("backend"), overlay=row.get("overlay"))  # fmt: skip
+        cell = (
+            {"row": int(top) // int(grid), "col": int(top) % int(grid)} if top is not None and grid else None
+        )
+        out.update(
+            match_score=row.get("match_score"),
+            weak_match=row.get("weak_match"),
+            top_cell=cell,
+            tokens_used=row.get("tokens_used"),
+            backend=row.get("backend"),
+            overlay=row.get("overlay"),
+        )
     else:
         out["error"] = row.get("error") or "failed"
     return out
@@ -76,14 +103,20 @@ def figure_html(uri: str, item: dict[str, Any]) -> str:
         match += ' <span class="arr-weak">weak match</span>'
     where = f"<br>top cell: row {cell['row']}, col {cell['col']}" if cell else ""
     file, query = escape(str(item["file"])), escape(str(item["query"]))
-    return (f'<figure class="arr-item"><img src="{uri}" alt="{file}"><figcaption><b>{file}</b><br>“{query}”<br>'
-            f"{match}{where}</figcaption></figure>")  # fmt: skip
+    return (
+        f'<figure class="arr-item"><img src="{uri}" alt="{file}"><figcaption><b>{file}</b><br>“{query}”<br>'
+        f"{match}{where}</figcaption></figure>"
+    )
 
 
 def failures_markdown(items: list[dict[str, Any]], st: JobStatus | None = None) -> str:
     failed = [i for i in items if not i["ok"]]
     if not failed:
-        return "" if st is None or not st.failed else f"{st.failed} item(s) failed; the reasons come with the results."
+        return (
+            ""
+            if st is None or not st.failed
+            else f"{st.failed} item(s) failed; the reasons come with the results."
+        )
     lines = "\n".join(f"| {i['file']} | {str(i['error']).replace('|', '/')} |" for i in failed)
     return f"**{len(failed)} item(s) failed:**\n\n| file | reason |\n|---|---|\n{lines}"
 
@@ -109,13 +142,26 @@ def status_json(st: JobStatus, zip_path: str | Path | None) -> dict[str, Any]:
     results exist, what the results file holds (it comes with the reply as a file; its rows are
     read from it, not from here)."""
     doc: dict[str, Any] = {
-        "job_id": st.job_id, "kind": st.kind.value, "state": st.state.value, "finished": st.state.finished,
-        "total": st.total, "done": st.done, "failed": st.failed, "progress": round(st.progress, 4),
-        "message": st.message, "queue_position": st.queue_position, "created_at": st.created_at, "updated_at": st.updated_at,
-    }  # fmt: skip
+        "job_id": st.job_id,
+        "kind": st.kind.value,
+        "state": st.state.value,
+        "finished": st.state.finished,
+        "total": st.total,
+        "done": st.done,
+        "failed": st.failed,
+        "progress": round(st.progress, 4),
+        "message": st.message,
+        "queue_position": st.queue_position,
+        "created_at": st.created_at,
+        "updated_at": st.updated_at,
+    }
     if zip_path:
-        doc["results"] = {"file": Path(zip_path).name, "rows": RESULTS_NAME, "summary": "summary.csv",
-                          "overlays": "overlays/"}  # fmt: skip
+        doc["results"] = {
+            "file": Path(zip_path).name,
+            "rows": RESULTS_NAME,
+            "summary": "summary.csv",
+            "overlays": "overlays/",
+        }
     return doc
 
 

@@ -24,17 +24,24 @@ assert set(BACKENDS) <= set(BACKEND_COLOURS), "a backend without a chart colour"
 
 def _layout(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
     fig.update_layout(
-        title=dict(text=title, x=0.01, font=dict(size=14)), template="plotly_white", height=height,
-        margin=dict(l=64, r=16, t=56, b=96), font=FONT, bargap=0.25, bargroupgap=0.05,
+        title=dict(text=title, x=0.01, font=dict(size=14)),
+        template="plotly_white",
+        height=height,
+        margin=dict(l=64, r=16, t=56, b=96),
+        font=FONT,
+        bargap=0.25,
+        bargroupgap=0.05,
         # under the axes: above them it would cover the panels' titles
         legend=dict(orientation="h", yanchor="top", y=-0.28, xanchor="center", x=0.5, title_text=""),
-    )  # fmt: skip
+    )
     return fig
 
 
 def empty(title: str, note: str = "No report to show.") -> go.Figure:
     fig = _layout(go.Figure(), title)
-    fig.add_annotation(text=note, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font=dict(size=13))
+    fig.add_annotation(
+        text=note, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font=dict(size=13)
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return fig
@@ -51,11 +58,18 @@ def _decades(values: pd.Series) -> list[int]:
     return [lo, hi if hi > lo else lo + 1]
 
 
-def _panels(df: pd.DataFrame, title: str, y_title: str, log_y: str | None = None, tick_format: str = "~g") -> tuple[go.Figure, list[str]]:
+def _panels(
+    df: pd.DataFrame, title: str, y_title: str, log_y: str | None = None, tick_format: str = "~g"
+) -> tuple[go.Figure, list[str]]:
     """One subplot per variant (a shared y axis), buckets as categories on x."""
     variants = list(dict.fromkeys(df["variant"].astype(str)))
-    fig = make_subplots(rows=1, cols=len(variants), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=variants if len(variants) > 1 else None)  # fmt: skip
+    fig = make_subplots(
+        rows=1,
+        cols=len(variants),
+        shared_yaxes=True,
+        horizontal_spacing=0.04,
+        subplot_titles=variants if len(variants) > 1 else None,
+    )
     _layout(fig, title)
     buckets = [str(b) for b in sorted(df["bucket"].dropna().astype(int).unique())]
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=buckets, title_text="batch bucket")
@@ -82,33 +96,60 @@ def latency(df: pd.DataFrame) -> go.Figure:
             rows = df[(df["variant"] == v) & (df["backend"] == b)].sort_values("bucket")
             if rows.empty:
                 continue
-            fig.add_trace(go.Scatter(
-                x=rows["bucket"].astype(int).astype(str), y=rows["p50_ms"], name=b, legendgroup=b,
-                showlegend=col == 1, mode="lines+markers", line=dict(color=colour(b), width=2.5),
-                marker=dict(color=colour(b), size=7), hovertemplate=f"{b} · bucket %{{x}}: %{{y:.3g}} ms<extra></extra>",
-            ), row=1, col=col)  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=rows["bucket"].astype(int).astype(str),
+                    y=rows["p50_ms"],
+                    name=b,
+                    legendgroup=b,
+                    showlegend=col == 1,
+                    mode="lines+markers",
+                    line=dict(color=colour(b), width=2.5),
+                    marker=dict(color=colour(b), size=7),
+                    hovertemplate=f"{b} · bucket %{{x}}: %{{y:.3g}} ms<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
     return fig
 
 
-def _grouped_bars(df: pd.DataFrame, value: str, title: str, y_title: str, fmt: str, log_y: bool = False,
-                  reference: float | None = None) -> go.Figure:  # fmt: skip
+def _grouped_bars(
+    df: pd.DataFrame,
+    value: str,
+    title: str,
+    y_title: str,
+    fmt: str,
+    log_y: bool = False,
+    reference: float | None = None,
+) -> go.Figure:
     """Bars grouped by bucket, one per backend other than eager (eager is the reference)."""
     df = df[df["backend"] != "eager"].dropna(subset=["bucket", value]) if len(df) else df
     if log_y and len(df):
         df = df[df[value] > 0]
     if df.empty:
         return empty(title, "Nothing to compare: the report has eager only (or no report).")
-    fig, variants = _panels(df, title, y_title, log_y=value if log_y else None, tick_format=".0e" if log_y else "~g")
+    fig, variants = _panels(
+        df, title, y_title, log_y=value if log_y else None, tick_format=".0e" if log_y else "~g"
+    )
     for col, v in enumerate(variants, start=1):
         for b in _backends(df):
             rows = df[(df["variant"] == v) & (df["backend"] == b)].sort_values("bucket")
             if rows.empty:
                 continue
-            fig.add_trace(go.Bar(
-                x=rows["bucket"].astype(int).astype(str), y=rows[value], name=b, legendgroup=b, showlegend=col == 1,
-                marker=dict(color=colour(b), line=dict(color=colour(b), width=1)),
-                hovertemplate=f"{b} · bucket %{{x}}: %{{y:{fmt}}}<extra></extra>",
-            ), row=1, col=col)  # fmt: skip
+            fig.add_trace(
+                go.Bar(
+                    x=rows["bucket"].astype(int).astype(str),
+                    y=rows[value],
+                    name=b,
+                    legendgroup=b,
+                    showlegend=col == 1,
+                    marker=dict(color=colour(b), line=dict(color=colour(b), width=1)),
+                    hovertemplate=f"{b} · bucket %{{x}}: %{{y:{fmt}}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
         if reference is not None:
             fig.add_hline(y=reference, line=dict(color="#666", dash="dot", width=1), row=1, col=col)
     fig.update_layout(barmode="group")
@@ -116,13 +157,25 @@ def _grouped_bars(df: pd.DataFrame, value: str, title: str, y_title: str, fmt: s
 
 
 def speedup(df: pd.DataFrame) -> go.Figure:
-    return _grouped_bars(df, "speedup_vs_eager", "speedup vs eager (p50; dotted line: eager = 1×)", "× faster than eager",
-                         ".2f", reference=1.0)  # fmt: skip
+    return _grouped_bars(
+        df,
+        "speedup_vs_eager",
+        "speedup vs eager (p50; dotted line: eager = 1×)",
+        "× faster than eager",
+        ".2f",
+        reference=1.0,
+    )
 
 
 def parity(df: pd.DataFrame) -> go.Figure:
-    return _grouped_bars(df, "max_abs_diff", "parity: max |Δ| of the relevance map vs eager", "max abs difference (log)",
-                         ".1e", log_y=True)  # fmt: skip
+    return _grouped_bars(
+        df,
+        "max_abs_diff",
+        "parity: max |Δ| of the relevance map vs eager",
+        "max abs difference (log)",
+        ".1e",
+        log_y=True,
+    )
 
 
 def report_figures(df: pd.DataFrame) -> tuple[go.Figure, go.Figure, go.Figure]:
@@ -136,9 +189,18 @@ def budget_curve(tokens: np.ndarray) -> go.Figure:
     """Tokens per kept cell, by relevance rank."""
     ranks = np.arange(1, len(tokens) + 1)
     fig = _layout(go.Figure(), "tokens by relevance rank", height=320)
-    fig.add_trace(go.Scatter(x=ranks, y=tokens, mode="lines", line=dict(color="#6366f1", width=2.5), name="tokens",
-                             fill="tozeroy", fillcolor="rgba(99,102,241,0.15)",
-                             hovertemplate="rank %{x}: %{y} tokens<extra></extra>"))  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=ranks,
+            y=tokens,
+            mode="lines",
+            line=dict(color="#6366f1", width=2.5),
+            name="tokens",
+            fill="tozeroy",
+            fillcolor="rgba(99,102,241,0.15)",
+            hovertemplate="rank %{x}: %{y} tokens<extra></extra>",
+        )
+    )
     fig.update_xaxes(title_text="rank of kept cell (1 = most relevant)")
     fig.update_yaxes(title_text="tokens", rangemode="tozero")
     fig.update_layout(showlegend=False)
@@ -149,9 +211,15 @@ def attribution(df: pd.DataFrame) -> go.Figure:
     """Correlation of each texture channel with relevance, coloured by channel group."""
     fig = _layout(go.Figure(), "correlation of each texture channel with relevance", height=400)
     for group, rows in df.groupby("group", sort=False):
-        fig.add_trace(go.Bar(x=rows["channel"], y=rows["correlation"], name=str(group),
-                             marker=dict(color=GROUP_COLOURS.get(str(group), OTHER_COLOUR)),
-                             hovertemplate="%{x}: %{y:+.2f}<extra></extra>"))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=rows["channel"],
+                y=rows["correlation"],
+                name=str(group),
+                marker=dict(color=GROUP_COLOURS.get(str(group), OTHER_COLOUR)),
+                hovertemplate="%{x}: %{y:+.2f}<extra></extra>",
+            )
+        )
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=list(df["channel"]), tickangle=-35)
     fig.update_yaxes(title_text="Pearson r", range=[-1, 1], zeroline=True, zerolinecolor="#888")
     fig.update_layout(margin=dict(l=64, r=16, t=56, b=150), legend=dict(y=-0.45))

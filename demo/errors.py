@@ -54,7 +54,9 @@ def user_error(e: Exception) -> gr.Error:
         REFUSALS.refused("input", f"{type(e).__name__}: {str(e)[:300]}")
         return gr.Error(str(e), title="Cannot run that", print_exception=False)
     log.exception("demo handler failed")
-    return gr.Error("Something went wrong on the server. Try again; details are in the server log.", print_exception=False)
+    return gr.Error(
+        "Something went wrong on the server. Try again; details are in the server log.", print_exception=False
+    )
 
 
 def friendly(e: Exception) -> str:
@@ -63,4 +65,6 @@ def friendly(e: Exception) -> str:
         REFUSALS.refused("input", f"{type(e).__name__}: {str(e)[:300]}")
         return str(e)
     log.error("demo job handler failed", exc_info=e)
-    return f"Something went wrong on the server ({type(e).__name__}). Try again; details are in the server log."
+    return (
+        f"Something went wrong on the server ({type(e).__name__}). Try again; details are in the server log."
+    )

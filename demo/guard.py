@@ -34,8 +34,15 @@ SET_CLIENT_COOKIE_JS = (
 )
 # Which limit each endpoint counts against (by api_name); every other call (the page's own
 # follow-up events: drawing views, polls) counts against "status".
-LIMIT_KIND = {"run": "infer", "infer": "infer", "run_without_query": "infer", "batch_submit": "jobs", "bench_submit": "jobs",
-              "page_batch_submit": "jobs", "page_bench_submit": "jobs"}  # fmt: skip
+LIMIT_KIND = {
+    "run": "infer",
+    "infer": "infer",
+    "run_without_query": "infer",
+    "batch_submit": "jobs",
+    "bench_submit": "jobs",
+    "page_batch_submit": "jobs",
+    "page_bench_submit": "jobs",
+}
 WHAT = {"infer": "requests", "jobs": "job submissions", "status": "status requests"}
 MAX_BODY = 1 << 20  # a call's JSON (files travel by /upload): larger bodies are not parsed for the endpoint
 MAX_CALL_BODY = 16 << 20  # a call's body beyond this is refused unread (413)
@@ -58,7 +65,9 @@ def request_token(request: Any, typed: object = None) -> str:
     if text:
         return text
     bearer = _header(request, "authorization")
-    return _header(request, "x-arrcoc-token").strip() or (bearer[7:].strip() if bearer[:7].lower() == "bearer " else "")
+    return _header(request, "x-arrcoc-token").strip() or (
+        bearer[7:].strip() if bearer[:7].lower() == "bearer " else ""
+    )
 
 
 @lru_cache(maxsize=8)
@@ -116,7 +125,9 @@ _limits_lock = threading.Lock()
 
 def _per_minute(kind: str) -> int:
     s = get_settings()
-    return {"infer": s.rate_limit_infer_per_min, "jobs": s.rate_limit_jobs_per_min}.get(kind, s.rate_limit_status_per_min)
+    return {"infer": s.rate_limit_infer_per_min, "jobs": s.rate_limit_jobs_per_min}.get(
+        kind, s.rate_limit_status_per_min
+    )
 
 
 def limiter(kind: str) -> RateLimiter:
@@ -178,7 +189,11 @@ class RateGate:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
-        if scope.get("type") != "http" or scope.get("method") != "POST" or not path.startswith(self.CALL_PATHS):
+        if (
+            scope.get("type") != "http"
+            or scope.get("method") != "POST"
+            or not path.startswith(self.CALL_PATHS)
+        ):
             await self.app(scope, receive, send)
             return
         chunks, more = [], True
@@ -196,7 +211,9 @@ class RateGate:
         peer = (scope.get("client") or ("", 0))[0] or ""
         address = address_of(peer, headers.get("x-forwarded-for", ""), get_settings().trusted_proxies)
         bearer = headers.get("authorization", "")
-        token = headers.get("x-arrcoc-token", "").strip() or (bearer[7:].strip() if bearer[:7].lower() == "bearer " else "")
+        token = headers.get("x-arrcoc-token", "").strip() or (
+            bearer[7:].strip() if bearer[:7].lower() == "bearer " else ""
+        )
         kind = self._kind(path, body)
         try:
             check_rate(kind, limit_key(token, address))
@@ -218,6 +235,11 @@ class RateGate:
 
 async def _json(send: Any, status: int, doc: dict) -> None:
     data = json.dumps(doc).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": data})

@@ -39,7 +39,12 @@ def number(value: object, what: str) -> float:
 
 
 def whole(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value in (float("inf"), float("-inf")):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value != value
+        or value in (float("inf"), float("-inf"))
+    ):
         raise InvalidInputError(f"{what} must be a number, got {value!r}.")
     if int(value) != value:
         raise InvalidInputError(f"{what} must be a whole number, got {value!r}.")
@@ -49,8 +54,14 @@ def whole(value: object, what: str) -> int:
 def controls_from(s_info: object, s_persp: object, s_part: object, k: object, budget: object) -> Controls:
     """The sliders as Controls; a value that is not a number (a string, a list) is refused in words,
     never converted. Ranges are checked where the model is known (Controls.validated)."""
-    scales = [number(v, n) for v, n in ((s_info, "The information scale"), (s_persp, "The perspectival scale"),
-                                        (s_part, "The participatory scale"))]  # fmt: skip
+    scales = [
+        number(v, n)
+        for v, n in (
+            (s_info, "The information scale"),
+            (s_persp, "The perspectival scale"),
+            (s_part, "The participatory scale"),
+        )
+    ]
     return Controls(*scales, whole(k, "K"), whole(budget, "The token budget"))
 
 
@@ -103,7 +114,9 @@ def strict_inputs(blocks: Any) -> None:
             if (payload is not None or isinstance(comp, gr.Slider)) and not ok(payload):
                 label = comp.label or what
                 REFUSALS.refused("input", f"{type(payload).__name__} for {label!r}")
-                raise gr.Error(f"{label} must be {what}, got {type(payload).__name__}.", title="Cannot run that")
+                raise gr.Error(
+                    f"{label} must be {what}, got {type(payload).__name__}.", title="Cannot run that"
+                )
             return inner(payload)
 
         comp.preprocess = preprocess

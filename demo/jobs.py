@@ -23,9 +23,13 @@ from .inputs import text_field, upload, whole
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 STATE_COLOUR = {
-    JobState.PENDING: "#a3a3a3", JobState.RUNNING: "#6366f1", JobState.DONE: "#16a34a",
-    JobState.FAILED: "#dc2626", JobState.CANCELLED: "#f59e0b", JobState.EXPIRED: "#737373",
-}  # fmt: skip
+    JobState.PENDING: "#a3a3a3",
+    JobState.RUNNING: "#6366f1",
+    JobState.DONE: "#16a34a",
+    JobState.FAILED: "#dc2626",
+    JobState.CANCELLED: "#f59e0b",
+    JobState.EXPIRED: "#737373",
+}
 
 
 # ---- batch ------------------------------------------------------------------------------------
@@ -52,11 +56,15 @@ def build_archive(zip_path: str | None, manifest_path: str | None) -> bytes:
     if suffix not in MANIFEST_SUFFIXES:
         raise InvalidInputError("The manifest must be a .csv or .jsonl file with columns file,query.")
     if mp.stat().st_size > settings.max_manifest_bytes:
-        raise InvalidInputError(f"The manifest is over {settings.max_manifest_bytes / 1e6:.0f} MB; split the job.")
+        raise InvalidInputError(
+            f"The manifest is over {settings.max_manifest_bytes / 1e6:.0f} MB; split the job."
+        )
     inside = [n for n in names if Path(n).name.lower() in archive_checks.MANIFEST_NAMES]
     if inside:
-        raise InvalidInputError(f"The zip already holds a manifest ({inside[0]}); upload the zip alone, or remove"
-                                " it from the zip to use the one uploaded here.")  # fmt: skip
+        raise InvalidInputError(
+            f"The zip already holds a manifest ({inside[0]}); upload the zip alone, or remove"
+            " it from the zip to use the one uploaded here."
+        )
     raw = mp.read_bytes()
     archive_checks.decode_manifest(raw, mp.name)  # not UTF-8: said now, in words
     out = io.BytesIO(data)
@@ -65,8 +73,14 @@ def build_archive(zip_path: str | None, manifest_path: str | None) -> bytes:
     return out.getvalue()
 
 
-def submit_batch(zip_path: str | None, manifest_path: str | None, query: object, controls: Controls,
-                 owner: str | None = None, overlay_kind: str | None = None) -> str:  # fmt: skip
+def submit_batch(
+    zip_path: str | None,
+    manifest_path: str | None,
+    query: object,
+    controls: Controls,
+    owner: str | None = None,
+    overlay_kind: str | None = None,
+) -> str:
     q = text_field(query, "The query").strip() or None
     archive = build_archive(zip_path, manifest_path)
     if q is None and not manifest_path and not _zip_has_manifest(archive):
@@ -109,11 +123,19 @@ def status_markdown(st: JobStatus) -> str:
 def status_doc(st: JobStatus) -> dict[str, Any]:
     """A job's status as plain JSON for the API (any kind of job)."""
     return {
-        "job_id": st.job_id, "kind": st.kind.value, "state": st.state.value, "finished": st.state.finished,
-        "total": st.total, "done": st.done, "failed": st.failed, "progress": round(st.progress, 4),
-        "message": st.message, "queue_position": st.queue_position, "created_at": st.created_at,
+        "job_id": st.job_id,
+        "kind": st.kind.value,
+        "state": st.state.value,
+        "finished": st.state.finished,
+        "total": st.total,
+        "done": st.done,
+        "failed": st.failed,
+        "progress": round(st.progress, 4),
+        "message": st.message,
+        "queue_position": st.queue_position,
+        "created_at": st.created_at,
         "updated_at": st.updated_at,
-    }  # fmt: skip
+    }
 
 
 def progress_html(st: JobStatus | None, doing: str = "") -> str:
@@ -140,24 +162,37 @@ def batch_results_file(job_id: str, owner: str | None = None) -> str:
 # ---- benchmark --------------------------------------------------------------------------------
 
 
-def bench_request(variant: object, backends: object, buckets: object, iterations: object, device: object) -> BenchRequest:
+def bench_request(
+    variant: object, backends: object, buckets: object, iterations: object, device: object
+) -> BenchRequest:
     if not backends:
         raise InvalidInputError("Choose at least one backend.")
     if not buckets:
         raise InvalidInputError("Choose at least one batch bucket.")
     if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
         raise InvalidInputError("Backends must be a list of names.")
-    if not isinstance(buckets, list) or not all(isinstance(b, str | int) and str(b).isdigit() for b in buckets):
+    if not isinstance(buckets, list) or not all(
+        isinstance(b, str | int) and str(b).isdigit() for b in buckets
+    ):
         raise InvalidInputError("Buckets must be a list of whole numbers.")
     n = whole(iterations, "Iterations")
     return BenchRequest(
-        variants=(text_field(variant, "The variant"),), backends=tuple(backends),
-        buckets=tuple(sorted(int(b) for b in buckets)), iterations=n, warmup=max(1, min(10, n // 5)),
+        variants=(text_field(variant, "The variant"),),
+        backends=tuple(backends),
+        buckets=tuple(sorted(int(b) for b in buckets)),
+        iterations=n,
+        warmup=max(1, min(10, n // 5)),
         device=text_field(device, "The device"),
-    )  # fmt: skip
+    )
 
 
-def submit_bench(variant: object, backends: object, buckets: object, iterations: object, device: object,
-                 owner: str | None = None) -> str:  # fmt: skip
+def submit_bench(
+    variant: object,
+    backends: object,
+    buckets: object,
+    iterations: object,
+    device: object,
+    owner: str | None = None,
+) -> str:
     req = bench_request(variant, backends, buckets, iterations, device)
     return service.executor().submit_bench(req, owner=owner)  # checked against the server's caps there

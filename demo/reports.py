@@ -16,8 +16,17 @@ from .housekeeping import served
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 RESULT_COLUMNS = (
-    "variant", "backend", "bucket", "p50_ms", "p99_ms", "throughput_per_s", "speedup_vs_eager",
-    "max_abs_diff", "topk_agreement", "compile_s", "capture_s",
+    "variant",
+    "backend",
+    "bucket",
+    "p50_ms",
+    "p99_ms",
+    "throughput_per_s",
+    "speedup_vs_eager",
+    "max_abs_diff",
+    "topk_agreement",
+    "compile_s",
+    "capture_s",
 )  # fmt: skip -- the report schema of the benchmark harness (arrcoc/bench)
 
 
@@ -39,18 +48,28 @@ def _read_report(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     rows = doc.get("results") if isinstance(doc, dict) else None
-    if isinstance(rows, list) and any(isinstance(r, dict) and {"backend", "bucket", "p50_ms"} <= r.keys() for r in rows):
+    if isinstance(rows, list) and any(
+        isinstance(r, dict) and {"backend", "bucket", "p50_ms"} <= r.keys() for r in rows
+    ):
         return doc
     return None  # other JSON under benchmarks/ (batching studies, ...) is not a benchmark report
 
 
 def report_device(report: dict[str, Any]) -> str:
     env = report.get("env") or {}
-    return str(env.get("gpu") or "") or ("cpu" if env.get("device", "cpu") == "cpu" else str(env.get("device")))
+    return str(env.get("gpu") or "") or (
+        "cpu" if env.get("device", "cpu") == "cpu" else str(env.get("device"))
+    )
 
 
 def report_variants(report: dict[str, Any]) -> list[str]:
-    return sorted({str(r.get("variant")) for r in report.get("results") or [] if isinstance(r, dict) and r.get("variant")})
+    return sorted(
+        {
+            str(r.get("variant"))
+            for r in report.get("results") or []
+            if isinstance(r, dict) and r.get("variant")
+        }
+    )
 
 
 def matches(report: dict[str, Any], server: Machine) -> bool:
@@ -115,8 +134,18 @@ def report_frame(report: dict[str, Any] | None) -> pd.DataFrame:
     errors = [r.get("error") for r in rows]
     if any(errors):
         df["error"] = errors
-    df = df.round({"p50_ms": 3, "p99_ms": 3, "throughput_per_s": 2, "speedup_vs_eager": 2, "max_abs_diff": 8,
-                   "topk_agreement": 4, "compile_s": 2, "capture_s": 2})  # fmt: skip
+    df = df.round(
+        {
+            "p50_ms": 3,
+            "p99_ms": 3,
+            "throughput_per_s": 2,
+            "speedup_vs_eager": 2,
+            "max_abs_diff": 8,
+            "topk_agreement": 4,
+            "compile_s": 2,
+            "capture_s": 2,
+        }
+    )
     return df.dropna(axis=1, how="all") if rows else df
 
 
@@ -124,7 +153,11 @@ def report_markdown(report: dict[str, Any] | None, source: str) -> str:
     if not report:
         return "**No benchmark report yet.** Run one above; the newest stored report (`benchmarks/*.json`) is shown here once it exists."
     env = report.get("env") or {}
-    bits = [f"{k} `{env[k]}`" for k in ("gpu", "torch", "triton", "onnxruntime", "cuda", "driver", "date", "commit") if env.get(k)]
+    bits = [
+        f"{k} `{env[k]}`"
+        for k in ("gpu", "torch", "triton", "onnxruntime", "cuda", "driver", "date", "commit")
+        if env.get(k)
+    ]
     if not env.get("gpu"):
         bits.insert(0, "device `cpu`")
     rec = report.get("recompiles_after_warmup")

@@ -61,7 +61,9 @@ def display_image(img: Image.Image, side: int = DISPLAY_SIDE) -> Image.Image:
     img = img.convert("RGB")
     scale = side / max(img.size)
     if scale < 1:
-        img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.LANCZOS)
+        img = img.resize(
+            (max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.LANCZOS
+        )
     return img
 
 
@@ -91,7 +93,9 @@ def scaled(values: np.ndarray, vmax: float, scale: str) -> np.ndarray:
     return v
 
 
-def heat(values: np.ndarray, size: tuple[int, int], vmax: float | None = None, scale: str = "linear") -> Image.Image:
+def heat(
+    values: np.ndarray, size: tuple[int, int], vmax: float | None = None, scale: str = "linear"
+) -> Image.Image:
     return heatmap_image(scaled(values, peak(values) if vmax is None else vmax, scale), size)
 
 
@@ -110,14 +114,18 @@ def cell_size(r: RelevanceResult) -> str:
 
 
 # words of place, and the filler around them: a query made only of these names a position, not a thing
-POSITION_WORDS = frozenset("top bottom left right middle centre center upper lower corner side edge half "
-                           "above below near far".split())  # fmt: skip
+POSITION_WORDS = frozenset(
+    "top bottom left right middle centre center upper lower corner side edge half "
+    "above below near far".split()
+)
 FILLER_WORDS = frozenset("the a an in at on of to one part area region bit thing".split())
 
 
 def position_only(query: str) -> bool:
     """Whether the query names only a place ("the top left"), nothing that is there."""
-    words = [w for w in "".join(c if c.isalnum() else " " for c in query.lower()).split() if w not in FILLER_WORDS]
+    words = [
+        w for w in "".join(c if c.isalnum() else " " for c in query.lower()).split() if w not in FILLER_WORDS
+    ]
     return bool(words) and all(w in POSITION_WORDS for w in words)
 
 
@@ -138,8 +146,9 @@ def match_html(r: RelevanceResult | None) -> str:
     where = (
         f" “{q}” names a place, not a thing: the score rates what is in a cell, not where it is, so position "
         "queries score low even when the map points the right way."
-        if position_only(r.query) else ""
-    )  # fmt: skip
+        if position_only(r.query)
+        else ""
+    )
     return (
         f'<div class="arr-match arr-match-weak"><b>Weak match: {r.match_score:.2f}</b> (a match starts at '
         f"{WEAK_MATCH:.2f}). The score rates how closely the best-matching cell resembles “{q}”; here no cell "
@@ -155,17 +164,27 @@ def match_html(r: RelevanceResult | None) -> str:
 def overview(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, str]:
     r = run.result
     relevance = heat(r.relevance, run.size, scale=run.scale)
-    chosen = tint_cells(run.image, r.grid, [(metrics.cell_mask(r.selected, r.grid), SELECTED_RGB)], alpha=0.45, dim=0.55)
+    chosen = tint_cells(
+        run.image, r.grid, [(metrics.cell_mask(r.selected, r.grid), SELECTED_RGB)], alpha=0.45, dim=0.55
+    )
     return run.image, relevance, chosen, summary_markdown(r)
 
 
 def summary_markdown(r: RelevanceResult) -> str:
-    match = "n/a" if r.match_score is None else f"**{r.match_score:.2f}**" + (" (**weak match**)" if r.weak_match else "")
+    match = (
+        "n/a"
+        if r.match_score is None
+        else f"**{r.match_score:.2f}**" + (" (**weak match**)" if r.weak_match else "")
+    )
     weights = " · ".join(f"{n} **{w:.2f}**" for n, w in zip(SCORER_NAMES, r.balance, strict=True))
     top = ", ".join(_cell(int(i), r.grid) for i in r.selected[:3])
     best = int(np.argmax(r.relevance))
     t = r.timings_ms
-    timing = f"{t.get('model_ms', 0):.0f} ms model + {t.get('preprocess_ms', 0):.0f} ms preprocessing" if t else "n/a"
+    timing = (
+        f"{t.get('model_ms', 0):.0f} ms model + {t.get('preprocess_ms', 0):.0f} ms preprocessing"
+        if t
+        else "n/a"
+    )
     note = ""
     if r.weights_version == "untrained":
         note = "\n\n> **Note:** these weights are **untrained** (random initialisation): maps show the pipeline, not learned relevance."
@@ -218,9 +237,14 @@ def homunculus_view(run: Run) -> tuple[Image.Image, str]:
 
 def three_ways(run: Run) -> tuple[Image.Image, Image.Image, Image.Image, Image.Image, str]:
     r = run.result
-    maps = [heat(getattr(r, n), run.size, scale=run.scale) for n in ("information", "perspectival", "participatory", "relevance")]
+    maps = [
+        heat(getattr(r, n), run.size, scale=run.scale)
+        for n in ("information", "perspectival", "participatory", "relevance")
+    ]
     rows = "\n".join(f"| {n} | {w:.3f} |" for n, w in zip(SCORER_NAMES, r.balance, strict=True))
-    tens = "\n".join(f"| {n.replace('_', ' ↔ ')} | {v:.3f} |" for n, v in zip(TENSION_NAMES, r.tensions, strict=True))
+    tens = "\n".join(
+        f"| {n.replace('_', ' ↔ ')} | {v:.3f} |" for n, v in zip(TENSION_NAMES, r.tensions, strict=True)
+    )
     md = (
         "The balancer mixes the three scorers with query-dependent weights (they sum to 1):\n\n"
         f"| scorer | weight |\n|---|---|\n{rows}\n\n"
@@ -258,7 +282,9 @@ def labelled(tile: Image.Image, *lines: str) -> Image.Image:
     out.paste(tile, (0, 0))
     draw = ImageDraw.Draw(out)
     for i, text in enumerate(lines):
-        draw.text((tile.width // 2, tile.height + pad + i * line_h), text, fill=(30, 30, 30), font=font, anchor="mt")
+        draw.text(
+            (tile.width // 2, tile.height + pad + i * line_h), text, fill=(30, 30, 30), font=font, anchor="mt"
+        )
     return out
 
 
@@ -271,7 +297,9 @@ def texture_view(run: Run) -> tuple[list, list, list]:
         for c in idx:
             ch = np.asarray(r.texture[c], dtype=np.float64)
             lo, hi = float(ch.min()), float(ch.max())
-            tile = Image.fromarray(colorize(ch, lo, hi if hi > lo else lo + 1)).resize((224, 224), Image.Resampling.NEAREST)
+            tile = Image.fromarray(colorize(ch, lo, hi if hi > lo else lo + 1)).resize(
+                (224, 224), Image.Resampling.NEAREST
+            )
             name, span = names[c].replace("_", " "), f"[{lo:.2f}, {hi:.2f}]"
             items.append(labelled(tile, name, span))  # the label in the image: a gallery caption gets cut
         galleries.append(items)
@@ -332,7 +360,12 @@ def comparison_view(run: Run) -> tuple[Image.Image, Image.Image, pd.DataFrame, s
         "(see the match score above): the table compares where the cells go, not how good they are."
     )
     images = [homunculus(run.image, sel, r.grid, dim=0.18) for sel in (r.selected, base)]
-    return images[0], images[1], _metric_table({"ARR-COC": ours_m, "uniform lattice": base_m}, SPREAD_ROWS), md
+    return (
+        images[0],
+        images[1],
+        _metric_table({"ARR-COC": ours_m, "uniform lattice": base_m}, SPREAD_ROWS),
+        md,
+    )
 
 
 def metrics_view(run: Run) -> tuple[pd.DataFrame, Image.Image]:
@@ -352,12 +385,20 @@ def impact_view(run: Run) -> tuple[Image.Image | None, Image.Image | None, Image
         return None, None, None, "Run the model to see what the query changes."
     imp = metrics.query_impact(r.relevance, r.selected, w.relevance, w.selected)
     g = r.grid
-    kept = metrics.cell_mask(np.array(sorted(set(map(int, r.selected)) & set(map(int, w.selected))), dtype=np.int64), g)
+    kept = metrics.cell_mask(
+        np.array(sorted(set(map(int, r.selected)) & set(map(int, w.selected))), dtype=np.int64), g
+    )
     change = tint_cells(
-        run.image, g,
-        [(kept, KEPT_RGB), (metrics.cell_mask(imp.gained, g), GAINED_RGB), (metrics.cell_mask(imp.lost, g), LOST_RGB)],
-        alpha=0.6, dim=0.3,
-    )  # fmt: skip
+        run.image,
+        g,
+        [
+            (kept, KEPT_RGB),
+            (metrics.cell_mask(imp.gained, g), GAINED_RGB),
+            (metrics.cell_mask(imp.lost, g), LOST_RGB),
+        ],
+        alpha=0.6,
+        dim=0.3,
+    )
     md = (
         f"“{r.query}”: **overlap {imp.overlap}/{r.k} cells ({imp.overlap_share:.1%}, Jaccard {imp.jaccard:.2f})** between the "
         f"selection with the query and without the participatory scorer (its scale set to 0). "
@@ -366,7 +407,12 @@ def impact_view(run: Run) -> tuple[Image.Image | None, Image.Image | None, Image
         f"({len(imp.gained)}), <span style='color:#e74c3c'>■</span> lost ({len(imp.lost)}), <span style='color:#c8c8c8'>■</span> kept by both."
     )
     top = peak(r.relevance, w.relevance)  # one scale for both, so they compare
-    return heat(r.relevance, run.size, top, run.scale), heat(w.relevance, run.size, top, run.scale), change, md
+    return (
+        heat(r.relevance, run.size, top, run.scale),
+        heat(w.relevance, run.size, top, run.scale),
+        change,
+        md,
+    )
 
 
 def attribution_view(run: Run) -> tuple[object, str]:
@@ -374,11 +420,13 @@ def attribution_view(run: Run) -> tuple[object, str]:
     names = COMPAT_CHANNEL_NAMES if "compat" in r.variant else CHANNEL_NAMES
     corr = metrics.channel_attribution(r.texture, r.relevance)
     group_of = {c: g for g, idx in CHANNEL_GROUPS.items() for c in idx}
-    df = pd.DataFrame({
-        "channel": [f"{i:02d} {n}" for i, n in enumerate(names)],
-        "correlation": np.round(corr, 4),
-        "group": [group_of[i] for i in range(len(names))],
-    })  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "channel": [f"{i:02d} {n}" for i, n in enumerate(names)],
+            "correlation": np.round(corr, 4),
+            "group": [group_of[i] for i in range(len(names))],
+        }
+    )
     order = np.argsort(-np.abs(corr))[:3]
     top = ", ".join(f"{names[i]} ({corr[i]:+.2f})" for i in order)
     md = (

@@ -17,4 +17,5 @@ fi
 ./scripts/setup.sh
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/python -m ruff check arrcoc worker demo tests
+.venv/bin/python -m ruff format --check arrcoc worker demo tests tools app.py
 exec .venv/bin/python -m pytest -q ${args[@]+"${args[@]}"}

@@ -37,10 +37,33 @@ def raw_zip(entries: list[tuple[str, bytes, int, int]]) -> bytes:
     for name, data, crc, size in entries:
         fn = name.encode()
         offset = out.tell()
-        out.write(struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(data), size, len(fn), 0) + fn)
+        out.write(
+            struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(data), size, len(fn), 0) + fn
+        )
         out.write(data)
-        central.write(struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, crc, len(data), size,
-                                  len(fn), 0, 0, 0, 0, 0, offset) + fn)  # fmt: skip
+        central.write(
+            struct.pack(
+                "<4sHHHHHHIIIHHHHHII",
+                b"PK\x01\x02",
+                20,
+                20,
+                0,
+                8,
+                0,
+                0,
+                crc,
+                len(data),
+                size,
+                len(fn),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + fn
+        )
     cd = central.getvalue()
     start = out.tell()
     out.write(cd)
@@ -99,11 +122,22 @@ def png_bytes(size: int = 48, seed: int = 0, mode: str = "RGB") -> bytes:
 
 def png_header(width: int, height: int) -> bytes:
     """A PNG whose header declares width x height, with a tiny (broken) body: a pixel bomb's header."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
 
 
 def png16(side: int) -> bytes:
@@ -119,7 +153,11 @@ def du(path: Path) -> int:
     """Bytes on disk under path (0 when it does not exist), a file under two names counted once."""
     if not path.exists():
         return 0
-    return sum({(st.st_dev, st.st_ino): st.st_size for st in (f.stat() for f in path.rglob("*") if f.is_file())}.values())
+    return sum(
+        {
+            (st.st_dev, st.st_ino): st.st_size for st in (f.stat() for f in path.rglob("*") if f.is_file())
+        }.values()
+    )
 
 
 def rss_bytes() -> int:
@@ -161,8 +199,29 @@ def many_names_zip(n: int) -> bytes:
         fn = b"%07d" % i
         offset = len(local)
         local += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, crc0, 0, 0, len(fn), 0) + fn
-        central += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45, 20, 0, 0, 0, 0, crc0, 0, 0,
-                               len(fn), 0, 0, 0, 0, 0, offset) + fn  # fmt: skip
+        central += (
+            struct.pack(
+                "<4sHHHHHHIIIHHHHHII",
+                b"PK\x01\x02",
+                45,
+                20,
+                0,
+                0,
+                0,
+                0,
+                crc0,
+                0,
+                0,
+                len(fn),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + fn
+        )
     start = len(local)
     end64 = len(local) + len(central)
     out = bytes(local) + bytes(central)

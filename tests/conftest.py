@@ -23,14 +23,29 @@ TEST_REDIS_DEFAULT = "redis://127.0.0.1:6379/13"
 # The quick lane (`pytest -m quick`, `./scripts/test.sh --quick`): modules that need no worker
 # process, browser, compiler, benchmark run or training, less their tests marked `slow` and the few
 # below that start a subprocess or run every backend.
-QUICK_MODULES = frozenset({
-    "test_images", "test_texture", "test_model", "test_layout", "test_compose", "test_weights",
-    "test_fuzz", "test_service", "test_abuse", "test_decode", "test_demo_views", "test_engine", "test_vit",
-})  # fmt: skip
-QUICK_EXCLUDED = frozenset({
-    "test_inprocess_serves_each_backend_it_is_allowed",  # compiles and exports
-    "test_16bit_png_through_arrcoc_infer_at_bounded_memory",  # a CLI subprocess on a large image
-})
+QUICK_MODULES = frozenset(
+    {
+        "test_images",
+        "test_texture",
+        "test_model",
+        "test_layout",
+        "test_compose",
+        "test_weights",
+        "test_fuzz",
+        "test_service",
+        "test_abuse",
+        "test_decode",
+        "test_demo_views",
+        "test_engine",
+        "test_vit",
+    }
+)
+QUICK_EXCLUDED = frozenset(
+    {
+        "test_inprocess_serves_each_backend_it_is_allowed",  # compiles and exports
+        "test_16bit_png_through_arrcoc_infer_at_bounded_memory",  # a CLI subprocess on a large image
+    }
+)
 
 
 def _redis_answers(url: str) -> bool:
@@ -43,14 +58,19 @@ def _redis_answers(url: str) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "quick: the everyday lane (conftest.py QUICK_MODULES), minutes on 2 cores")
+    config.addinivalue_line(
+        "markers", "quick: the everyday lane (conftest.py QUICK_MODULES), minutes on 2 cores"
+    )
     url = os.environ.get(TEST_REDIS_ENV) or TEST_REDIS_DEFAULT
     os.environ[TEST_REDIS_ENV] = url
     if _redis_answers(url):
         return
     if shutil.which("redis-server") is None:
-        warnings.warn(f"no Redis answers at {url} and redis-server is not installed: the tests that use "
-                      "Redis will fail (./scripts/test.sh installs it)", stacklevel=1)  # fmt: skip
+        warnings.warn(
+            f"no Redis answers at {url} and redis-server is not installed: the tests that use "
+            "Redis will fail (./scripts/test.sh installs it)",
+            stacklevel=1,
+        )
         return
     from arrcoc.bench.processes import RedisServer
 
@@ -74,7 +94,11 @@ _REDIS = pytest.StashKey[tuple]()
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         name = getattr(item, "originalname", item.name)
-        if item.path.stem in QUICK_MODULES and name not in QUICK_EXCLUDED and item.get_closest_marker("slow") is None:
+        if (
+            item.path.stem in QUICK_MODULES
+            and name not in QUICK_EXCLUDED
+            and item.get_closest_marker("slow") is None
+        ):
             item.add_marker(pytest.mark.quick)
 
 

@@ -30,7 +30,9 @@ def serve(data_dir: Path | None = None) -> Iterator[str]:
     service.set_executor(None)  # a fresh executor built from these settings on first use
     demo = build_demo()
     try:
-        _, url, _ = launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
+        _, url, _ = launch(
+            demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True
+        )
         yield url
     finally:
         demo.close()

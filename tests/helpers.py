@@ -60,7 +60,9 @@ def _differences(a, b, path: str = "") -> Iterator[tuple[str, float | str]]:
             yield path, f"length {len(a)} != {len(b)}"
             return
         xa, xb = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
-        if all(isinstance(v, float) for v in np.ravel(xa)) and all(isinstance(v, float) for v in np.ravel(xb)):
+        if all(isinstance(v, float) for v in np.ravel(xa)) and all(
+            isinstance(v, float) for v in np.ravel(xb)
+        ):
             diff = float(np.max(np.abs(np.asarray(a, float) - np.asarray(b, float)), initial=0.0))
             if diff > MAP_ATOL:
                 yield path, diff
@@ -124,8 +126,12 @@ def worker_settings(root: Path, prefix: str, **extra: str) -> Iterator[dict[str,
     """ARRCOC_* settings (as strings) for a test module's worker: seeded weights, a Redis key
     prefix and queues of its own, whose keys are deleted afterwards; `extra` adds or overrides."""
     tag = uuid.uuid4().hex[:8]
-    settings = {"weights": str(seeded_weights(root / "w.safetensors")), "redis_prefix": f"{prefix}-{tag}",
-                "queue_gpu": f"gpu-{tag}", "queue_bench": f"bench-{tag}"} | extra  # fmt: skip
+    settings = {
+        "weights": str(seeded_weights(root / "w.safetensors")),
+        "redis_prefix": f"{prefix}-{tag}",
+        "queue_gpu": f"gpu-{tag}",
+        "queue_bench": f"bench-{tag}",
+    } | extra
     try:
         yield settings
     finally:
@@ -153,6 +159,8 @@ def result_rows(zf: zipfile.ZipFile) -> list[dict]:
     """A results zip's rows (results.parquet without the maps), each with `ok` as its status says."""
     import pyarrow.parquet as pq
 
-    table = pq.read_table(io.BytesIO(zf.read("results.parquet")),
-                          columns=["index", "file", "query", "status", "error", "overlay", "match_score"])  # fmt: skip
+    table = pq.read_table(
+        io.BytesIO(zf.read("results.parquet")),
+        columns=["index", "file", "query", "status", "error", "overlay", "match_score"],
+    )
     return [r | {"ok": r["status"] == "ok"} for r in table.to_pylist()]

@@ -194,12 +194,19 @@ def test_manifest_fields_over_the_csv_limit_and_odd_jsonl(settings):
     long_field = "file,query\na.png," + "x" * 200_000 + "\n"
     with pytest.raises(InvalidInputError, match="cannot be read as CSV.*too long"):
         unpack(make_zip({"a.png": png_bytes(), "manifest.csv": long_field.encode()}), settings)
-    for line, message in [('{"file": "a.png", "query": 5}', "must be text"), ('{"file": 7, "query": "q"}', "no 'file'"),
-                          ("[1, 2]", "not an object"), ("[" * 100_000, "not JSON")]:  # fmt: skip
+    for line, message in [
+        ('{"file": "a.png", "query": 5}', "must be text"),
+        ('{"file": 7, "query": "q"}', "no 'file'"),
+        ("[1, 2]", "not an object"),
+        ("[" * 100_000, "not JSON"),
+    ]:
         with pytest.raises(InvalidInputError, match=message):
             unpack(make_zip({"a.png": png_bytes(), "manifest.jsonl": line.encode()}), settings)
     with pytest.raises(InvalidInputError, match="2 manifests"):
-        unpack(make_zip({"a.png": png_bytes(), "manifest.csv": b"file,query\n", "x/manifest.jsonl": b"{}"}), settings)
+        unpack(
+            make_zip({"a.png": png_bytes(), "manifest.csv": b"file,query\n", "x/manifest.jsonl": b"{}"}),
+            settings,
+        )
 
 
 def test_demo_upload_of_a_bomb_with_a_separate_manifest_is_not_decompressed(tmp_path, settings, monkeypatch):
@@ -230,7 +237,9 @@ def test_demo_upload_of_a_bomb_with_a_separate_manifest_is_not_decompressed(tmp_
 # ---- queries and parameters ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("query", ["a\x00b", "\x1b[2Jthe sky", "the \x9bsky", "left\u202eright", "\x7f", "a\x08b"])
+@pytest.mark.parametrize(
+    "query", ["a\x00b", "\x1b[2Jthe sky", "the \x9bsky", "left\u202eright", "\x7f", "a\x08b"]
+)
 def test_control_characters_in_queries_are_refused(query):
     with pytest.raises(InvalidInputError, match="control character"):
         validate_query(query, 500)
@@ -289,13 +298,22 @@ def test_pixel_limit_message_quotes_the_setting():
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"iterations": 10**9}, "Iterations"), ({"iterations": 0}, "Iterations"), ({"warmup": 10**6}, "Warmup"),
-     ({"buckets": tuple(range(1, 20))}, "buckets"), ({"buckets": (4096,)}, "bucket"),
-     ({"variants": ("v",) * 9}, "variants"), ({"variants": ("../../etc",)}, "variants"),
-     ({"backends": ("eager", "rm -rf")}, "Backends"), ({"device": "cuda; rm"}, "device"),
-     ({"options": {"cache_dir": "/etc"}}, "options"), ({"options": {"startup": True}}, "options"),
-     ({"iterations": True}, "Iterations"), ({"iterations": 2.5}, "Iterations")],
-)  # fmt: skip
+    [
+        ({"iterations": 10**9}, "Iterations"),
+        ({"iterations": 0}, "Iterations"),
+        ({"warmup": 10**6}, "Warmup"),
+        ({"buckets": tuple(range(1, 20))}, "buckets"),
+        ({"buckets": (4096,)}, "bucket"),
+        ({"variants": ("v",) * 9}, "variants"),
+        ({"variants": ("../../etc",)}, "variants"),
+        ({"backends": ("eager", "rm -rf")}, "Backends"),
+        ({"device": "cuda; rm"}, "device"),
+        ({"options": {"cache_dir": "/etc"}}, "options"),
+        ({"options": {"startup": True}}, "options"),
+        ({"iterations": True}, "Iterations"),
+        ({"iterations": 2.5}, "Iterations"),
+    ],
+)
 def test_bench_requests_are_capped(settings, change, message):
     from arrcoc.service.jobs.bench import create_bench_job
 
@@ -308,9 +326,13 @@ def test_bench_requests_are_capped(settings, change, message):
 def test_cancelled_benchmark_stops_at_once_frees_the_device_and_stays_cancelled(tmp_path, pipeline):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    ex = InProcessExecutor(default_settings(data_dir=tmp_path, broker_url=None, max_bench_iterations=100_000), pipeline)
+    ex = InProcessExecutor(
+        default_settings(data_dir=tmp_path, broker_url=None, max_bench_iterations=100_000), pipeline
+    )
     try:
-        job = ex.submit_bench(BenchRequest(backends=("eager",), buckets=(1,), iterations=100_000, warmup=1, device="cpu"))
+        job = ex.submit_bench(
+            BenchRequest(backends=("eager",), buckets=(1,), iterations=100_000, warmup=1, device="cpu")
+        )
         wait_for(lambda: "timing" in ex.status(job).message, 120, "the benchmark did not start timing")
         t0 = time.monotonic()
         assert ex.cancel(job).state == JobState.CANCELLED
@@ -332,10 +354,14 @@ def test_cancelled_benchmark_stops_at_once_frees_the_device_and_stays_cancelled(
 def test_benchmark_past_its_time_limit_is_stopped(tmp_path, pipeline):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    s = default_settings(data_dir=tmp_path, broker_url=None, bench_time_limit_s=3, max_bench_iterations=100_000)
+    s = default_settings(
+        data_dir=tmp_path, broker_url=None, bench_time_limit_s=3, max_bench_iterations=100_000
+    )
     ex = InProcessExecutor(s, pipeline)
     try:
-        job = ex.submit_bench(BenchRequest(backends=("eager",), buckets=(1,), iterations=100_000, warmup=1, device="cpu"))
+        job = ex.submit_bench(
+            BenchRequest(backends=("eager",), buckets=(1,), iterations=100_000, warmup=1, device="cpu")
+        )
         st = wait_for(lambda: (st := ex.status(job)).state.finished and st, 120, "the benchmark did not stop")
         assert st.state == JobState.FAILED and "time limit" in st.message, st
         with pytest.raises(JobError, match="time limit"):
@@ -360,7 +386,9 @@ def test_reaper_removes_expired_jobs_without_a_new_submission(settings):
     (jobs / "not-a-job").mkdir()  # never touched
     reaper = Reaper(settings, interval_s=0.1).start()
     try:
-        wait_for(lambda: not old.exists() and not orphan.exists(), 5, "the reaper did not remove the expired job")
+        wait_for(
+            lambda: not old.exists() and not orphan.exists(), 5, "the reaper did not remove the expired job"
+        )
     finally:
         reaper.stop()
     assert live.exists() and (jobs / "not-a-job").exists()
@@ -384,8 +412,12 @@ def test_jobs_are_visible_only_to_their_owner(settings):
     from arrcoc.service.jobs.bench import create_bench_job
 
     store = MemoryJobStore()
-    job = create_bench_job(BenchRequest(backends=("eager",), buckets=(1,), iterations=2, warmup=1), settings, store,
-                           owner="client:a")  # fmt: skip
+    job = create_bench_job(
+        BenchRequest(backends=("eager",), buckets=(1,), iterations=2, warmup=1),
+        settings,
+        store,
+        owner="client:a",
+    )
     store.check_owner(job, "client:a")
     store.check_owner(job, None)  # the library and a CLI without a token: no owner check
     with pytest.raises(JobError, match="No job"):
@@ -462,8 +494,14 @@ def test_cli_user_errors_are_one_line(tmp_path, cli):
         (["submit", "infer", str(tmp_path), "-q", "x"], "is a folder"),
         (["submit", "batch", str(tmp_path / "nope.zip"), "-q", "x"], "No such zip file"),
         (["submit", "batch", str(tmp_path), "-q", "x"], "is a folder"),
-        (["submit", "infer", image, "-q", "x", "--json", str(tmp_path / "missing" / "r.json")], "does not exist"),
-        (["submit", "batch", str(zipped), "-q", "x", "--out", str(tmp_path / "missing" / "r.zip")], "does not exist"),
+        (
+            ["submit", "infer", image, "-q", "x", "--json", str(tmp_path / "missing" / "r.json")],
+            "does not exist",
+        ),
+        (
+            ["submit", "batch", str(zipped), "-q", "x", "--out", str(tmp_path / "missing" / "r.zip")],
+            "does not exist",
+        ),
         (["infer", str(tmp_path), "-q", "x"], "is a folder"),
         (["infer", str(tmp_path / "nope.png"), "-q", "x"], "No such image file"),
     ]
@@ -478,8 +516,12 @@ def test_cli_submit_batch_without_a_worker_times_out_in_words(tmp_path, cli):
     import redis
 
     tag = uuid.uuid4().hex[:8]
-    env = {"ARRCOC_BROKER_URL": BROKER, "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{tag}",
-           "ARRCOC_QUEUE_GPU": f"nobody-{tag}", "ARRCOC_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+    env = {
+        "ARRCOC_BROKER_URL": BROKER,
+        "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{tag}",
+        "ARRCOC_QUEUE_GPU": f"nobody-{tag}",
+        "ARRCOC_DATA_DIR": str(tmp_path / "data"),
+    }
     zipped = tmp_path / "in.zip"
     zipped.write_bytes(make_zip({"a.png": png_bytes()}))
     try:
@@ -508,11 +550,15 @@ def test_cli_job_commands_need_the_deployments_token(cli):
     publish_token(r, s)  # what a worker started with ARRCOC_API_TOKEN does
     env = {"ARRCOC_BROKER_URL": BROKER, "ARRCOC_REDIS_PREFIX": s.redis_prefix}
     try:
-        assert_one_line_error(cli("job", "status", "batch-0123456789abcdef", env=env), "requires its API token")
-        assert_one_line_error(cli("job", "status", "batch-0123456789abcdef", "--token", "y" * 32, env=env),
-                              "does not match")  # fmt: skip
-        assert_one_line_error(cli("job", "status", "batch-0123456789abcdef", env=env | {"ARRCOC_API_TOKEN": token}),
-                              "No job")  # past the token: the usual answer  # fmt: skip
+        assert_one_line_error(
+            cli("job", "status", "batch-0123456789abcdef", env=env), "requires its API token"
+        )
+        assert_one_line_error(
+            cli("job", "status", "batch-0123456789abcdef", "--token", "y" * 32, env=env), "does not match"
+        )
+        assert_one_line_error(
+            cli("job", "status", "batch-0123456789abcdef", env=env | {"ARRCOC_API_TOKEN": token}), "No job"
+        )  # past the token: the usual answer
     finally:
         keys = list(r.scan_iter(f"arrcoc-abuse-{tag}:*"))
         if keys:
@@ -539,12 +585,22 @@ def test_16bit_png_through_arrcoc_infer_at_bounded_memory(tmp_path):
     small, big = tmp_path / "small.png", tmp_path / "big16.png"
     small.write_bytes(png_bytes(256))
     big.write_bytes(png16(6300))
-    proc = subprocess.run([sys.executable, "-c", INFER_PROBE, str(tmp_path), str(small), str(big)], capture_output=True,
-                          text=True, cwd=REPO, timeout=600, env=os.environ | {"HF_HUB_OFFLINE": "1"})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", INFER_PROBE, str(tmp_path), str(small), str(big)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        env=os.environ | {"HF_HUB_OFFLINE": "1"},
+    )
     runs = [ln.split()[1:] for ln in proc.stderr.splitlines() if ln.startswith("MAXRSS_KB")]
-    assert proc.returncode == 0 and len(runs) == 2 and all(code == "0" for code, _ in runs), proc.stderr[-3000:]
+    assert proc.returncode == 0 and len(runs) == 2 and all(code == "0" for code, _ in runs), proc.stderr[
+        -3000:
+    ]
     growth = (int(runs[1][1]) - int(runs[0][1])) * 1024
-    assert growth < 300 * MIB, f"+{growth / MIB:.0f} MiB over the small photo's peak of {int(runs[0][1]) / 1024:.0f} MiB"
+    assert growth < 300 * MIB, (
+        f"+{growth / MIB:.0f} MiB over the small photo's peak of {int(runs[0][1]) / 1024:.0f} MiB"
+    )
 
 
 def test_concurrent_large_photos_are_prepared_at_bounded_memory(pipeline):
@@ -614,8 +670,14 @@ def test_a_zip_declaring_400k_entries_is_refused_from_its_end_record_at_small_me
     """A 38 MB zip listing 428,571 entries was parsed whole before its count was checked: +263 MB
     RSS and 4 s (issue: 24 MB, four at once +704 MB). Its end record is read first now: refused
     in < 1 s, the process growing < 16 MiB (the zip itself is built before measuring)."""
-    proc = subprocess.run([sys.executable, "-c", ENTRIES_PROBE, str(REPO / "tests"), "428571"], capture_output=True,
-                          text=True, cwd=REPO, timeout=300, env=os.environ | {"PYTHONPATH": str(REPO)})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", ENTRIES_PROBE, str(REPO / "tests"), "428571"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
     out = proc.stdout
     assert proc.returncode == 0 and "REFUSED" in out, proc.stderr[-2000:] + out
     assert "428571 entries; the limit is 4096" in out, out
@@ -640,9 +702,17 @@ def test_backslash_traversal_names_are_reported_not_dropped(settings):
         unpack(make_zip({"..\\..\\x.png": png_bytes(), "ok.png": png_bytes(seed=1)}), settings)
 
 
-@pytest.mark.parametrize(("query", "what"), [("\ud800 the sky", "lone surrogate"), ("the\u200fsky", "invisible"),
-                                             ("the\u061csky", "invisible"), ("the\u200bsky", "invisible"),
-                                             ("\ufeffthe sky", "invisible"), ("a\u2060b", "invisible")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("query", "what"),
+    [
+        ("\ud800 the sky", "lone surrogate"),
+        ("the\u200fsky", "invisible"),
+        ("the\u061csky", "invisible"),
+        ("the\u200bsky", "invisible"),
+        ("\ufeffthe sky", "invisible"),
+        ("a\u2060b", "invisible"),
+    ],
+)
 def test_surrogates_and_format_characters_in_queries_are_refused(query, what):
     """The tokenizer raises TypeError on a lone surrogate; RLM, ALM, ZWSP, BOM, word joiner passed."""
     with pytest.raises(InvalidInputError, match=what) as e:
@@ -653,11 +723,15 @@ def test_surrogates_and_format_characters_in_queries_are_refused(query, what):
 def _inprocess(tmp_path, pipeline, **overrides):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    return InProcessExecutor(default_settings(data_dir=tmp_path / "data", broker_url=None, **overrides), pipeline)
+    return InProcessExecutor(
+        default_settings(data_dir=tmp_path / "data", broker_url=None, **overrides), pipeline
+    )
 
 
 def _finished(ex, job, timeout=180.0, owner=None):
-    return wait_for(lambda: (st := ex.status(job, owner)).state.finished and st, timeout, f"job {job} finished")
+    return wait_for(
+        lambda: (st := ex.status(job, owner)).state.finished and st, timeout, f"job {job} finished"
+    )
 
 
 def test_a_lone_surrogate_in_a_manifest_query_is_refused_at_submission(tmp_path, pipeline):
@@ -668,7 +742,9 @@ def test_a_lone_surrogate_in_a_manifest_query_is_refused_at_submission(tmp_path,
     files = {f"{i}.png": png_bytes(seed=i) for i in range(8)} | {"manifest.jsonl": manifest}
     ex = _inprocess(tmp_path, pipeline)
     try:
-        with pytest.raises(InvalidInputError, match=r"row 4 \('3.png'\): the query '\\ud800' holds a lone surrogate"):
+        with pytest.raises(
+            InvalidInputError, match=r"row 4 \('3.png'\): the query '\\ud800' holds a lone surrogate"
+        ):
             ex.submit_batch(make_zip(files))
         assert du(tmp_path / "data") == 0
     finally:
@@ -691,8 +767,14 @@ def test_any_exception_of_a_step_is_its_items_error(tmp_path, pipeline, monkeypa
     manifest = "file,query\n" + "".join(f"{i}.png,{'boom' if i == 5 else 'the sky'}\n" for i in range(12))
     ex = _inprocess(tmp_path, pipeline)
     try:
-        st = _finished(ex, ex.submit_batch(make_zip({f"{i}.png": png_bytes(seed=i) for i in range(12)}
-                                                    | {"manifest.csv": manifest.encode()})))  # fmt: skip
+        st = _finished(
+            ex,
+            ex.submit_batch(
+                make_zip(
+                    {f"{i}.png": png_bytes(seed=i) for i in range(12)} | {"manifest.csv": manifest.encode()}
+                )
+            ),
+        )
         assert (st.state, st.done, st.failed) == (JobState.DONE, 11, 1), st
         assert "TypeError" in ex.store.failed_items(st.job_id)[5]
     finally:
@@ -710,15 +792,25 @@ def test_a_surrogate_in_a_manifest_file_name_is_refused_in_valid_utf8(settings):
 
 def test_non_image_entries_are_said_in_the_jobs_status(tmp_path, pipeline):
     """4 files became 3 items without a word (issue 32): the status names what was skipped and why."""
-    files = {"a.png": png_bytes(), "b.png": png_bytes(seed=1), "c.png": png_bytes(seed=2), "notes.txt": b"hello"}
+    files = {
+        "a.png": png_bytes(),
+        "b.png": png_bytes(seed=1),
+        "c.png": png_bytes(seed=2),
+        "notes.txt": b"hello",
+    }
     ex = _inprocess(tmp_path, pipeline)
     try:
         st = _finished(ex, ex.submit_batch(make_zip(files), "the sky"))
         assert (st.state, st.total, st.done) == (JobState.DONE, 3, 3), st
-        assert "Skipped 1 file of the zip, not an image" in st.message and "'notes.txt'" in st.message, st.message
+        assert "Skipped 1 file of the zip, not an image" in st.message and "'notes.txt'" in st.message, (
+            st.message
+        )
         manifest = b"file,query\na.png,the sky\n"
         st = _finished(ex, ex.submit_batch(make_zip(files | {"manifest.csv": manifest})))
-        assert "Skipped 3 files of the zip, not named in the manifest: 'b.png', 'c.png', 'notes.txt'" in st.message
+        assert (
+            "Skipped 3 files of the zip, not named in the manifest: 'b.png', 'c.png', 'notes.txt'"
+            in st.message
+        )
     finally:
         ex.close()
 
@@ -732,7 +824,11 @@ def test_summary_csv_cells_cannot_start_a_formula(tmp_path, pipeline, lead):
 
     from arrcoc.service.jobs.csvcells import safe_cell
 
-    assert safe_cell(lead + "x") == "'" + lead + "x" and safe_cell("x" + lead) == "x" + lead and safe_cell(-1.5) == -1.5
+    assert (
+        safe_cell(lead + "x") == "'" + lead + "x"
+        and safe_cell("x" + lead) == "x" + lead
+        and safe_cell(-1.5) == -1.5
+    )
     name = f"{lead}HYPERLINK(1).png"
     ex = _inprocess(tmp_path, pipeline)
     try:
@@ -741,7 +837,11 @@ def test_summary_csv_cells_cannot_start_a_formula(tmp_path, pipeline, lead):
         if lead.strip():
             manifest = io.StringIO()
             csv.writer(manifest).writerows([["file", "query"], ["a.png", query]])
-            jobs.append(ex.submit_batch(make_zip({"a.png": png_bytes(), "manifest.csv": manifest.getvalue().encode()})))
+            jobs.append(
+                ex.submit_batch(
+                    make_zip({"a.png": png_bytes(), "manifest.csv": manifest.getvalue().encode()})
+                )
+            )
         rows = []
         for job in jobs:
             assert _finished(ex, job).done == 1
@@ -752,7 +852,12 @@ def test_summary_csv_cells_cannot_start_a_formula(tmp_path, pipeline, lead):
             assert rows[1]["query"] == "'" + query, rows[1]
         starts = [cell[:1] for row in rows for cell in row.values()]
         assert not any(c in ("=", "+", "@", "\t", "\r") for c in starts), rows
-        assert not any(c == "-" for row in rows for k, c in ((k, v[:1]) for k, v in row.items()) if k in ("file", "query"))
+        assert not any(
+            c == "-"
+            for row in rows
+            for k, c in ((k, v[:1]) for k, v in row.items())
+            if k in ("file", "query")
+        )
     finally:
         ex.close()
 
@@ -799,7 +904,9 @@ def test_failed_items_keep_nothing_they_do_not_need(tmp_path, pipeline):
         ex.close()
 
 
-def test_a_full_disk_in_one_job_loses_nothing_of_another_and_the_service_recovers(tmp_path, pipeline, monkeypatch):
+def test_a_full_disk_in_one_job_loses_nothing_of_another_and_the_service_recovers(
+    tmp_path, pipeline, monkeypatch
+):
     """ENOSPC (injected for one job's writes) made another user's job lose its 8 processed items
     and new submissions fail with "Something went wrong", until a restart. Now the full job ends
     with its items failed in words, the other job's results are whole, the next job runs."""
@@ -871,7 +978,9 @@ def test_a_jobs_work_is_bounded_at_submission(tmp_path, pipeline):
     ex = _inprocess(tmp_path, pipeline)
     try:
         t0 = time.monotonic()
-        with pytest.raises(InvalidInputError, match=r"50,000 megapixels.*the limit is 32,000 \(ARRCOC_MAX_JOB"):
+        with pytest.raises(
+            InvalidInputError, match=r"50,000 megapixels.*the limit is 32,000 \(ARRCOC_MAX_JOB"
+        ):
             ex.submit_batch(data)
         assert time.monotonic() - t0 < 3
         assert du(tmp_path / "data") == 0
@@ -889,7 +998,9 @@ def test_jobs_of_different_owners_take_turns_in_process(tmp_path, pipeline):
     try:
         a = ex.submit_batch(big, owner="client:a")
         wait_for(lambda: ex.status(a, "client:a").done >= 8, 120, "A started")
-        b = ex.submit_batch(make_zip({f"{i}.png": png_bytes(seed=i) for i in range(8)}), "the sky", owner="client:b")
+        b = ex.submit_batch(
+            make_zip({f"{i}.png": png_bytes(seed=i) for i in range(8)}), "the sky", owner="client:b"
+        )
         sb = _finished(ex, b, owner="client:b")
         sa = ex.status(a, "client:a")
         assert sb.state == JobState.DONE and sb.done == 8, sb
@@ -906,7 +1017,10 @@ def test_images_past_pillows_own_limit_quote_ours():
     """Past ~179 MP Pillow refused first, and its own limit (178,956,970) was the message."""
     with pytest.raises(ImageError) as e:
         validate_image(png_header(20000, 20000), default_settings())
-    assert str(e.value) == "The image has 400,000,000 pixels; the limit is 40,000,000 pixels. Downscale it first."
+    assert (
+        str(e.value)
+        == "The image has 400,000,000 pixels; the limit is 40,000,000 pixels. Downscale it first."
+    )
 
 
 def test_a_float_tiff_holding_nan_is_said_as_such():
@@ -926,15 +1040,21 @@ def test_a_float_tiff_holding_nan_is_said_as_such():
 def test_cli_submit_batch_refusals_of_the_second_pass_are_one_line(tmp_path, cli):
     """`arrcoc submit batch` (no worker needed: refused before anything is queued): a lone
     surrogate in a manifest query, a job over the disk budget, a job over the work bound."""
-    env = {"ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13", "ARRCOC_DATA_DIR": str(tmp_path / "data"),
-           "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{uuid.uuid4().hex[:8]}"}  # fmt: skip
+    env = {
+        "ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13",
+        "ARRCOC_DATA_DIR": str(tmp_path / "data"),
+        "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{uuid.uuid4().hex[:8]}",
+    }
     rows = "\n".join(json.dumps({"file": "a.png", "query": q}) for q in ("the sky", "\ud800"))
     cases = [
         (make_zip({"a.png": png_bytes(), "manifest.jsonl": rows.encode()}), {}, "holds a lone surrogate"),
         (compressible_zip(4, 5 * MIB), {"ARRCOC_MAX_DATA_BYTES": "10000000"}, "ARRCOC_MAX_DATA_BYTES"),
-        (make_zip({"a.png": png_bytes(), "manifest.csv": b"file,query\n" + b"a.png,the sky\n" * 50}),
-         {"ARRCOC_MAX_JOB_MEGAPIXELS": "0.01"}, "ARRCOC_MAX_JOB_MEGAPIXELS"),
-    ]  # fmt: skip
+        (
+            make_zip({"a.png": png_bytes(), "manifest.csv": b"file,query\n" + b"a.png,the sky\n" * 50}),
+            {"ARRCOC_MAX_JOB_MEGAPIXELS": "0.01"},
+            "ARRCOC_MAX_JOB_MEGAPIXELS",
+        ),
+    ]
     for i, (data, extra, message) in enumerate(cases):
         path = tmp_path / f"{i}.zip"
         path.write_bytes(data)
@@ -953,16 +1073,27 @@ def test_results_nobody_can_fetch_are_swept_before_their_ttl(settings):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     folders = {}
-    for name, pid in (("forgotten", dead.pid), ("alive", os.getpid()), ("known", dead.pid), ("young", dead.pid)):
+    for name, pid in (
+        ("forgotten", dead.pid),
+        ("alive", os.getpid()),
+        ("known", dead.pid),
+        ("young", dead.pid),
+    ):
         jd = folders[name] = root / f"batch-{uuid.uuid4().hex[:16]}"
         (jd / "inputs").mkdir(parents=True)
         (jd / "job.json").write_text(json.dumps({"expires_at": time.time() + 86400}))
-        (jd / "reserved.json").write_text(json.dumps({"owner": "", "bytes": 1, "host": os.uname().nodename, "pid": pid}))
+        (jd / "reserved.json").write_text(
+            json.dumps({"owner": "", "bytes": 1, "host": os.uname().nodename, "pid": pid})
+        )
         if name != "young":
             os.utime(jd / "job.json", (time.time() - 3600,) * 2)
     store.create(folders["known"].name, JobKind.BATCH, 1, 3600, {})
     assert sweep_unreachable(settings, store, in_memory=True) == 1
     assert not folders["forgotten"].exists()  # its process is gone: nobody can fetch it
-    assert all(folders[n].exists() for n in ("alive", "known", "young"))  # another live executor's, known, being made
-    assert sweep_unreachable(settings, MemoryJobStore(), in_memory=False) == 2  # a store that forgot: all but young
+    assert all(
+        folders[n].exists() for n in ("alive", "known", "young")
+    )  # another live executor's, known, being made
+    assert (
+        sweep_unreachable(settings, MemoryJobStore(), in_memory=False) == 2
+    )  # a store that forgot: all but young
     assert folders["young"].exists()

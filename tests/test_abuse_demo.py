@@ -24,9 +24,14 @@ TOKEN = uuid.uuid4().hex
 INFER_PER_MIN = 8
 STATUS_PER_MIN = 60
 # the test client is the proxy here (127.0.0.1): its X-Forwarded-For names the caller
-ENV = {"ARRCOC_API_TOKEN": TOKEN, "ARRCOC_TOKEN_SCOPE": "bench", "ARRCOC_RATE_LIMIT_INFER_PER_MIN": str(INFER_PER_MIN),
-       "ARRCOC_RATE_LIMIT_JOBS_PER_MIN": "20", "ARRCOC_RATE_LIMIT_STATUS_PER_MIN": str(STATUS_PER_MIN),
-       "ARRCOC_TRUSTED_PROXIES": "127.0.0.1"}  # fmt: skip
+ENV = {
+    "ARRCOC_API_TOKEN": TOKEN,
+    "ARRCOC_TOKEN_SCOPE": "bench",
+    "ARRCOC_RATE_LIMIT_INFER_PER_MIN": str(INFER_PER_MIN),
+    "ARRCOC_RATE_LIMIT_JOBS_PER_MIN": "20",
+    "ARRCOC_RATE_LIMIT_STATUS_PER_MIN": str(STATUS_PER_MIN),
+    "ARRCOC_TRUSTED_PROXIES": "127.0.0.1",
+}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +84,9 @@ def test_benchmarks_need_the_token_and_are_bound_to_it(app):
     with pytest.raises(AppError, match="Iterations must"):
         holder.predict("arrcoc-texture", ["eager"], ["1"], 2.5, "cpu", api_name="/bench_submit")
     job_id = holder.predict(*args, api_name="/bench_submit")["job_id"]
-    with pytest.raises(AppError, match="need the API token") as refused:  # without the token: nothing about it
+    with pytest.raises(
+        AppError, match="need the API token"
+    ) as refused:  # without the token: nothing about it
         anon.predict(job_id, api_name="/bench_status")
     assert job_id not in str(refused.value)
     out = wait_done(other_holder, "/bench_status", job_id)  # the same token, another session: its job
@@ -130,14 +137,21 @@ def test_a_bomb_uploaded_with_a_separate_manifest_is_refused_at_bounded_memory(a
 
 @pytest.mark.parametrize(
     ("query", "message"),
-    [(123, "must be text"), (["the sky"], "must be text"), ("\x1b[2Jthe sky", "control character"),
-     ("the\x00sky", "control character")],
-)  # fmt: skip
+    [
+        (123, "must be text"),
+        (["the sky"], "must be text"),
+        ("\x1b[2Jthe sky", "control character"),
+        ("the\x00sky", "control character"),
+    ],
+)
 def test_hostile_queries_get_clear_errors(app, query, message, caplog):
     url, _ = app
     with caplog.at_level(logging.INFO, logger="arrcoc.demo"), pytest.raises(AppError, match=message):
-        client(url).predict(handle_file(str(Path(__file__).parent.parent / "arrcoc/examples/coffee.jpg")), query,
-                            api_name="/infer")  # fmt: skip
+        client(url).predict(
+            handle_file(str(Path(__file__).parent.parent / "arrcoc/examples/coffee.jpg")),
+            query,
+            api_name="/infer",
+        )
     refused = [r for r in caplog.records if r.name == "arrcoc.demo"]
     assert refused and all(r.exc_info is None for r in refused)  # one line each, no traceback
 
@@ -146,10 +160,14 @@ def test_slider_values_of_the_wrong_type_get_clear_errors(app):
     url, _ = app
     photo = handle_file(str(Path(__file__).parent.parent / "arrcoc/examples/coffee.jpg"))
     with pytest.raises(AppError, match="must be a number"):
-        client(url).predict(photo, "the cup", "1.0", 1.0, 1.0, 200, 25600, "server default", "sqrt", api_name="/run")
+        client(url).predict(
+            photo, "the cup", "1.0", 1.0, 1.0, 200, 25600, "server default", "sqrt", api_name="/run"
+        )
     # K None and a list as the backend gave a generic server error
     with pytest.raises(AppError, match=r"K \(cells kept.*must be a number, got NoneType"):
-        client(url).predict(photo, "the cup", 1.0, 1.0, 1.0, None, 25600, "server default", "sqrt", api_name="/run")
+        client(url).predict(
+            photo, "the cup", 1.0, 1.0, 1.0, None, 25600, "server default", "sqrt", api_name="/run"
+        )
     with pytest.raises(AppError, match="backend must be one of its choices \\(text\\), got list"):
         client(url).predict(photo, "the cup", 1.0, 1.0, 1.0, 200, 25600, ["eager"], "sqrt", api_name="/run")
 
@@ -179,8 +197,9 @@ with concurrent.futures.ThreadPoolExecutor(workers) as pool:
 """
 
 
-def _post_calls(url: str, api_name: str, data: list, n: int, address: str, workers: int = 8,
-                background: bool = False) -> Any:  # fmt: skip
+def _post_calls(
+    url: str, api_name: str, data: list, n: int, address: str, workers: int = 8, background: bool = False
+) -> Any:
     """n calls of an endpoint straight to Gradio's queue door from another process (so the flood
     does not share this process's GIL with the server), as fast as `workers` threads send them:
     [(HTTP status, seconds)]; with background, the running process (its stdout: that list as JSON).
@@ -190,8 +209,17 @@ def _post_calls(url: str, api_name: str, data: list, n: int, address: str, worke
     import sys
 
     fn_index = Client(url, verbose=False)._infer_fn_index(api_name, None)
-    args = [sys.executable, "-c", FLOOD_SCRIPT, f"{url.rstrip('/')}/gradio_api/queue/join", str(fn_index), address,
-            str(n), str(workers), json.dumps(data)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-c",
+        FLOOD_SCRIPT,
+        f"{url.rstrip('/')}/gradio_api/queue/join",
+        str(fn_index),
+        address,
+        str(n),
+        str(workers),
+        json.dumps(data),
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     if background:
         return proc
@@ -222,7 +250,9 @@ def test_malformed_calls_are_counted_and_refused_at_the_door_with_throttled_logs
     assert codes.count(200) == INFER_PER_MIN and codes.count(429) == 60 - INFER_PER_MIN, codes
     assert max(t for c, t in out if c == 429) < 5.0  # answered at the door, not after queueing (tens of s)
     lines = [r for r in caplog.records if r.name == "arrcoc.demo" and "rate limit" in r.getMessage()]
-    assert 1 <= len(lines) <= 5, [r.getMessage() for r in lines]  # throttled: was one line (and a traceback) each
+    assert 1 <= len(lines) <= 5, [
+        r.getMessage() for r in lines
+    ]  # throttled: was one line (and a traceback) each
     assert all(r.exc_info is None for r in caplog.records if r.name == "arrcoc.demo")
 
 
@@ -281,7 +311,10 @@ def test_client_address_rules():
     from arrcoc.settings import Settings
     from demo.guard import uvicorn_proxies
 
-    assert Settings.model_fields["trusted_proxies"].default == ("127.0.0.1", "::1")  # a proxy on this host only
+    assert Settings.model_fields["trusted_proxies"].default == (
+        "127.0.0.1",
+        "::1",
+    )  # a proxy on this host only
     assert uvicorn_proxies(("10.0.0.7/8", "::1")) == "10.0.0.0/8,::1/128"
 
 
@@ -308,10 +341,16 @@ def test_owner_from_cookie_token_or_session():
 
 @pytest.mark.parametrize(
     ("path", "kind"),
-    [("/gradio_api/call/infer", "infer"), ("/gradio_api/call/v2/infer/", "infer"), ("/gradio_api/run/run", "infer"),
-     ("/gradio_api/call/batch_submit", "jobs"), ("/gradio_api/api/bench_submit", "jobs"),
-     ("/gradio_api/call/batch_status", "status"), ("/gradio_api/call/anything_else", "status")],
-)  # fmt: skip
+    [
+        ("/gradio_api/call/infer", "infer"),
+        ("/gradio_api/call/v2/infer/", "infer"),
+        ("/gradio_api/run/run", "infer"),
+        ("/gradio_api/call/batch_submit", "jobs"),
+        ("/gradio_api/api/bench_submit", "jobs"),
+        ("/gradio_api/call/batch_status", "status"),
+        ("/gradio_api/call/anything_else", "status"),
+    ],
+)
 def test_every_rest_route_counts_against_its_endpoints_limit(path, kind):
     """The REST routes (/call, /run, /api, /call/v2) are counted like the queue's calls."""
     from demo.guard import RateGate

@@ -26,8 +26,14 @@ TOKEN = uuid.uuid4().hex
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("abuse-worker")
-    with worker_settings(root, "arrcoc-abuse", buckets="[1,2]", batch_max_size="2", max_bench_iterations="100000",
-                         api_token=TOKEN) as settings:  # fmt: skip
+    with worker_settings(
+        root,
+        "arrcoc-abuse",
+        buckets="[1,2]",
+        batch_max_size="2",
+        max_bench_iterations="100000",
+        api_token=TOKEN,
+    ) as settings:
         yield root, settings
 
 
@@ -47,8 +53,11 @@ def ex(env, worker):
 
     root, s = env
     fields = {k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "max_bench_iterations")}
-    ex = CeleryExecutor(default_settings(**fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data",
-                                         max_bench_iterations=100000))  # fmt: skip
+    ex = CeleryExecutor(
+        default_settings(
+            **fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data", max_bench_iterations=100000
+        )
+    )
     yield ex
     ex.close()
 
@@ -64,18 +73,30 @@ def wait(pred, timeout: float, what: str):
 
 def odd_images() -> dict[str, bytes]:
     """Odd modes and formats, truncations, a pixel bomb's header: each must fail (or pass) alone."""
+
     def encode(img: Image.Image, fmt: str, **kw) -> bytes:
         buf = io.BytesIO()
         img.save(buf, fmt, **kw)
         return buf.getvalue()
 
     rgb = Image.open(io.BytesIO(png_bytes(64)))
-    good = {"good/a.png": png_bytes(64, seed=1), "good/b.png": png_bytes(64, seed=2),
-            "modes/cmyk.jpg": encode(rgb.convert("CMYK"), "JPEG"), "modes/p.gif": encode(rgb.convert("P"), "GIF"),
-            "modes/1bit.bmp": encode(rgb.convert("1"), "BMP"), "modes/la.png": encode(rgb.convert("LA"), "PNG"),
-            "modes/i16.png": png16(256), "modes/rgba.webp": encode(rgb.convert("RGBA"), "WEBP")}  # fmt: skip
-    bad = {"bad/truncated.png": png_bytes(64)[:300], "bad/text.png": b"hello, not an image",
-           "bad/bomb.png": png_header(20000, 20000), "bad/tiny.png": png_bytes(8), "bad/empty.jpg": b""}  # fmt: skip
+    good = {
+        "good/a.png": png_bytes(64, seed=1),
+        "good/b.png": png_bytes(64, seed=2),
+        "modes/cmyk.jpg": encode(rgb.convert("CMYK"), "JPEG"),
+        "modes/p.gif": encode(rgb.convert("P"), "GIF"),
+        "modes/1bit.bmp": encode(rgb.convert("1"), "BMP"),
+        "modes/la.png": encode(rgb.convert("LA"), "PNG"),
+        "modes/i16.png": png16(256),
+        "modes/rgba.webp": encode(rgb.convert("RGBA"), "WEBP"),
+    }
+    bad = {
+        "bad/truncated.png": png_bytes(64)[:300],
+        "bad/text.png": b"hello, not an image",
+        "bad/bomb.png": png_header(20000, 20000),
+        "bad/tiny.png": png_bytes(8),
+        "bad/empty.jpg": b"",
+    }
     return good | bad
 
 
@@ -89,14 +110,20 @@ def test_hostile_items_fail_alone_and_nothing_is_lost(ex):
     job = ex.submit_batch(make_zip(files | {"manifest.csv": manifest.encode()}), owner="client:" + "a" * 32)
     with pytest.raises(JobError, match="No job"):  # another owner: no such job
         ex.status(job, owner="client:" + "b" * 32)
-    st = wait(lambda: (s := ex.status(job, owner="client:" + "a" * 32)).state.finished and s, 180, "the job finished")
+    st = wait(
+        lambda: (s := ex.status(job, owner="client:" + "a" * 32)).state.finished and s,
+        180,
+        "the job finished",
+    )
     assert st.state == JobState.DONE and st.total == len(names) == st.done + st.failed, st
     with zipfile.ZipFile(ex.batch_results(job)) as zf:
         rows = result_rows(zf)
     assert [r["file"] for r in rows] == names  # every item, in order, once
     failed = {r["file"]: r["error"] for r in rows if not r["ok"]}
     assert set(failed) >= {n for n in names if n.startswith("bad/")} | {"good/b.png", "modes/la.png"}, failed
-    assert all(isinstance(m, str) and 10 < len(m) < 400 and "Traceback" not in m for m in failed.values()), failed
+    assert all(isinstance(m, str) and 10 < len(m) < 400 and "Traceback" not in m for m in failed.values()), (
+        failed
+    )
     assert "control character" in failed["good/b.png"] and "limit" in failed["modes/la.png"]
     jd = ex.settings.data_dir / "jobs" / job
     assert du(jd) < 20 * 1024 * 1024  # inputs + results of 13 small items
@@ -114,7 +141,9 @@ def test_hostile_requests_are_refused_before_anything_is_queued(ex):
 
 
 def test_cancelled_benchmark_frees_the_worker_device_at_once(ex):
-    job = ex.submit_bench(BenchRequest(backends=("eager",), buckets=(1,), iterations=100000, warmup=1, device="cpu"))
+    job = ex.submit_bench(
+        BenchRequest(backends=("eager",), buckets=(1,), iterations=100000, warmup=1, device="cpu")
+    )
     wait(lambda: "timing" in ex.status(job).message, 180, "the benchmark started timing")
     t0 = time.monotonic()
     assert ex.cancel(job).state == JobState.CANCELLED
@@ -151,14 +180,29 @@ def test_cancelled_benchmark_frees_a_worker_groups_engine_process(env, tmp_path)
 
     root, s = env
     queues = {"queue_gpu": s["queue_gpu"] + "-grp", "queue_bench": s["queue_bench"] + "-grp"}
-    w = Worker(worker_env(BROKER, root / "data", **(s | queues | {"worker_processes": "2"})), tmp_path / "group.log")
+    w = Worker(
+        worker_env(BROKER, root / "data", **(s | queues | {"worker_processes": "2"})), tmp_path / "group.log"
+    )
     ex = None
     try:
         w.ready(timeout=240)
-        fields = {k: v for k, v in (s | queues).items() if k not in ("buckets", "batch_max_size", "max_bench_iterations")}
-        ex = CeleryExecutor(default_settings(**fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data",
-                                             max_bench_iterations=100000))  # fmt: skip
-        job = ex.submit_bench(BenchRequest(backends=("eager",), buckets=(1,), iterations=100000, warmup=1, device="cpu"))
+        fields = {
+            k: v
+            for k, v in (s | queues).items()
+            if k not in ("buckets", "batch_max_size", "max_bench_iterations")
+        }
+        ex = CeleryExecutor(
+            default_settings(
+                **fields,
+                buckets=(1, 2),
+                broker_url=BROKER,
+                data_dir=root / "data",
+                max_bench_iterations=100000,
+            )
+        )
+        job = ex.submit_bench(
+            BenchRequest(backends=("eager",), buckets=(1,), iterations=100000, warmup=1, device="cpu")
+        )
         wait(lambda: "timing" in ex.status(job).message, 180, "the benchmark started timing")
         t0 = time.monotonic()
         ex.cancel(job)
@@ -190,8 +234,13 @@ def test_a_chunk_that_raises_ends_its_job_with_counts(ex):
     from arrcoc.service.client.queue import PRIORITY_CHUNK, TASK_CHUNK
     from arrcoc.service.jobs import batch
 
-    job, chunks = batch.create_batch_job(make_zip({f"{i}.png": png_bytes(48, seed=i) for i in range(6)}), "the sky",
-                                         None, ex.settings, ex.store)  # fmt: skip
+    job, chunks = batch.create_batch_job(
+        make_zip({f"{i}.png": png_bytes(48, seed=i) for i in range(6)}),
+        "the sky",
+        None,
+        ex.settings,
+        ex.store,
+    )
     (ex.settings.data_dir / "jobs" / job / "items.jsonl").unlink()  # the chunk cannot read its items
     for start, stop in chunks:
         ex._send(TASK_CHUNK, [job, start, stop], ex.settings.queue_gpu, PRIORITY_CHUNK)
@@ -212,17 +261,29 @@ def test_a_chunk_whose_worker_was_killed_resumes_within_a_minute(tmp_path):
     from arrcoc.settings import Settings
 
     assert Settings.model_fields["visibility_timeout_s"].default <= 60
-    with worker_settings(tmp_path, "arrcoc-lost", buckets="[1,2]", batch_max_size="2",
-                         visibility_timeout_s="8") as s:  # fmt: skip
+    with worker_settings(
+        tmp_path, "arrcoc-lost", buckets="[1,2]", batch_max_size="2", visibility_timeout_s="8"
+    ) as s:
         env = worker_env(BROKER, tmp_path / "data", **s)
         first = Worker(env, tmp_path / "w1.log").ready()
         second = None
-        fields = {k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "visibility_timeout_s")}
-        ex = CeleryExecutor(default_settings(**fields, buckets=(1, 2), broker_url=BROKER, data_dir=tmp_path / "data",
-                                             visibility_timeout_s=8))  # fmt: skip
+        fields = {
+            k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "visibility_timeout_s")
+        }
+        ex = CeleryExecutor(
+            default_settings(
+                **fields,
+                buckets=(1, 2),
+                broker_url=BROKER,
+                data_dir=tmp_path / "data",
+                visibility_timeout_s=8,
+            )
+        )
         try:
             total = 480  # long enough that the kill lands mid-chunk on a fast CPU too
-            job = ex.submit_batch(make_zip({f"{i:03d}.png": png_bytes(48, seed=i) for i in range(total)}), "the sky")
+            job = ex.submit_batch(
+                make_zip({f"{i:03d}.png": png_bytes(48, seed=i) for i in range(total)}), "the sky"
+            )
             wait(lambda: ex.status(job).done >= 8, 180, "the job got going")
             time.sleep(12)  # the chunk runs past its 8 s visibility timeout: renewed, not delivered again
             attempts = ex.store.r.hgetall(ex.store.key(job, "attempts"))
@@ -233,7 +294,9 @@ def test_a_chunk_whose_worker_was_killed_resumes_within_a_minute(tmp_path):
             at_kill = ex.status(job)
             assert at_kill.state == JobState.RUNNING and at_kill.done < total, at_kill
             second = Worker(env, tmp_path / "w2.log")  # starts while the chunk waits out its timeout
-            lost = wait(lambda: "worker was lost" in (m := ex.status(job).message) and m, 30, "the status said so")
+            lost = wait(
+                lambda: "worker was lost" in (m := ex.status(job).message) and m, 30, "the status said so"
+            )
             assert "resuming" in lost, lost
             second.ready()
             wait(lambda: ex.status(job).done > at_kill.done, 120, "the job resumed")
@@ -259,14 +322,21 @@ def test_a_small_job_of_another_owner_overtakes_a_big_one_on_a_worker(env, worke
 
     root, s = env
     fields = {k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "max_bench_iterations")}
-    ex8 = CeleryExecutor(default_settings(**fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data",
-                                          batch_chunk_items=8))  # fmt: skip
+    ex8 = CeleryExecutor(
+        default_settings(
+            **fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data", batch_chunk_items=8
+        )
+    )
     a_owner, b_owner = "client:" + "a" * 32, "client:" + "b" * 32
     try:
         manifest = "file,query\n" + "a.png,the sky\n" * 80
-        a = ex8.submit_batch(make_zip({"a.png": png_bytes(48), "manifest.csv": manifest.encode()}), owner=a_owner)
+        a = ex8.submit_batch(
+            make_zip({"a.png": png_bytes(48), "manifest.csv": manifest.encode()}), owner=a_owner
+        )
         wait(lambda: ex8.status(a, a_owner).done >= 1, 120, "A started")
-        b = ex8.submit_batch(make_zip({f"{i}.png": png_bytes(48, seed=i) for i in range(8)}), "the sky", owner=b_owner)
+        b = ex8.submit_batch(
+            make_zip({f"{i}.png": png_bytes(48, seed=i) for i in range(8)}), "the sky", owner=b_owner
+        )
         sb = wait(lambda: (x := ex8.status(b, b_owner)).state.finished and x, 180, "B finished")
         sa = ex8.status(a, a_owner)
         assert sb.state == JobState.DONE and sb.done == 8, sb

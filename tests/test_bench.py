@@ -14,9 +14,26 @@ from arrcoc.bench.timing import summarize
 
 # the engine tests' cache: the bench's aot run (cache/aot) loads the package test_engine built
 CACHE = Path(tempfile.gettempdir()) / "arrcoc-test-engine-cache"
-RESULT_KEYS = {"variant", "backend", "bucket", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "std_ms",
-               "throughput_per_s", "speedup_vs_eager", "max_abs_diff", "topk_agreement", "compile_s", "capture_s",
-               "break_even_calls", "parity_ok", "recompiles_after_warmup"}  # fmt: skip
+RESULT_KEYS = {
+    "variant",
+    "backend",
+    "bucket",
+    "p50_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "mean_ms",
+    "std_ms",
+    "throughput_per_s",
+    "speedup_vs_eager",
+    "max_abs_diff",
+    "topk_agreement",
+    "compile_s",
+    "capture_s",
+    "break_even_calls",
+    "parity_ok",
+    "recompiles_after_warmup",
+}
 ENV_KEYS = {"gpu", "driver", "cuda", "torch", "triton", "onnxruntime", "providers", "commit", "date"}
 
 
@@ -24,9 +41,16 @@ ENV_KEYS = {"gpu", "driver", "cuda", "torch", "triton", "onnxruntime", "provider
 def report():
     progress = []
     config = BenchConfig(
-        variants=("arrcoc-texture",), backends=("eager", "onnx", "aot"), buckets=(1,), iters=4, warmup_iters=1,
-        device="cpu", weights=None, cache_dir=CACHE, input_sets=2,
-    )  # fmt: skip
+        variants=("arrcoc-texture",),
+        backends=("eager", "onnx", "aot"),
+        buckets=(1,),
+        iters=4,
+        warmup_iters=1,
+        device="cpu",
+        weights=None,
+        cache_dir=CACHE,
+        input_sets=2,
+    )
     r = run_benchmark(config, progress=lambda f, m: progress.append((f, m)))
     r["_progress"] = progress
     return r
@@ -67,10 +91,31 @@ def test_cli_render_merges_reports(report, tmp_path, capsys):
     report = {k: v for k, v in report.items() if k != "_progress"}
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(report))
-    b.write_text(json.dumps({**report, "results": report["results"][:1], "startup": [
-        {"variant": "arrcoc-texture", "backend": "onnx", "cold_s": 10.0, "warm_s": 2.0, "warm_over_cold": 0.2},
-        {"variant": "arrcoc-texture", "backend": "aot", "cold_s": 60.0, "warm_s": 3.0, "warm_over_cold": 0.05,
-         "cold_stats": {"build_s": 55.0, "load_s": 0.5, "capture_s": 1.2}}]}))  # fmt: skip
+    b.write_text(
+        json.dumps(
+            {
+                **report,
+                "results": report["results"][:1],
+                "startup": [
+                    {
+                        "variant": "arrcoc-texture",
+                        "backend": "onnx",
+                        "cold_s": 10.0,
+                        "warm_s": 2.0,
+                        "warm_over_cold": 0.2,
+                    },
+                    {
+                        "variant": "arrcoc-texture",
+                        "backend": "aot",
+                        "cold_s": 60.0,
+                        "warm_s": 3.0,
+                        "warm_over_cold": 0.05,
+                        "cold_stats": {"build_s": 55.0, "load_s": 0.5, "capture_s": 1.2},
+                    },
+                ],
+            }
+        )
+    )
     assert main(["bench", "--render", str(a), str(b), "--out", str(tmp_path), "--name", "merged"]) == 0
     merged = json.loads((tmp_path / "merged.json").read_text())
     assert len(merged["results"]) == 4 and merged["startup"][0]["warm_s"] == 2.0
@@ -100,8 +145,17 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     just before and after it, and with the two peer scripts run on the same photos."""
     from arrcoc.bench.e2e import E2EConfig, markdown, run_e2e, write
 
-    cfg = E2EConfig(device="cpu", backend="eager", items=16, large_items=0, png_items=0, requests=8, clients=2,
-                    celery=False, rounds=3)  # fmt: skip
+    cfg = E2EConfig(
+        device="cpu",
+        backend="eager",
+        items=16,
+        large_items=0,
+        png_items=0,
+        requests=8,
+        clients=2,
+        celery=False,
+        rounds=3,
+    )
     report = run_e2e(cfg, progress=lambda m: None)
     job = report["batch_inprocess"]["jpeg_800x600"]
     assert job["items"] == 16 and job["failed"] == 0 and job["images_per_s"] > 0
@@ -112,26 +166,39 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     assert len(jobs) == 3 and job["images_per_s"] == sorted(r["images_per_s"] for r in jobs)[1]
     rounds = report["interactive_inprocess_n"]["rounds"]  # the figure is the median round, each one listed
     assert len(rounds) == 3
-    assert report["interactive_inprocess_n"]["throughput_rps"] == sorted(r["throughput_rps"] for r in rounds)[1]
+    assert (
+        report["interactive_inprocess_n"]["throughput_rps"] == sorted(r["throughput_rps"] for r in rounds)[1]
+    )
     ratio = report["job_over_engine_alone"]
     mean = (report["engine_alone"]["images_per_s"] + report["engine_alone_after"]["images_per_s"]) / 2
     assert ratio["against_mean"] == round(job["images_per_s"] / mean, 3)
     assert ratio["against_faster"] <= ratio["against_mean"]
     alone = report["stages_alone"]  # the job's other stages alone: what one process cannot outrun
     assert {"decode", "overlays", "decode_interactive"} <= set(alone) and "decode_12mp" not in alone
-    assert all(a["images_per_s"] > 0 for a in alone.values()) and alone["overlays"]["batch"] == alone["decode"]["batch"]
+    assert (
+        all(a["images_per_s"] > 0 for a in alone.values())
+        and alone["overlays"]["batch"] == alone["decode"]["batch"]
+    )
     text = markdown(report)
     assert f"drawing and encoding their overlays **{alone['overlays']['images_per_s']}**" in text
     series = report["stages_in_series"]  # the three stages one after another, and the job over that
-    one_by_one = 1 / (1 / report["engine_alone"]["images_per_s"] + 1 / alone["decode"]["images_per_s"]
-                      + 1 / alone["overlays"]["images_per_s"])  # fmt: skip
+    one_by_one = 1 / (
+        1 / report["engine_alone"]["images_per_s"]
+        + 1 / alone["decode"]["images_per_s"]
+        + 1 / alone["overlays"]["images_per_s"]
+    )
     assert series["images_per_s"] == pytest.approx(one_by_one, abs=0.1)
     assert f"over that: **{series['job_over']}**" in text
     assert "inprocess: unpacking and finalizing" in text
     steps = report["steps_alone"]  # the job's steps without its files, one in flight on a CPU
-    assert steps["in_flight"] == 1 and steps["batch"] == alone["decode"]["batch"] and steps["images_per_s"] > 0
+    assert (
+        steps["in_flight"] == 1 and steps["batch"] == alone["decode"]["batch"] and steps["images_per_s"] > 0
+    )
     assert f"no files, rows or job store): **{steps['images_per_s']} images/s**" in text
-    assert f"**{ratio['against_mean']}** against the mean" in text and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
+    assert (
+        f"**{ratio['against_mean']}** against the mean" in text
+        and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
+    )
     assert " / ".join(str(r["throughput_rps"]) for r in rounds) in text
     assert f"[{' / '.join(str(r['images_per_s']) for r in jobs)}]" in text
     bare = report["batch_inprocess"]["jpeg_800x600_no_overlays"]  # the job without overlays, its own row
@@ -142,6 +209,9 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     best = report["job_over_best_peer"]
     fastest = max(p["images_per_s"] for p in peers.values())
     assert best["overlays"] == round(job["images_per_s"] / fastest, 3) and "no_overlays" in best
-    assert f"**{best['overlays']}x**" in text and "| inprocess | jpeg_800x600_no_overlays | 16 (0 failed)" in text
+    assert (
+        f"**{best['overlays']}x**" in text
+        and "| inprocess | jpeg_800x600_no_overlays | 16 (0 failed)" in text
+    )
     paths = write(report, tmp_path / "e2e")
     assert json.loads(paths[0].read_text())["job_over_engine_alone"] == ratio

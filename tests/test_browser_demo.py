@@ -26,15 +26,29 @@ from helpers import result_rows  # noqa: E402
 from PIL import Image  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--disable-quic"]  # fmt: skip
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 QUERIES = ["the red one", "the top right", "the silver one", "the white saucer", "the left side", "a giraffe"]
 VIEWS = {  # tab label -> what must be on screen in it
-    "Homunculus": "img", "Three ways": "img", "Overlays": "img", "Texture": "img", "LOD budget": "#budget-chart svg.main-svg",
-    "vs uniform": "img", "foveated": "#foveated img", "Metrics": "text=spatial entropy", "Query impact": "img",
+    "Homunculus": "img",
+    "Three ways": "img",
+    "Overlays": "img",
+    "Texture": "img",
+    "LOD budget": "#budget-chart svg.main-svg",
+    "vs uniform": "img",
+    "foveated": "#foveated img",
+    "Metrics": "text=spatial entropy",
+    "Query impact": "img",
     "Attribution": "#attribution-chart svg.main-svg",
-}  # fmt: skip
+}
 VIEWPORT = {"width": 1440, "height": 900}
 # plotly draws bars as paths in .barlayer, lines as path.js-line and markers as path.point in .scatterlayer
 MARKS_JS = """(sel) => [...document.querySelectorAll(sel + ' .barlayer path, ' + sel + ' .scatterlayer path.js-line, '
@@ -42,7 +56,9 @@ MARKS_JS = """(sel) => [...document.querySelectorAll(sel + ' .barlayer path, ' +
   .map(p => { const s = getComputedStyle(p); return {fill: s.fill, stroke: s.stroke, w: p.getBoundingClientRect().width,
   h: p.getBoundingClientRect().height}; })"""
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +83,9 @@ def page(app_url):
 
 def shot(page, name: str, selector: str | None = None, full: bool = True) -> Path:
     path = SHOTS / f"{name}.png"
-    (page.locator(selector) if selector else page).screenshot(path=str(path), **({} if selector else {"full_page": full}))
+    (page.locator(selector) if selector else page).screenshot(
+        path=str(path), **({} if selector else {"full_page": full})
+    )
     return path
 
 
@@ -108,7 +126,12 @@ def coloured_marks(page, selector: str) -> list[dict]:
     seen: list[dict] = []
     for _ in range(40):  # plotly draws its traces a moment after the svg appears
         marks = page.evaluate(MARKS_JS, selector)
-        seen = [m for m in marks if (m["fill"] not in ("none", "") and m["h"] > 0) or (m["stroke"] not in ("none", "") and m["w"] > 0)]
+        seen = [
+            m
+            for m in marks
+            if (m["fill"] not in ("none", "") and m["h"] > 0)
+            or (m["stroke"] not in ("none", "") and m["w"] > 0)
+        ]
         if seen:
             break
         page.wait_for_timeout(250)
@@ -120,8 +143,11 @@ def settle_images(page, scope: str) -> None:
     imgs = page.locator(f"{scope} img:visible")
     for i in range(imgs.count()):
         imgs.nth(i).scroll_into_view_if_needed()
-    page.wait_for_function("(s) => [...document.querySelectorAll(s + ' img')].filter(i => i.offsetParent)"
-                           ".every(i => i.complete && i.naturalWidth > 0)", arg=scope)  # fmt: skip
+    page.wait_for_function(
+        "(s) => [...document.querySelectorAll(s + ' img')].filter(i => i.offsetParent)"
+        ".every(i => i.complete && i.naturalWidth > 0)",
+        arg=scope,
+    )
     page.locator(f"{scope}:visible").first.scroll_into_view_if_needed()
 
 
@@ -133,7 +159,11 @@ def close_toasts(page) -> None:
 
 def open_tab(page, scope: str, label: str) -> None:
     """Click the visible tab button with this label (the page is wide enough that none overflow)."""
-    tab = page.locator(f"{scope} button[role=tab]:visible").filter(has_text=re.compile(f"^{re.escape(label)}$")).first
+    tab = (
+        page.locator(f"{scope} button[role=tab]:visible")
+        .filter(has_text=re.compile(f"^{re.escape(label)}$"))
+        .first
+    )
     tab.click()
     page.wait_for_function(
         "([scope, label]) => [...document.querySelectorAll(scope + ' button[role=tab]')]"
@@ -151,18 +181,26 @@ def test_inference_views_and_timing(page, examples_dir, monkeypatch):
     first = heatmap_pixels(page)
     shot(page, "01-inference-overview", full=False)  # what the window shows right after Run
     assert first.std() > 5, "the heatmap is blank"
-    assert in_viewport(page, "#relevance-map img") and in_viewport(page, "#match"), "results are out of view after Run"
+    assert in_viewport(page, "#relevance-map img") and in_viewport(page, "#match"), (
+        "results are out of view after Run"
+    )
     match = page.locator("#match")
-    assert match.is_visible() and re.search(r"[Mm]atch score: \d\.\d\d", match.inner_text()), match.inner_text()
+    assert match.is_visible() and re.search(r"[Mm]atch score: \d\.\d\d", match.inner_text()), (
+        match.inner_text()
+    )
 
     warm = [run_query(page, q) for q in QUERIES[1:]]
     second = heatmap_pixels(page)
-    print(f"\nclick Run -> heatmap shown: first run (loads the model) {cold:.2f} s; "
-          f"median of {len(warm)} later runs {statistics.median(warm):.2f} s (min {min(warm):.2f}, max {max(warm):.2f})")  # fmt: skip
+    print(
+        f"\nclick Run -> heatmap shown: first run (loads the model) {cold:.2f} s; "
+        f"median of {len(warm)} later runs {statistics.median(warm):.2f} s (min {min(warm):.2f}, max {max(warm):.2f})"
+    )
     assert first.shape == second.shape
     assert np.abs(first - second).mean() > 0.05, "changing the query did not change the map"
     assert QUERIES[-1] in page.locator("#summary").inner_text()
-    assert "Weak match" in page.locator("#match").inner_text(), "a giraffe on the coffee photo is not called weak"
+    assert "Weak match" in page.locator("#match").inner_text(), (
+        "a giraffe on the coffee photo is not called weak"
+    )
     shot(page, "01-inference-weak-match", full=False)
 
     from demo import service
@@ -174,7 +212,10 @@ def test_inference_views_and_timing(page, examples_dir, monkeypatch):
         open_tab(page, "#views", label)
         panel = page.locator("#views [role=tabpanel]:visible").first
         panel.locator(what).first.wait_for(state="visible")
-        assert page.locator("#match-views").is_visible() and "match" in page.locator("#match-views").inner_text().lower()
+        assert (
+            page.locator("#match-views").is_visible()
+            and "match" in page.locator("#match-views").inner_text().lower()
+        )
         if what.endswith("svg.main-svg"):
             chart = what.split()[0]
             assert coloured_marks(page, chart), f"the {label} chart draws no coloured marks"
@@ -185,15 +226,21 @@ def test_inference_views_and_timing(page, examples_dir, monkeypatch):
     open_tab(page, "#views", "Overlays")
     before = page.locator("#overlay img").get_attribute("src")
     page.locator("#views [role=tabpanel]:visible").first.get_by_text("participatory", exact=True).click()
-    page.wait_for_function("(s) => document.querySelector('#overlay img')?.getAttribute('src') !== s", arg=before)
+    page.wait_for_function(
+        "(s) => document.querySelector('#overlay img')?.getAttribute('src') !== s", arg=before
+    )
     before = page.locator("#overlay img").get_attribute("src")
     page.locator("#views [role=tabpanel]:visible input[type=number]").first.fill("0.9")
     page.locator("#views [role=tabpanel]:visible input[type=number]").first.press("Enter")
-    page.wait_for_function("(s) => document.querySelector('#overlay img')?.getAttribute('src') !== s", arg=before)
+    page.wait_for_function(
+        "(s) => document.querySelector('#overlay img')?.getAttribute('src') !== s", arg=before
+    )
     shot(page, "02-view-overlay-participatory", "#views-section")
     before = page.locator("#relevance-map img").get_attribute("src")
     page.locator("#scale").get_by_text("rank", exact=True).click()  # another colour scale: redrawn
-    page.wait_for_function("(s) => document.querySelector('#relevance-map img')?.getAttribute('src') !== s", arg=before)
+    page.wait_for_function(
+        "(s) => document.querySelector('#relevance-map img')?.getAttribute('src') !== s", arg=before
+    )
     assert model_calls == [], "a view change ran the model again"
     shot(page, "02-view-overview-rank-scale", "#results")
 
@@ -223,7 +270,7 @@ def test_long_query_is_refused_in_words(page):
 
 
 def test_a_new_photo_clears_the_stale_upload_error(page, examples_dir):
-    """"Upload a photo first" stayed beside the next error after a photo was uploaded."""
+    """ "Upload a photo first" stayed beside the next error after a photo was uploaded."""
     page.goto(page.url.split("?")[0])  # a fresh page: no photo yet
     page.wait_for_selector("#run")
     page.locator("#query textarea").fill("the red one")
@@ -257,7 +304,9 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     page.locator("#batch-zip input[type=file]").set_input_files(str(archive))
     page.locator("#batch-query textarea").fill("the red one")
     page.locator("#batch-submit").click()
-    page.wait_for_function("() => (document.querySelector('#batch-status')?.innerText || '').includes('done')")
+    page.wait_for_function(
+        "() => (document.querySelector('#batch-status')?.innerText || '').includes('done')"
+    )
     link = page.locator("#batch-results a").first
     link.wait_for(state="visible")
     thumbs = page.locator("#batch-gallery img")
@@ -285,12 +334,16 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
         assert len(result_rows(zf)) == len(photos)
 
     page.goto(f"{app_url}?job={job_id}")  # a refresh with the job in the URL shows it again
-    page.wait_for_function("(id) => (document.querySelector('#batch-status')?.innerText || '').includes(id)", arg=job_id)
+    page.wait_for_function(
+        "(id) => (document.querySelector('#batch-status')?.innerText || '').includes(id)", arg=job_id
+    )
     assert "done" in page.locator("#batch-status").inner_text()
     shot(page, "05-batch-after-refresh")
 
     open_tab(page, "#main-tabs", "Benchmark")  # a stored report measured like this server, or a clear "none"
-    page.wait_for_function("() => /Stored report|No stored report matches/.test(document.querySelector('#bench-report-title')?.innerText || '')")
+    page.wait_for_function(
+        "() => /Stored report|No stored report matches/.test(document.querySelector('#bench-report-title')?.innerText || '')"
+    )
     shot(page, "06-benchmark-tab")
     if "Stored report" not in page.locator("#bench-report-title").inner_text():
         return
@@ -300,12 +353,20 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     assert "eager" in legend and "·" not in legend, legend  # one entry per backend, this report's
     page.locator("#bench-latency").scroll_into_view_if_needed()
     shot(page, "06-benchmark-charts", full=False)
-    for name in ("2026-11-23-h100-texture-onnx-8eb1671.json", "2026-11-22-cpu-2core.json"):  # other reports: their own charts
-        if name not in page.locator("#bench-stored").inner_text() and not (Path(__file__).parent.parent / "benchmarks" / name).exists():
+    for name in (
+        "2026-11-23-h100-texture-onnx-8eb1671.json",
+        "2026-11-22-cpu-2core.json",
+    ):  # other reports: their own charts
+        if (
+            name not in page.locator("#bench-stored").inner_text()
+            and not (Path(__file__).parent.parent / "benchmarks" / name).exists()
+        ):
             continue
         page.locator("#bench-stored input").click()
         page.get_by_role("option", name=name).click()
-        page.wait_for_function("(n) => (document.querySelector('#bench-report-title')?.innerText || '').includes(n)", arg=name)
+        page.wait_for_function(
+            "(n) => (document.querySelector('#bench-report-title')?.innerText || '').includes(n)", arg=name
+        )
         page.wait_for_timeout(500)
         assert coloured_marks(page, "#bench-latency") and coloured_marks(page, "#bench-speedup")
         page.locator("#bench-latency").scroll_into_view_if_needed()
@@ -319,17 +380,23 @@ def test_benchmark_tab_shows_what_the_server_runs_and_names_a_new_jobs_report(pa
     page.goto(page.url.split("?")[0])
     page.wait_for_selector("#run")
     open_tab(page, "#main-tabs", "Benchmark")
-    page.wait_for_function("() => /Stored report|No stored report matches/.test(document.querySelector('#bench-report-title')?.innerText || '')")
+    page.wait_for_function(
+        "() => /Stored report|No stored report matches/.test(document.querySelector('#bench-report-title')?.innerText || '')"
+    )
     title = page.locator("#bench-report-title").inner_text()
     chosen = page.locator("#bench-stored input").input_value()
     if title.startswith("Stored report"):
-        assert "device cpu" in title and "H100" not in title, title  # the test server runs arrcoc-texture on a CPU
+        assert "device cpu" in title and "H100" not in title, (
+            title
+        )  # the test server runs arrcoc-texture on a CPU
         assert chosen.startswith("arrcoc-texture · CPU — ") and chosen.endswith(".json"), chosen
         box = page.locator("#bench-stored input")
         assert box.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the report's name is cut off"
     else:
         assert "arrcoc-texture" in title and "a CPU" in title, title
-    backends, buckets = (page.locator(f"{g} input:checked").count() for g in ("#bench-backends", "#bench-buckets"))
+    backends, buckets = (
+        page.locator(f"{g} input:checked").count() for g in ("#bench-backends", "#bench-buckets")
+    )
     assert backends >= 2 and buckets >= 2, "the default job compares nothing (one dot, two empty panels)"
     shot(page, "06-benchmark-on-load", full=False)
     for group in ("#bench-backends", "#bench-buckets"):  # a quick job for the test: the first of each
@@ -348,11 +415,15 @@ def test_benchmark_tab_shows_what_the_server_runs_and_names_a_new_jobs_report(pa
     running = [n for n in notes if "Device held" in n]  # a quick job may finish between two polls
     assert all(not n.endswith("0%: starting") for n in running), running  # each note names its step
     job_id = page.locator("#bench-job input, #bench-job textarea").first.input_value()
-    page.wait_for_function("(id) => (document.querySelector('#bench-stored input')?.value || '').includes(id)", arg=job_id)
+    page.wait_for_function(
+        "(id) => (document.querySelector('#bench-stored input')?.value || '').includes(id)", arg=job_id
+    )
     assert job_id in page.locator("#bench-report-title").inner_text()
     table = page.locator("#bench-table")
     table.scroll_into_view_if_needed()
-    overflow = table.evaluate("t => { const b = t.getBoundingClientRect(); return [...t.querySelectorAll('th, td')]"
-                              ".filter(c => c.getBoundingClientRect().right > b.right + 1).length; }")  # fmt: skip
+    overflow = table.evaluate(
+        "t => { const b = t.getBoundingClientRect(); return [...t.querySelectorAll('th, td')]"
+        ".filter(c => c.getBoundingClientRect().right > b.right + 1).length; }"
+    )
     assert overflow == 0, f"{overflow} table cells stick out of the results box"
     shot(page, "06-benchmark-after-job")

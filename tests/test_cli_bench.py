@@ -52,23 +52,55 @@ def test_defaults_suit_the_device(device, capsys):
 
 def test_piped_output_is_one_plain_line_per_step(tmp_path):
     """Not a terminal: no progress-bar frames ('\\r'), no library warnings, one line per step."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONWARNINGS": "default"}  # fmt: skip -- warnings on, as a user's shell may have them
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONWARNINGS": "default",
+    }  # warnings on, as a user's shell may have them
     proc = subprocess.run(
-        [sys.executable, "-m", "arrcoc", "bench", "--variants", "arrcoc-texture", "--backends", "eager",
-         "--buckets", "1", "2", "--iters", "2", "--warmup-iters", "1", "--out", str(tmp_path), "--name", "piped"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "arrcoc",
+            "bench",
+            "--variants",
+            "arrcoc-texture",
+            "--backends",
+            "eager",
+            "--buckets",
+            "1",
+            "2",
+            "--iters",
+            "2",
+            "--warmup-iters",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "piped",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for stream in (proc.stdout, proc.stderr):
         assert "\r" not in stream and "it/s" not in stream
         assert "Warning" not in stream, stream[-2000:]
     steps = [line for line in proc.stdout.splitlines() if re.match(r"\[\s*\d+%\s+[\d.]+ s\] ", line)]
     assert [s.split("] ", 1)[1] for s in steps] == [  # what starts, then what is done
-        "arrcoc-texture: loading the model", "arrcoc-texture: preparing eager (building and warming up)",
-        "arrcoc-texture: eager ready", "arrcoc-texture: timing batches of 1", "arrcoc-texture: bucket 1",
-        "arrcoc-texture: timing batches of 2", "arrcoc-texture: bucket 2"]  # fmt: skip
+        "arrcoc-texture: loading the model",
+        "arrcoc-texture: preparing eager (building and warming up)",
+        "arrcoc-texture: eager ready",
+        "arrcoc-texture: timing batches of 1",
+        "arrcoc-texture: bucket 1",
+        "arrcoc-texture: timing batches of 2",
+        "arrcoc-texture: bucket 2",
+    ]
     assert steps[-1].startswith("[100%")
     report = json.loads((tmp_path / "piped.json").read_text())
     assert {(r["backend"], r["bucket"]) for r in report["results"]} == {("eager", 1), ("eager", 2)}
@@ -88,7 +120,9 @@ def test_the_readme_install_brings_the_plots():
         for dep in extras[name]:
             m = re.fullmatch(r"arrcoc\[([^\]]+)\].*", dep.split(";")[0].strip())
             if m:
-                out += [d for sub in m.group(1).split(",") if sub not in seen for d in closure(sub.strip(), seen)]
+                out += [
+                    d for sub in m.group(1).split(",") if sub not in seen for d in closure(sub.strip(), seen)
+                ]
             else:
                 out.append(dep)
         return out

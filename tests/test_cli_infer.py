@@ -15,21 +15,47 @@ from PIL import Image
 from arrcoc.result import JSON_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRED = ("variant", "weights_version", "backend", "grid", "relevance", "information", "perspectival",
-            "participatory", "balance", "tensions", "selected", "budgets")  # fmt: skip -- the issue's list
+REQUIRED = (
+    "variant",
+    "weights_version",
+    "backend",
+    "grid",
+    "relevance",
+    "information",
+    "perspectival",
+    "participatory",
+    "balance",
+    "tensions",
+    "selected",
+    "budgets",
+)  # fmt: skip -- the issue's list
 
 
 def arrcoc(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2"}
-    return subprocess.run([sys.executable, "-m", "arrcoc", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "arrcoc", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def infer_run(tmp_path_factory) -> tuple[dict, Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("infer")
-    proc = arrcoc("infer", "arrcoc/examples/coffee.jpg", "--query", "the cup", "--json", str(out / "r.json"),
-                  "--png", str(out / "r.png"))  # fmt: skip
+    proc = arrcoc(
+        "infer",
+        "arrcoc/examples/coffee.jpg",
+        "--query",
+        "the cup",
+        "--json",
+        str(out / "r.json"),
+        "--png",
+        str(out / "r.png"),
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads((out / "r.json").read_text()), out / "r.png", proc
 
@@ -99,9 +125,11 @@ def test_caption_names_the_query_and_score_for_any_width(score, weak) -> None:
 
     for size in ((600, 400), (64, 48), (1024, 200)):
         photo = Image.new("RGB", size, (90, 140, 60))
-        out = captioned(photo, "the red one " * 8, score, weak)  # a long query is shortened, not cut off wildly
+        out = captioned(
+            photo, "the red one " * 8, score, weak
+        )  # a long query is shortened, not cut off wildly
         assert out.width >= size[0] and out.height > size[1]
-        strip = np.asarray(out, dtype=np.int16)[size[1]:]
+        strip = np.asarray(out, dtype=np.int16)[size[1] :]
         assert strip.std() > 20 and _has_colour_scale(strip), size
     weak_px = np.asarray(captioned(photo, "q", 0.07, True), dtype=np.int16)[200:]
     ok_px = np.asarray(captioned(photo, "q", 0.07, False), dtype=np.int16)[200:]
@@ -113,7 +141,10 @@ def test_caption_names_the_query_and_score_for_any_width(score, weak) -> None:
     [
         (("infer", "EMPTY", "--query", "the cup"), "empty"),
         (("infer", "arrcoc/examples/coffee.jpg", "--query", "   "), "query is empty"),
-        (("infer", "arrcoc/examples/coffee.jpg", "--query", "cup", "--variant", "arrcoc-nope"), "Unknown model variant"),
+        (
+            ("infer", "arrcoc/examples/coffee.jpg", "--query", "cup", "--variant", "arrcoc-nope"),
+            "Unknown model variant",
+        ),
     ],
 )
 def test_cli_errors_are_clear(args, message: str, tmp_path: Path) -> None:

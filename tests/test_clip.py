@@ -29,7 +29,7 @@ from arrcoc.clip import (
     dense_similarity,
     random_embedding,
     to_clip_tensor,
-)  # fmt: skip
+)
 from arrcoc.errors import WeightsError
 from arrcoc.query import query_encoder_for
 from arrcoc.registry import create_model, get_variant
@@ -161,7 +161,9 @@ def test_dense_features_are_maskclips_value_path(small, examples_dir):
     ours = build_clip(dataclasses.replace(SMALL, dense="maskclip"), str(path))
     x = ours.pixels(photo(examples_dir))
     with torch.inference_mode():
-        h = hf.vision_model(pixel_values=x, output_hidden_states=True).hidden_states[-2][:, 1:]  # into the last block
+        h = hf.vision_model(pixel_values=x, output_hidden_states=True).hidden_states[-2][
+            :, 1:
+        ]  # into the last block
         last = hf.vision_model.encoder.layers[-1]
         v = last.self_attn.out_proj(last.self_attn.v_proj(last.layer_norm1(h)))
         expected = torch.nn.functional.normalize(
@@ -202,15 +204,21 @@ def test_dense_features_are_naclips_neighbourhood_attention(small, ours, example
     assert torch.allclose(ours.vision_model.prior, prior, atol=1e-7)
 
 
-@pytest.mark.skipif(not os.environ.get("NACLIP_CHECKOUT"), reason="set NACLIP_CHECKOUT to a sinahmr/NACLIP checkout")
+@pytest.mark.skipif(
+    not os.environ.get("NACLIP_CHECKOUT"), reason="set NACLIP_CHECKOUT to a sinahmr/NACLIP checkout"
+)
 def test_naclip_matches_the_authors_code():
     """tools/naclip_parity.py on the authors' checkout (not part of this repository)."""
     import subprocess
     import sys
 
     tool = Path(__file__).resolve().parent.parent / "tools" / "naclip_parity.py"
-    done = subprocess.run([sys.executable, str(tool), os.environ["NACLIP_CHECKOUT"], "--sizes", "224"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(tool), os.environ["NACLIP_CHECKOUT"], "--sizes", "224"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0 and "PASS" in done.stdout, done.stdout + done.stderr
 
 
@@ -265,7 +273,9 @@ def test_pipeline_result_has_a_match_score(ours, examples_dir):
 
     ours.variant_name = "arrcoc-clip-b16"
     backend = create_backend("eager", ours, torch.device("cpu"), (1,))
-    pipe = RelevancePipeline("arrcoc-clip-b16", backend=backend)  # asks the model for its encoder: CLIP's text tower
+    pipe = RelevancePipeline(
+        "arrcoc-clip-b16", backend=backend
+    )  # asks the model for its encoder: CLIP's text tower
     assert pipe.encoder is ours.text_encoder
     [r] = pipe.infer(sorted(examples_dir.glob("*.jpg"))[0], "a rocket")
     doc = json.loads(json.dumps(r.to_json()))
@@ -298,8 +308,11 @@ def test_random_weights_build_without_the_hub(small):
     shapes = {
         k: v.shape for k, v in small[0].vision_model.state_dict().items() if k != "embeddings.position_ids"
     }
-    assert {k: v.shape for k, v in m.vision_model.state_dict().items() if ".layers." not in k or ".layers.0." in k
-            or ".layers.1." in k} == shapes  # fmt: skip
+    assert {
+        k: v.shape
+        for k, v in m.vision_model.state_dict().items()
+        if ".layers." not in k or ".layers.0." in k or ".layers.1." in k
+    } == shapes
     enc = query_encoder_for(m)
     a, b = enc.encode(["a cat", "a dog"])
     assert torch.allclose(a.norm(), torch.tensor(1.0)) and a.shape == (512,) and (a - b).abs().max() > 0.1

@@ -48,7 +48,12 @@ def test_clip_serves_bfloat16_on_a_gpu_float32_on_a_cpu_and_float32_on_request()
 
 def test_the_dtype_setting_reads_the_environment_and_refuses_unknown_values(monkeypatch):
     assert Settings().dtype == "auto"
-    for given, expected in (("float32", "float32"), ("FP32", "float32"), ("bf16", "bfloat16"), ("auto", "auto")):
+    for given, expected in (
+        ("float32", "float32"),
+        ("FP32", "float32"),
+        ("bf16", "bfloat16"),
+        ("auto", "auto"),
+    ):
         monkeypatch.setenv("ARRCOC_DTYPE", given)
         assert Settings().dtype == expected
     monkeypatch.setenv("ARRCOC_DTYPE", "half")
@@ -62,8 +67,11 @@ def test_the_dtype_flag_reaches_the_settings():
 
     args = build_parser().parse_args(["worker", "--dtype", "float32"])
     assert worker_settings(args).dtype == "float32"
-    for argv in (["demo", "--dtype", "float32"], ["infer", "x.jpg", "-q", "a", "--dtype", "bfloat16"],
-                 ["bench", "e2e", "--dtype", "float32", "--variant", "arrcoc-clip-b16"]):  # fmt: skip
+    for argv in (
+        ["demo", "--dtype", "float32"],
+        ["infer", "x.jpg", "-q", "a", "--dtype", "bfloat16"],
+        ["bench", "e2e", "--dtype", "float32", "--variant", "arrcoc-clip-b16"],
+    ):
         assert build_parser().parse_args(argv).dtype == argv[argv.index("--dtype") + 1]
 
 
@@ -90,7 +98,9 @@ def test_bfloat16_runs_and_its_parity_with_float32_is_measured():
     par = dtype_parity(model, images, query)
     assert par.dtype == "bfloat16" and par.images == 5 and par.finite
     assert 0 < par.relevance_max_abs_diff <= TOL[torch.bfloat16]  # bfloat16 does change something
-    assert par.maps_max_abs_diff >= par.relevance_max_abs_diff and par.match_max_abs_diff <= TOL[torch.bfloat16]
+    assert (
+        par.maps_max_abs_diff >= par.relevance_max_abs_diff and par.match_max_abs_diff <= TOL[torch.bfloat16]
+    )
     assert MIN_OVERLAP_BF16 <= par.topk_overlap_min <= par.topk_overlap_mean <= 1.0 and par.top1_same >= 4
     doc = par.to_json()
     assert set(doc) >= {"relevance_max_abs_diff", "topk_overlap_mean", "match_max_abs_diff"}
@@ -112,8 +122,17 @@ def tiny_variant():
     try:
         get_variant(TINY_VARIANT)
     except Exception:
-        register_variant(Variant(name=TINY_VARIANT, build=lambda c: None, load=build_clip, config=TINY,
-                                 description="test", tags=("clip", "hub"), gpu_dtype="bfloat16"))  # fmt: skip
+        register_variant(
+            Variant(
+                name=TINY_VARIANT,
+                build=lambda c: None,
+                load=build_clip,
+                config=TINY,
+                description="test",
+                tags=("clip", "hub"),
+                gpu_dtype="bfloat16",
+            )
+        )
     return TINY_VARIANT
 
 
@@ -128,18 +147,37 @@ def test_end_to_end_benchmark_of_a_named_variant_on_random_weights(tiny_variant,
     says which variant ran, that its weights were random, in which dtype, and bfloat16's parity."""
     from arrcoc.bench.e2e import E2EConfig, markdown, run_e2e, write
 
-    cfg = E2EConfig(device="cpu", backend="eager", variant=tiny_variant, dtype="bfloat16", items=8, large_items=0,
-                    png_items=0, requests=4, clients=2, celery=False, rounds=1)  # fmt: skip
+    cfg = E2EConfig(
+        device="cpu",
+        backend="eager",
+        variant=tiny_variant,
+        dtype="bfloat16",
+        items=8,
+        large_items=0,
+        png_items=0,
+        requests=4,
+        clients=2,
+        celery=False,
+        rounds=1,
+    )
     report = run_e2e(cfg, progress=lambda m: None)
     sv = report["serving"]
-    assert sv == {"variant": tiny_variant, "weights_version": "random", "random_weights": True, "dtype": "bfloat16",
-                  "image_size": 224, "grid": 14}  # fmt: skip
+    assert sv == {
+        "variant": tiny_variant,
+        "weights_version": "random",
+        "random_weights": True,
+        "dtype": "bfloat16",
+        "image_size": 224,
+        "grid": 14,
+    }
     job = report["batch_inprocess"]["jpeg_800x600"]
     assert job["items"] == 8 and job["failed"] == 0
     assert report["interactive_inprocess_1"]["ok"] == report["interactive_inprocess_1"]["requests"]
     par = report["dtype_parity"]
     assert par["dtype"] == "bfloat16" and par["images"] == 12 and par["finite"]
-    assert par["relevance_max_abs_diff"] <= TOL[torch.bfloat16] and par["topk_overlap_min"] >= MIN_OVERLAP_BF16
+    assert (
+        par["relevance_max_abs_diff"] <= TOL[torch.bfloat16] and par["topk_overlap_min"] >= MIN_OVERLAP_BF16
+    )
     text = markdown(report)
     assert text.splitlines()[0].count(f"{tiny_variant} bfloat16") == 1
     assert f"**{tiny_variant} with random weights of its real shapes**" in text

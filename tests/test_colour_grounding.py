@@ -35,7 +35,11 @@ CHECKS = [  # (photo, named colour, contrasting colour): colours a person sees i
     ("astronaut", "red", "white"),  # the flag's and badge's red against the white suit
     ("astronaut", "white", "red"),
     ("astronaut", "black", "white"),  # the black background
-    ("rocket", "blue", "white"),  # the dusk sky, a large dark-blue area (training's colour regions), not the launch lights
+    (
+        "rocket",
+        "blue",
+        "white",
+    ),  # the dusk sky, a large dark-blue area (training's colour regions), not the launch lights
     ("rocket", "black", "white"),  # the dark towers and sky against the white rocket
 ]
 
@@ -48,7 +52,9 @@ def model():
 
 def _top_colour(model, photo: str, queries: list[str], encoder) -> list[tuple[float, float, float]]:
     size = model.config.image_size
-    rgb = np.asarray(Image.fromarray(getattr(skdata, photo)()).convert("RGB").resize((size, size), Image.BILINEAR))
+    rgb = np.asarray(
+        Image.fromarray(getattr(skdata, photo)()).convert("RGB").resize((size, size), Image.BILINEAR)
+    )
     images = torch.from_numpy(rgb.copy()).permute(2, 0, 1)[None].expand(len(queries), -1, -1, -1).contiguous()
     with torch.no_grad():
         out = model(images, encoder.encode(queries), model.default_controls(len(queries)))
@@ -57,7 +63,9 @@ def _top_colour(model, photo: str, queries: list[str], encoder) -> list[tuple[fl
 
 
 @pytest.mark.parametrize(("photo", "colour", "contrast"), CHECKS)
-def test_top_cells_move_toward_the_named_colour(model, query_encoder, photo: str, colour: str, contrast: str) -> None:
+def test_top_cells_move_toward_the_named_colour(
+    model, query_encoder, photo: str, colour: str, contrast: str
+) -> None:
     named, other = _top_colour(model, photo, [f"the {colour} one", f"the {contrast} one"], query_encoder)
     score = COLOUR_SCORE[colour]
     assert score(*named) > score(*other) + MARGIN, (

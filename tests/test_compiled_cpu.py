@@ -23,8 +23,14 @@ def test_the_runtime_serves_every_bucket_with_the_compiled_backend_on_a_cpu(tmp_
     from arrcoc.engine.compiled import compile_count
     from arrcoc.service.host.runtime import Runtime
 
-    common = dict(device="cpu", buckets=(2, 16), batch_max_size=16, cache_dir=tmp_path / "cache",
-                  data_dir=tmp_path / "data", broker_url=None)  # fmt: skip
+    common = dict(
+        device="cpu",
+        buckets=(2, 16),
+        batch_max_size=16,
+        cache_dir=tmp_path / "cache",
+        data_dir=tmp_path / "data",
+        broker_url=None,
+    )
     compiled = Runtime(default_settings(backend="compiled", backends=("compiled",), **common))
     eager = Runtime(default_settings(backend="eager", backends=("eager",), **common))
     try:
@@ -42,7 +48,9 @@ def test_the_runtime_serves_every_bucket_with_the_compiled_backend_on_a_cpu(tmp_
             assert set(np.asarray(got.outputs.bucket).tolist()) == {2 if n == 2 else 16}
             diff = float(np.abs(got.outputs.relevance - want.outputs.relevance).max())
             assert diff <= TOL[torch.float32], (n, diff)
-            assert float(np.abs(got.outputs.match_score - want.outputs.match_score).max()) <= TOL[torch.float32]
+            assert (
+                float(np.abs(got.outputs.match_score - want.outputs.match_score).max()) <= TOL[torch.float32]
+            )
         assert compiled.infer(png_bytes(99, 64), "the red one", Controls(), 120).backend == "compiled"
         assert compile_count() == compiles and engine.recompiles == 0, "serving never compiles"
     finally:

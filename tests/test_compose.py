@@ -12,12 +12,20 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = shutil.which("docker-compose")
-pytestmark = pytest.mark.skipif(COMPOSE is None, reason="docker-compose is not installed (apt-get install docker-compose)")
+pytestmark = pytest.mark.skipif(
+    COMPOSE is None, reason="docker-compose is not installed (apt-get install docker-compose)"
+)
 
 
 def config(**env: str) -> dict:
-    out = subprocess.run([COMPOSE, "-f", "compose.yaml", "config"], cwd=REPO, capture_output=True, text=True,
-                         timeout=60, env=os.environ | env)  # fmt: skip
+    out = subprocess.run(
+        [COMPOSE, "-f", "compose.yaml", "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | env,
+    )
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)
 
@@ -27,12 +35,17 @@ def test_compose_config_is_valid_and_complete():
     assert {"redis", "worker", "worker-cpu", "demo", "flower"} <= set(services)
     redis = services["redis"]
     cmd = " ".join(redis["command"])
-    assert "--appendonly yes" in cmd and "--maxmemory-policy noeviction" in cmd and redis["healthcheck"]["test"]
+    assert (
+        "--appendonly yes" in cmd and "--maxmemory-policy noeviction" in cmd and redis["healthcheck"]["test"]
+    )
     gpu = services["worker"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
     assert gpu["build"]["args"]["EXTRAS"] == "gpu" and gpu["healthcheck"]["test"]
-    assert {v.split(":")[1] if isinstance(v, str) else v["target"] for v in gpu["volumes"]} == {"/cache", "/data"}
+    assert {v.split(":")[1] if isinstance(v, str) else v["target"] for v in gpu["volumes"]} == {
+        "/cache",
+        "/data",
+    }
     assert gpu["depends_on"]["redis"]["condition"] == "service_healthy"
     cpu = services["worker-cpu"]
     assert "deploy" not in cpu and cpu["environment"]["ARRCOC_DEVICE"] == "cpu" and cpu["profiles"] == ["cpu"]
@@ -46,7 +59,7 @@ def test_compose_config_is_valid_and_complete():
 
 def test_the_gpu_image_installs_the_gpu_extra():
     dockerfile = (REPO / "Dockerfile").read_text()
-    assert "ARG EXTRAS=gpu" in dockerfile and '.[${EXTRAS},serve,demo]' in dockerfile
+    assert "ARG EXTRAS=gpu" in dockerfile and ".[${EXTRAS},serve,demo]" in dockerfile
     import tomllib
 
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -57,22 +70,30 @@ def _targets(service: dict) -> dict[str, str]:
     """Mount target -> volume name of a service's named volumes."""
     out = {}
     for v in service.get("volumes", []):
-        source, target = (v.split(":")[:2] if isinstance(v, str) else (v.get("source"), v["target"]))
+        source, target = v.split(":")[:2] if isinstance(v, str) else (v.get("source"), v["target"])
         out[target] = source
     return out
 
 
-@pytest.mark.parametrize(("demo", "worker", "profile"), [("demo", "worker", "gpu"), ("demo-cpu", "worker-cpu", "cpu")])
+@pytest.mark.parametrize(
+    ("demo", "worker", "profile"), [("demo", "worker", "gpu"), ("demo-cpu", "worker-cpu", "cpu")]
+)
 def test_the_demo_waits_for_a_healthy_worker_and_mounts_the_hub_cache(demo, worker, profile):
     services = config()["services"]
     d, w = services[demo], services[worker]
     assert d["profiles"] == w["profiles"] == [profile], "each profile starts its own worker and demo"
-    assert d["depends_on"] == {"redis": {"condition": "service_healthy"}, worker: {"condition": "service_healthy"}}
+    assert d["depends_on"] == {
+        "redis": {"condition": "service_healthy"},
+        worker: {"condition": "service_healthy"},
+    }
     assert w["healthcheck"]["test"]
     for s in (d, w):  # HF_HOME lies on the cache volume: hub files survive a restart, offline runs find them
         hf_home = s["environment"]["HF_HOME"]
         mounts = _targets(s)
-        assert any(hf_home.startswith(t.rstrip("/") + "/") and mounts[t] == "cache" for t in mounts), (hf_home, mounts)
+        assert any(hf_home.startswith(t.rstrip("/") + "/") and mounts[t] == "cache" for t in mounts), (
+            hf_home,
+            mounts,
+        )
         assert mounts.get("/data") == "data"
     assert d["command"][-2:] == ["--port", d["environment"]["GRADIO_SERVER_PORT"]]
 
@@ -95,8 +116,13 @@ def _docker_ignored(path: str) -> bool:
         keep = line.startswith("!")
         pattern = line.lstrip("!").rstrip("/")
         parts = path.split("/")
-        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]  # a pattern naming a folder covers it
-        if any(fnmatch.fnmatchcase(p, pattern) or fnmatch.fnmatchcase(p, pattern.replace("**/", "")) for p in prefixes):
+        prefixes = [
+            "/".join(parts[: i + 1]) for i in range(len(parts))
+        ]  # a pattern naming a folder covers it
+        if any(
+            fnmatch.fnmatchcase(p, pattern) or fnmatch.fnmatchcase(p, pattern.replace("**/", ""))
+            for p in prefixes
+        ):
             ignored = not keep
     return ignored
 
@@ -105,16 +131,29 @@ def test_the_image_carries_the_stored_benchmark_reports():
     reports = sorted(p.name for p in (REPO / "benchmarks").glob("*.json"))
     assert reports, "the repo has stored reports"
     assert not any(_docker_ignored(f"benchmarks/{name}") for name in reports)
-    assert _docker_ignored("benchmarks/2026-11-22-h100-texture-e7cbf7c.png") and _docker_ignored("tests/test_compose.py")
+    assert _docker_ignored("benchmarks/2026-11-22-h100-texture-e7cbf7c.png") and _docker_ignored(
+        "tests/test_compose.py"
+    )
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "COPY benchmarks ./benchmarks" in dockerfile and "ln -s /app/benchmarks" in dockerfile
 
 
 def test_the_readme_says_what_compose_starts():
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Serving with Redis and GPU workers"):]
+    section = readme[readme.index("## Serving with Redis and GPU workers") :]
     section = section[: section.index("\n## ", 3)]
-    for fact in ("arrcoc-clip-b16", "14×14", "arrcoc-texture", "NVIDIA Container Toolkit", "HF_HUB_OFFLINE",
-                 "HF_HOME", "ARRCOC_WORKER_PROCESSES", "ARRCOC_ENGINE_PROCESSES", "16-core", "not measured here",
-                 "GRADIO_SERVER_PORT", "--port"):  # fmt: skip
+    for fact in (
+        "arrcoc-clip-b16",
+        "14×14",
+        "arrcoc-texture",
+        "NVIDIA Container Toolkit",
+        "HF_HUB_OFFLINE",
+        "HF_HOME",
+        "ARRCOC_WORKER_PROCESSES",
+        "ARRCOC_ENGINE_PROCESSES",
+        "16-core",
+        "not measured here",
+        "GRADIO_SERVER_PORT",
+        "--port",
+    ):
         assert fact in section, fact

@@ -84,8 +84,13 @@ def test_a_gpu_decoders_batch_sends_each_image_its_way_and_keeps_the_order(monke
     photo = Image.open(EXAMPLES / "coffee.jpg")
     png = io.BytesIO()
     photo.save(png, "PNG")
-    images = [(EXAMPLES / "chelsea.jpg").read_bytes(), png.getvalue(), b"\xff\xd8 broken",
-              jpeg(photo.resize((8000, 6000))), (EXAMPLES / "coffee.jpg").read_bytes()]  # fmt: skip
+    images = [
+        (EXAMPLES / "chelsea.jpg").read_bytes(),
+        png.getvalue(),
+        b"\xff\xd8 broken",
+        jpeg(photo.resize((8000, 6000))),
+        (EXAMPLES / "coffee.jpg").read_bytes(),
+    ]
     cpu = Decoder(torch.device("cpu"), 128, ImageLimits())
     gpu = Decoder(torch.device("cpu"), 128, ImageLimits())
     gpu.gpu = True
@@ -107,15 +112,21 @@ def test_a_gpu_decoders_batch_sends_each_image_its_way_and_keeps_the_order(monke
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
-                    reason="needs a GPU and torchvision's nvJPEG")  # fmt: skip
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
+    reason="needs a GPU and torchvision's nvJPEG",
+)
 def test_gpu_decoding_is_close_to_pillow_and_upright() -> None:
     photo = Image.open(EXAMPLES / "coffee.jpg")
     exif = Image.Exif()
     exif[0x0112] = 6  # stored sideways: upright is 90 degrees clockwise
     rotated = jpeg(photo, exif=exif.tobytes())
     phone = jpeg(photo.resize((8000, 6000)))  # over the pixel limit: the CPU path reduces it while decoding
-    images = [(EXAMPLES / n).read_bytes() for n in ("coffee.jpg", "chelsea.jpg")] + [rotated, b"\xff\xd8 broken", phone]
+    images = [(EXAMPLES / n).read_bytes() for n in ("coffee.jpg", "chelsea.jpg")] + [
+        rotated,
+        b"\xff\xd8 broken",
+        phone,
+    ]
     gpu = Decoder(torch.device("cuda"), 512, ImageLimits())
     cpu = Decoder(torch.device("cpu"), 512, ImageLimits())
     try:
@@ -155,7 +166,9 @@ def _photo_jpeg(w: int, h: int, mode: str, orientation: int | None, **kw) -> byt
 @pytest.mark.parametrize("mode", ["RGB", "L", "CMYK"])
 @pytest.mark.parametrize("orientation", [None, 1, 6, 8])
 @pytest.mark.parametrize("progressive", [False, True])
-def test_the_quick_jpeg_header_reads_what_pillow_reads(mode: str, orientation: int | None, progressive: bool) -> None:
+def test_the_quick_jpeg_header_reads_what_pillow_reads(
+    mode: str, orientation: int | None, progressive: bool
+) -> None:
     from arrcoc.images import jpeg_header
 
     data = _photo_jpeg(37, 23, mode, orientation, progressive=progressive)
@@ -183,7 +196,11 @@ def test_the_quick_jpeg_header_leaves_every_odd_file_to_pillow() -> None:
         head = jpeg_header(data)
         if head is not None:
             pillow = _pillow_header(data)
-            assert pillow is None or (head.size, head.components, head.orientation) == pillow, (at, value, cut)
+            assert pillow is None or (head.size, head.components, head.orientation) == pillow, (
+                at,
+                value,
+                cut,
+            )
 
     check()
     assert jpeg_header(b"\x89PNG\r\n\x1a\n") is None and jpeg_header(base[: sof + 4]) is None
@@ -231,8 +248,10 @@ def test_large_photos_are_resized_a_few_at_a_time_with_the_same_pixels(monkeypat
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
-                    reason="needs a GPU and torchvision's nvJPEG")  # fmt: skip
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
+    reason="needs a GPU and torchvision's nvJPEG",
+)
 def test_gpu_batcher_decode_stage_overlapping_the_engine_gives_the_pipelines_results() -> None:
     """The batcher's decode stage decodes and resizes each batch on a stream of its own while the
     engine runs the batch before: many concurrent requests (several photos, a 12 MP one among them,
@@ -251,8 +270,15 @@ def test_gpu_batcher_decode_stage_overlapping_the_engine_gives_the_pipelines_res
         pipe = runtime.pipeline
         expected = [pipe.infer([p], "the red one")[0].relevance for p in photos]
         with ThreadPoolExecutor(24) as pool:
-            got = list(pool.map(lambda i: (i % len(photos), runtime.infer(photos[i % len(photos)], "the red one",
-                                                                          Controls(), 60.0)), range(480)))  # fmt: skip
+            got = list(
+                pool.map(
+                    lambda i: (
+                        i % len(photos),
+                        runtime.infer(photos[i % len(photos)], "the red one", Controls(), 60.0),
+                    ),
+                    range(480),
+                )
+            )
         assert runtime.submitted == 480
         decode_ms = [r.timings_ms.get("batch_decode_ms") for _, r in got]
         assert all(ms is not None and ms > 0 for ms in decode_ms)
@@ -272,9 +298,20 @@ def test_a_jpeg_reaches_nvjpeg_as_a_tensor_over_its_own_bytes_without_a_warning(
 
     data = (EXAMPLES / "coffee.jpg").read_bytes()
     # torch warns once per process: a fresh one, where any warning is an error
-    fresh = subprocess.run([sys.executable, "-W", "error", "-c", "import sys; from arrcoc.preprocess import jpeg_tensor;"
-                            " print(jpeg_tensor(open(sys.argv[1], 'rb').read()).numel())", str(EXAMPLES / "coffee.jpg")],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    fresh = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-c",
+            "import sys; from arrcoc.preprocess import jpeg_tensor;"
+            " print(jpeg_tensor(open(sys.argv[1], 'rb').read()).numel())",
+            str(EXAMPLES / "coffee.jpg"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert fresh.returncode == 0 and fresh.stdout.split()[-1] == str(len(data)), fresh.stderr[-2000:]
     t = jpeg_tensor(data)
     assert t.dtype == torch.uint8 and t.numel() == len(data) and bytes(t.numpy()) == data
@@ -282,8 +319,10 @@ def test_a_jpeg_reaches_nvjpeg_as_a_tensor_over_its_own_bytes_without_a_warning(
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
-                    reason="needs a GPU and torchvision's nvJPEG")  # fmt: skip
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not uses_gpu_decoder(torch.device("cuda")),
+    reason="needs a GPU and torchvision's nvJPEG",
+)
 def test_gpu_overlays_come_back_as_whole_jpegs_each_its_own() -> None:
     """nvJPEG encodes a batch's overlays on the device; they come to the host in one copy and are
     cut apart there: each is a whole JPEG of its own picture (size and look), none a neighbour's."""
@@ -296,8 +335,15 @@ def test_gpu_overlays_come_back_as_whole_jpegs_each_its_own() -> None:
     cpu = overlays.encode([v.cpu() for v in views], maps, "jpeg")
     assert len(got) == 3
     for data, ref, photo in zip(got, cpu, photos, strict=True):
-        a, b = np.asarray(Image.open(io.BytesIO(data)), dtype=np.int16), np.asarray(Image.open(io.BytesIO(ref)), dtype=np.int16)
-        assert data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9" and a.shape[:2] == (photo.height, photo.width)
+        a, b = (
+            np.asarray(Image.open(io.BytesIO(data)), dtype=np.int16),
+            np.asarray(Image.open(io.BytesIO(ref)), dtype=np.int16),
+        )
+        assert (
+            data[:2] == b"\xff\xd8"
+            and data[-2:] == b"\xff\xd9"
+            and a.shape[:2] == (photo.height, photo.width)
+        )
         # the same picture from two JPEG encoders (nvJPEG keeps full-resolution colour, Pillow halves
         # it: 5.4 levels apart on coffee.jpg on the H100); another picture would be tens of levels off
         assert np.abs(a - b).mean() < 12.0
@@ -310,14 +356,22 @@ def test_gpu_foveated_overlays_are_the_cpus_picture() -> None:
     so that no encoder differs) are the CPU's pictures to one uint8 level."""
     from arrcoc import overlays
 
-    photos = [Image.open(EXAMPLES / n).convert("RGB") for n in ("coffee.jpg", "chelsea.jpg", "astronaut.jpg", "coffee.jpg")]
+    photos = [
+        Image.open(EXAMPLES / n).convert("RGB")
+        for n in ("coffee.jpg", "chelsea.jpg", "astronaut.jpg", "coffee.jpg")
+    ]
     views = [torch.from_numpy(np.asarray(p).transpose(2, 0, 1).copy()).cuda() for p in photos]
     rng = np.random.default_rng(0)
-    budgets = (rng.integers(64, 401, (len(views), 32, 32)) * (rng.random((len(views), 32, 32)) > 0.7)).astype(np.float32)
+    budgets = (rng.integers(64, 401, (len(views), 32, 32)) * (rng.random((len(views), 32, 32)) > 0.7)).astype(
+        np.float32
+    )
     got = overlays.encode(views, budgets, "png", kind="foveated")
     cpu = overlays.encode([v.cpu() for v in views], budgets, "png", kind="foveated")
     for data, ref in zip(got, cpu, strict=True):
-        a, b = np.asarray(Image.open(io.BytesIO(data)), dtype=np.int16), np.asarray(Image.open(io.BytesIO(ref)), dtype=np.int16)
+        a, b = (
+            np.asarray(Image.open(io.BytesIO(data)), dtype=np.int16),
+            np.asarray(Image.open(io.BytesIO(ref)), dtype=np.int16),
+        )
         assert a.shape == b.shape and np.abs(a - b).max() <= 1
 
 
@@ -332,14 +386,20 @@ def test_decode_pending_gives_each_request_its_pixels_and_the_stage_time_in_orde
 
     class StandIn:
         def finish(self, encoded):
-            return [ImageError("unreadable") if e.data == b"bad" else
-                    Pixels(torch.full((3, 4, 4), len(e.data), dtype=torch.uint8), e.size, None) for e in encoded]  # fmt: skip
+            return [
+                ImageError("unreadable")
+                if e.data == b"bad"
+                else Pixels(torch.full((3, 4, 4), len(e.data), dtype=torch.uint8), e.size, None)
+                for e in encoded
+            ]
 
     pipe = RelevancePipeline.__new__(RelevancePipeline)  # the decoder is all decode_pending uses
     pipe.decoder = StandIn()
 
     def req(data: bytes | None, pixels: torch.Tensor | None = None) -> PreparedRequest:
-        return PreparedRequest(pixels, (4, 4), "q", Controls(), 0.1, None if data is None else Encoded(data, 1, (4, 4)))
+        return PreparedRequest(
+            pixels, (4, 4), "q", Controls(), 0.1, None if data is None else Encoded(data, 1, (4, 4))
+        )
 
     ready = torch.full((3, 4, 4), 7, dtype=torch.uint8)
     out = pipe.decode_pending([req(b"abc"), req(None, ready), req(b"bad"), req(b"abcdef")], lambda: 2.5)
@@ -394,7 +454,11 @@ def test_a_png_in_a_gpu_decoded_step_falls_back_alone_and_the_step_runs(monkeypa
     photo = Image.open(EXAMPLES / "coffee.jpg")
     png = io.BytesIO()
     photo.resize((320, 240)).save(png, "PNG")
-    step = [(EXAMPLES / "chelsea.jpg").read_bytes(), png.getvalue(), (EXAMPLES / "astronaut.jpg").read_bytes()]
+    step = [
+        (EXAMPLES / "chelsea.jpg").read_bytes(),
+        png.getvalue(),
+        (EXAMPLES / "astronaut.jpg").read_bytes(),
+    ]
     runtime = Runtime(default_settings(device="cpu", backend="eager", backends=("eager",), broker_url=None))
     try:
         dec = runtime.pipeline.decoder
@@ -431,7 +495,15 @@ def test_a_batch_of_large_photos_decodes_in_bounded_calls_in_order(monkeypatch) 
 
     monkeypatch.setattr(pre.Decoder, "_gpu_many", gpu_many)
     dec = Decoder.__new__(Decoder)  # finish uses nothing of its state but the call above
-    sizes = [(20, 20), (20, 20), (10, 10), (40, 40), (10, 50), (30, 10), (5, 5)]  # 400, 400, 100, 1600, 500, 300, 25
+    sizes = [
+        (20, 20),
+        (20, 20),
+        (10, 10),
+        (40, 40),
+        (10, 50),
+        (30, 10),
+        (5, 5),
+    ]  # 400, 400, 100, 1600, 500, 300, 25
     encoded = [pre.Encoded(bytes([i]), 1, size) for i, size in enumerate(sizes)]
     assert dec.finish(encoded) == [e.data for e in encoded]
     assert calls == [[b"\0", b"\1", b"\2"], [b"\3"], [b"\4", b"\5", b"\6"]]

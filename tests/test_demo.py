@@ -45,7 +45,16 @@ def wait_for(client: Client, endpoint: str, job_id: str, timeout: float = 120.0)
 
 def test_named_endpoints(client):
     api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-    public = {"/infer", "/infer_foveated", "/run", "/batch_submit", "/batch_status", "/batch_cancel", "/bench_submit", "/bench_status"}
+    public = {
+        "/infer",
+        "/infer_foveated",
+        "/run",
+        "/batch_submit",
+        "/batch_status",
+        "/batch_cancel",
+        "/bench_submit",
+        "/bench_status",
+    }
     assert public <= set(api)
     for name in public:  # written for users, not a handler's docstring
         text = api[name].get("description") or ""
@@ -66,7 +75,10 @@ def test_infer_matches_cli_json(client, examples_dir, tmp_path):
     photo = examples_dir / "coffee.jpg"
     doc, overlay_path = client.predict(handle_file(str(photo)), "the coffee cup", api_name="/infer")
     cli_out = tmp_path / "cli.json"
-    assert main(["infer", str(photo), "--query", "the coffee cup", "--json", str(cli_out), "--device", "cpu"]) == 0
+    assert (
+        main(["infer", str(photo), "--query", "the coffee cup", "--json", str(cli_out), "--device", "cpu"])
+        == 0
+    )
     cli = json.loads(cli_out.read_text())
     assert list(doc) == list(cli)  # same keys, same order
     assert doc["query"] == "the coffee cup" and doc["grid"] == cli["grid"]
@@ -150,7 +162,9 @@ def test_batch_job_end_to_end(client, examples_dir, tmp_path):
     with zipfile.ZipFile(io.BytesIO(Path(results).read_bytes())) as zf:
         rows = pq.read_table(io.BytesIO(zf.read("results.parquet")))
         summary = list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode())))
-    assert {"match_score", "weak_match", "top_row", "top_col"} <= set(summary[0]) and "top_cell" not in summary[0]
+    assert {"match_score", "weak_match", "top_row", "top_col"} <= set(
+        summary[0]
+    ) and "top_cell" not in summary[0]
     assert all(0 <= int(r["top_row"]) < 32 and 0 <= int(r["top_col"]) < 32 for r in summary)
     assert rows.num_rows == len(photos)
     assert set(rows["query"].to_pylist()) == {"the face"}

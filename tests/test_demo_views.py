@@ -59,14 +59,34 @@ def test_query_impact_and_attribution():
 
 
 HARNESS_REPORT = {
-    "schema": 1, "env": {"gpu": "NVIDIA H100", "torch": "2.13.0"}, "recompiles_after_warmup": 0,
+    "schema": 1,
+    "env": {"gpu": "NVIDIA H100", "torch": "2.13.0"},
+    "recompiles_after_warmup": 0,
     "results": [
-        {"variant": "arrcoc-texture", "backend": "eager", "bucket": 1, "p50_ms": 10.0, "p99_ms": 12.0,
-         "throughput_per_s": 100, "speedup_vs_eager": 1.0, "max_abs_diff": 0.0, "topk_agreement": 1.0},
-        {"variant": "arrcoc-texture", "backend": "compiled", "bucket": 1, "p50_ms": 1.0, "p99_ms": 1.5,
-         "throughput_per_s": 1000, "speedup_vs_eager": 10.0, "max_abs_diff": 2e-6, "topk_agreement": 1.0},
+        {
+            "variant": "arrcoc-texture",
+            "backend": "eager",
+            "bucket": 1,
+            "p50_ms": 10.0,
+            "p99_ms": 12.0,
+            "throughput_per_s": 100,
+            "speedup_vs_eager": 1.0,
+            "max_abs_diff": 0.0,
+            "topk_agreement": 1.0,
+        },
+        {
+            "variant": "arrcoc-texture",
+            "backend": "compiled",
+            "bucket": 1,
+            "p50_ms": 1.0,
+            "p99_ms": 1.5,
+            "throughput_per_s": 1000,
+            "speedup_vs_eager": 10.0,
+            "max_abs_diff": 2e-6,
+            "topk_agreement": 1.0,
+        },
     ],
-}  # fmt: skip
+}
 
 
 def test_report_tables_and_plots(tmp_path):
@@ -84,8 +104,12 @@ def test_report_tables_and_plots(tmp_path):
     assert "NVIDIA H100" in reports.report_markdown(HARNESS_REPORT, "h100.json")
     assert "No benchmark report yet" in reports.report_markdown(None, "")
     # a report without speedups (the service's fallback timer) gets them from p50
-    slim = {"results": [dict(backend="eager", variant="v", bucket=1, p50_ms=4.0),
-                        dict(backend="onnx", variant="v", bucket=1, p50_ms=2.0)]}  # fmt: skip
+    slim = {
+        "results": [
+            dict(backend="eager", variant="v", bucket=1, p50_ms=4.0),
+            dict(backend="onnx", variant="v", bucket=1, p50_ms=2.0),
+        ]
+    }
     assert reports.report_frame(slim)["speedup_vs_eager"].tolist() == [1.0, 2.0]
     # the newest readable report in a folder is the one shown on load
     (tmp_path / "old.json").write_text(json.dumps(slim))
@@ -112,8 +136,9 @@ def test_the_stored_report_shown_is_one_measured_like_this_server(tmp_path):
     assert reports.matching_report(server, tmp_path) == (None, "")  # the newest is not ours: not shown
     (tmp_path / "2026-11-22-cpu.json").write_text(json.dumps(cpu))
     assert reports.matching_report(server, tmp_path)[1] == "2026-11-22-cpu.json"
-    assert reports.matching_report(reports.Machine("arrcoc-clip-b16", "NVIDIA H100 80GB HBM3"), tmp_path)[1] == (
-        "2026-11-24-h100-clip.json")
+    assert reports.matching_report(reports.Machine("arrcoc-clip-b16", "NVIDIA H100 80GB HBM3"), tmp_path)[
+        1
+    ] == ("2026-11-24-h100-clip.json")
     assert reports.matching_report(reports.Machine("arrcoc-clip-b16", ""), tmp_path)[1]  # a queue: any device
     label = reports.report_label("2026-11-24-h100-clip.json", h100)
     assert label == "arrcoc-clip-b16 · H100 — 2026-11-24-h100-clip.json"
@@ -154,7 +179,16 @@ def test_building_the_page_loads_no_model():
     page = build_demo()
     assert service._executor is None  # the executor (and the model) come with the first request
     api = {d.api_name for d in page.fns.values() if d.api_visibility == "public"}
-    assert api == {"infer", "infer_foveated", "run", "batch_submit", "batch_status", "batch_cancel", "bench_submit", "bench_status"}
+    assert api == {
+        "infer",
+        "infer_foveated",
+        "run",
+        "batch_submit",
+        "batch_status",
+        "batch_cancel",
+        "bench_submit",
+        "bench_status",
+    }
 
 
 def test_arrcoc_demo_command():
@@ -167,13 +201,20 @@ def test_arrcoc_demo_command():
 def test_charts_facet_variants_and_group_buckets():
     from demo import charts, reports
 
-    rows = [dict(variant=v, backend=b, bucket=n, p50_ms=p, speedup_vs_eager=s, max_abs_diff=d)
-            for v in ("arrcoc-texture", "arrcoc-clip-b16") for n in (1, 8)
-            for b, p, s, d in (("eager", 10.0, 1.0, 0.0), ("compiled", 2.0, 5.0, 1e-6), ("onnx", 4.0, 2.5, 2e-6))]  # fmt: skip
+    rows = [
+        dict(variant=v, backend=b, bucket=n, p50_ms=p, speedup_vs_eager=s, max_abs_diff=d)
+        for v in ("arrcoc-texture", "arrcoc-clip-b16")
+        for n in (1, 8)
+        for b, p, s, d in (("eager", 10.0, 1.0, 0.0), ("compiled", 2.0, 5.0, 1e-6), ("onnx", 4.0, 2.5, 2e-6))
+    ]
     df = reports.report_frame({"results": rows})
     latency, speedup, _ = charts.report_figures(df)
     assert {t.xaxis for t in latency.data} == {"x", "x2"}  # one panel per variant
-    assert [t.name for t in latency.data if t.showlegend] == ["eager", "compiled", "onnx"]  # one legend entry each
+    assert [t.name for t in latency.data if t.showlegend] == [
+        "eager",
+        "compiled",
+        "onnx",
+    ]  # one legend entry each
     assert speedup.layout.barmode == "group" and {tuple(t.x) for t in speedup.data} == {("1", "8")}
     assert "No report" in charts.latency(reports.report_frame(None)).layout.annotations[0].text
 
@@ -190,11 +231,24 @@ def _result(match: float | None, query: str = "the red one"):
     g = 32
     rel = np.random.default_rng(0).random((g, g))
     return RelevanceResult(
-        variant="arrcoc-texture", weights_version="v", backend="eager", query=query, relevance=rel, information=rel,
-        perspectival=rel, participatory=rel, balance=np.array([0.2, 0.2, 0.6]), tensions=np.zeros(3),
-        selected=np.array([33, 0]), budgets=np.array([400, 64]), budget_map=np.zeros((g, g)), texture=np.zeros((13, g, g)),
-        image_size=(600, 400), token_budget=25600, match_score=match,
-    )  # fmt: skip
+        variant="arrcoc-texture",
+        weights_version="v",
+        backend="eager",
+        query=query,
+        relevance=rel,
+        information=rel,
+        perspectival=rel,
+        participatory=rel,
+        balance=np.array([0.2, 0.2, 0.6]),
+        tensions=np.zeros(3),
+        selected=np.array([33, 0]),
+        budgets=np.array([400, 64]),
+        budget_map=np.zeros((g, g)),
+        texture=np.zeros((13, g, g)),
+        image_size=(600, 400),
+        token_budget=25600,
+        match_score=match,
+    )
 
 
 def test_the_foveated_tab_shows_the_foveated_view_beside_vs_uniform():
@@ -244,16 +298,30 @@ def test_match_score_is_shown_and_weak_matches_say_so():
     [
         # the map rings both eyes of the cat at 0.13: the banner says what the score rates and that
         # the bright cells are candidates to check, neither "noise" nor a find
-        ("the cat's eyes", 0.13, ["Weak match: 0.13", "resembles", "best candidates", "Check them"],
-         ["noise", "names a place", "matches something"]),
+        (
+            "the cat's eyes",
+            0.13,
+            ["Weak match: 0.13", "resembles", "best candidates", "Check them"],
+            ["noise", "names a place", "matches something"],
+        ),
         ("a giraffe", 0.02, ["Weak match: 0.02", "may or may not"], ["noise", "names a place"]),
         # position-only queries: the extra sentence, and only for them
-        ("the top left", 0.2, ["Weak match: 0.20", "names a place, not a thing", "points the right way"], ["noise"]),
+        (
+            "the top left",
+            0.2,
+            ["Weak match: 0.20", "names a place, not a thing", "points the right way"],
+            ["noise"],
+        ),
         ("the left side", 0.3, ["names a place"], []),
         ("the red one in the top left", 0.3, ["Weak match"], ["names a place"]),
-        ("the red one", 0.67, ["Match score: 0.67", "matches something here"], ["Weak", "names a place", "noise"]),
+        (
+            "the red one",
+            0.67,
+            ["Match score: 0.67", "matches something here"],
+            ["Weak", "names a place", "noise"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_weak_match_banner_says_what_the_score_means_for_this_query(query, score, says, never):
     from demo import views
 
@@ -279,8 +347,12 @@ def test_batch_view_reads_the_results_zip(tmp_path):
     out = StepOutputs.failed(2, 32, 2)
     out.ok[0], out.selected[0], out.match_score[0], out.budgets[0] = True, [70, 1], 0.3, [60, 40]
     out = StepOutputs(**{**out.__dict__, "backend": "eager"})
-    table = step_table([(0, "a.jpg", "the red one"), (1, "b.jpg", "the red one")], out, [None, "not an image"],
-                       ["overlays/00000_a.png", None])  # fmt: skip
+    table = step_table(
+        [(0, "a.jpg", "the red one"), (1, "b.jpg", "the red one")],
+        out,
+        [None, "not an image"],
+        ["overlays/00000_a.png", None],
+    )
     png = io.BytesIO()
     Image.new("RGB", (40, 30), "red").save(png, format="PNG")
     with zipfile.ZipFile(z, "w") as zf:
@@ -288,11 +360,26 @@ def test_batch_view_reads_the_results_zip(tmp_path):
         zf.writestr("overlays/00000_a.png", png.getvalue())
     shown, failures = batchview.gallery(z)
     assert shown.count("<figure") == 1 and "data:image/jpeg;base64," in shown  # failed items have no overlay
-    assert "<b>a.jpg</b>" in shown and "match <b>0.30</b>" in shown and "weak match" in shown and "row 2, col 6" in shown
+    assert (
+        "<b>a.jpg</b>" in shown
+        and "match <b>0.30</b>" in shown
+        and "weak match" in shown
+        and "row 2, col 6" in shown
+    )
     assert "b.jpg" in failures and "not an image" in failures
     items = batchview.item_rows(z)
-    assert items[0]["top_cell"] == {"row": 2, "col": 6} and items[0]["tokens_used"] == 100 and np.isclose(items[0]["match_score"], 0.3)
-    assert items[1] == {"index": 1, "file": "b.jpg", "query": "the red one", "ok": False, "error": "not an image"}
+    assert (
+        items[0]["top_cell"] == {"row": 2, "col": 6}
+        and items[0]["tokens_used"] == 100
+        and np.isclose(items[0]["match_score"], 0.3)
+    )
+    assert items[1] == {
+        "index": 1,
+        "file": "b.jpg",
+        "query": "the red one",
+        "ok": False,
+        "error": "not an image",
+    }
     st = JobStatus("batch-x", JobKind.BATCH, JobState.DONE, total=2, done=1, failed=1)
     doc = batchview.status_json(st, z)
     json.dumps(doc)  # plain JSON
@@ -358,7 +445,9 @@ def test_progress_says_what_is_happening(monkeypatch):
     from demo.tabs import infer
 
     monkeypatch.setattr(service, "is_ready", lambda backend: False)
-    assert "compiling" in infer.progress_note("compiled") and "first run" in infer.progress_note("eager").lower()
+    assert (
+        "compiling" in infer.progress_note("compiled") and "first run" in infer.progress_note("eager").lower()
+    )
     monkeypatch.setattr(service, "is_ready", lambda backend: True)
     assert infer.progress_note("onnx") == "Running the model (onnx)"
 
@@ -369,12 +458,23 @@ def test_a_benchmark_says_what_it_is_doing_before_each_step():
     from arrcoc.bench.harness import BenchConfig, run_benchmark
 
     notes: list[tuple[float, str]] = []
-    config = BenchConfig(variants=("arrcoc-texture",), backends=("eager",), buckets=(1,), iters=2, warmup_iters=1,
-                         device="cpu", weights=None, input_sets=1)  # fmt: skip
+    config = BenchConfig(
+        variants=("arrcoc-texture",),
+        backends=("eager",),
+        buckets=(1,),
+        iters=2,
+        warmup_iters=1,
+        device="cpu",
+        weights=None,
+        input_sets=1,
+    )
     run_benchmark(config, progress=lambda f, m: notes.append((f, m)))
     said = [m for _, m in notes]
     first = {m: said.index(m) for m in dict.fromkeys(said)}
     assert said[0] == "arrcoc-texture: loading the model" and notes[0][0] == 0.0
-    assert first["arrcoc-texture: preparing eager (building and warming up)"] < first["arrcoc-texture: eager ready"]
+    assert (
+        first["arrcoc-texture: preparing eager (building and warming up)"]
+        < first["arrcoc-texture: eager ready"]
+    )
     assert first["arrcoc-texture: timing batches of 1"] < first["arrcoc-texture: bucket 1"]
     assert "timing" not in said  # every note names its step

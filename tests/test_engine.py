@@ -77,9 +77,13 @@ def test_packed_rows_give_back_every_output_as_it_was():
     """A CUDA graph packs its outputs' rows into one byte buffer, so a batch comes to the host in
     one copy; unpacked, each output is what it was: dtype, shape, every value (odd sizes padded)."""
     gen = torch.Generator().manual_seed(0)
-    outputs = (torch.rand(5, 4, 4, generator=gen), torch.rand(5, 3, generator=gen),
-               torch.randint(-(2**40), 2**40, (5, 7), generator=gen), torch.rand(5, generator=gen),
-               torch.randint(0, 400, (5, 2, 3), generator=gen, dtype=torch.int64).float()[:, :, :2])  # fmt: skip
+    outputs = (
+        torch.rand(5, 4, 4, generator=gen),
+        torch.rand(5, 3, generator=gen),
+        torch.randint(-(2**40), 2**40, (5, 7), generator=gen),
+        torch.rand(5, generator=gen),
+        torch.randint(0, 400, (5, 2, 3), generator=gen, dtype=torch.int64).float()[:, :, :2],
+    )
     layout = RowLayout.of(outputs)
     packed = layout.pack(outputs)
     assert packed.dtype == torch.uint8 and packed.shape == (5, layout.row_bytes)
@@ -143,7 +147,9 @@ def test_serving_never_recompiles(compiled, model):
     with pytest.raises(EngineError, match="compile"):  # batch 3 is no bucket: the stance refuses it
         compiled._guarded(*example_inputs(model, 3, CPU))
     with pytest.raises(EngineError, match="uint8 images"):
-        compiled.run(torch.randint(1, 255, (1, 3, 256, 256), dtype=torch.uint8), *example_inputs(model, 1, CPU)[1:])
+        compiled.run(
+            torch.randint(1, 255, (1, 3, 256, 256), dtype=torch.uint8), *example_inputs(model, 1, CPU)[1:]
+        )
     assert compiled.recompiles == 0
 
 
@@ -181,8 +187,12 @@ def test_pipeline_serves_through_compiled_backend(compiled, eager, examples_dir,
     from arrcoc.pipeline import RelevancePipeline
 
     photo = sorted(examples_dir.glob("*.jpg"))[0]
-    a = RelevancePipeline("arrcoc-texture", backend=compiled, query_encoder=query_encoder).infer(photo, "a cat")[0]
-    b = RelevancePipeline("arrcoc-texture", backend=eager, query_encoder=query_encoder).infer(photo, "a cat")[0]
+    a = RelevancePipeline("arrcoc-texture", backend=compiled, query_encoder=query_encoder).infer(
+        photo, "a cat"
+    )[0]
+    b = RelevancePipeline("arrcoc-texture", backend=eager, query_encoder=query_encoder).infer(photo, "a cat")[
+        0
+    ]
     assert a.backend == "compiled" and a.bucket == 1
     assert abs(a.relevance - b.relevance).max() <= 1e-3
     assert set(a.selected.tolist()) == set(b.selected.tolist())
@@ -200,7 +210,23 @@ def test_cli_infer_with_onnx_backend(tmp_path, examples_dir, monkeypatch, capsys
     out = tmp_path / "r.json"
     photo = sorted(examples_dir.glob("*.jpg"))[0]
     try:
-        assert main(["infer", str(photo), "-q", "the cat", "--backend", "onnx", "--device", "cpu", "--json", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "infer",
+                    str(photo),
+                    "-q",
+                    "the cat",
+                    "--backend",
+                    "onnx",
+                    "--device",
+                    "cpu",
+                    "--json",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     finally:
         get_settings.cache_clear()
     doc = json.loads(out.read_text())
@@ -305,8 +331,11 @@ def test_aot_builds_with_a_compiler_that_links_the_shared_libstdcxx(tmp_path):
 def test_aot_parity_with_eager(aot, eager, model, kind):
     """Bucket 1, and batch 3 split into three calls of the bucket-1 package."""
     for batch in (1, 3):
-        images = photo_batch(model.config.image_size, batch, CPU) if kind == "photos" else example_inputs(
-            model, batch, CPU, seed=11)[0]  # fmt: skip
+        images = (
+            photo_batch(model.config.image_size, batch, CPU)
+            if kind == "photos"
+            else example_inputs(model, batch, CPU, seed=11)[0]
+        )
         query = random_queries(batch, model.config.query_dim, CPU, seed=batch)
         controls = model.default_controls(batch)
         ref, out = eager.run(images, query, controls), aot.run(images, query, controls)
@@ -341,7 +370,9 @@ def test_aot_stale_package_is_rebuilt_never_loaded(aot, model, monkeypatch):
     monkeypatch.setattr(aot_mod.AotBackend, "_load", lambda self, path, key: loaded.append(path))
     be = create_backend("aot", other, CPU, (1,), cache_dir=AOT_CACHE)
     be.prepare()
-    assert [r for r, _, _ in asked] == [(1, 1)] and asked[0][2]["fingerprint"] != aot.keys()[(1, 1)]["fingerprint"]
+    assert [r for r, _, _ in asked] == [(1, 1)] and asked[0][2]["fingerprint"] != aot.keys()[(1, 1)][
+        "fingerprint"
+    ]
     assert loaded == []
 
 
@@ -371,7 +402,10 @@ def test_aot_programs_and_no_build_error(model, tmp_path):
     be = create_backend("aot", model, CPU, (1, 2, 4, 8), cache_dir=tmp_path, build=False)
     assert be.programs() == {(1, 1): (1,), (2, 8): (2, 4, 8)}
     assert create_backend("aot", model, CPU, (1, 2, 4), dynamic_batch=False).programs() == {
-        (1, 1): (1,), (2, 2): (2,), (4, 4): (4,)}  # fmt: skip
+        (1, 1): (1,),
+        (2, 2): (2,),
+        (4, 4): (4,),
+    }
     with pytest.raises(EngineError, match=r"batch 1 .*missing.*arrcoc compile --backend aot"):
         be.warmup()
 
@@ -425,12 +459,20 @@ def test_histogram_by_pooled_comparison_equals_scatter_add():
 
     g = torch.Generator().manual_seed(5)
     images = torch.randint(0, 256, (2, 3, 512, 512), dtype=torch.uint8, generator=g)
-    images[1, :, :64] = torch.tensor([255, 0, 0], dtype=torch.uint8).view(3, 1, 1)  # grey 76245: a bin edge region
+    images[1, :, :64] = torch.tensor([255, 0, 0], dtype=torch.uint8).view(
+        3, 1, 1
+    )  # grey 76245: a bin edge region
     px = images.to(torch.int64)
     bins = (px[:, 0] * 299 + px[:, 1] * 587 + px[:, 2] * 114) * HIST_BINS // 255001
     index = cell_index_map(512).view(1, -1) * HIST_BINS + bins.reshape(2, -1)
-    counts = torch.zeros(2, 1024 * HIST_BINS).scatter_add(1, index, torch.ones(index.shape)).view(2, 1024, HIST_BINS)
-    assert torch.equal(cell_histogram(images, 32) * 256, counts.permute(0, 2, 1).reshape(2, HIST_BINS, 32, 32))
+    counts = (
+        torch.zeros(2, 1024 * HIST_BINS)
+        .scatter_add(1, index, torch.ones(index.shape))
+        .view(2, 1024, HIST_BINS)
+    )
+    assert torch.equal(
+        cell_histogram(images, 32) * 256, counts.permute(0, 2, 1).reshape(2, HIST_BINS, 32, 32)
+    )
     p = counts / 256
     ref = (-(p * torch.log(p.clamp_min(1e-12))).sum(-1) / math.log(HIST_BINS)).view(2, 32, 32).clamp(0, 1)
     assert torch.allclose(luminance_entropy(images), ref, rtol=0, atol=1e-6)

@@ -21,8 +21,9 @@ KEY = b"0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    settings = default_settings(device="cpu", buckets=(1, 2, 4), batch_max_size=4, batch_max_delay_ms=20.0,
-                                backends=("eager",))  # fmt: skip
+    settings = default_settings(
+        device="cpu", buckets=(1, 2, 4), batch_max_size=4, batch_max_delay_ms=20.0, backends=("eager",)
+    )
     runtime = Runtime(settings)
     runtime.warm()
     address = str(tmp_path_factory.mktemp("engine") / "engine.sock")
@@ -48,14 +49,23 @@ def test_results_through_the_socket_equal_the_runtimes(served):
     # errors raised in the engine reach the caller as themselves
     with pytest.raises(InvalidInputError, match="eager"):
         client.infer(image, "the cup", controls, timeout=60, backend="onnx")
-    batch = client.process([png_bytes(i) for i in range(3)] + [b"not an image"], ["the sky"] * 4, Controls(), "jpeg")
-    assert batch.outputs.bucket[:3].tolist() == [4, 4, 4] and batch.outputs.ok.tolist() == [True] * 3 + [False]
+    batch = client.process(
+        [png_bytes(i) for i in range(3)] + [b"not an image"], ["the sky"] * 4, Controls(), "jpeg"
+    )
+    assert batch.outputs.bucket[:3].tolist() == [4, 4, 4] and batch.outputs.ok.tolist() == [True] * 3 + [
+        False
+    ]
     assert all(data[:2] == b"\xff\xd8" for data in batch.overlays[:3])  # JPEG overlays, encoded over there
     assert batch.result(3) is None and batch.overlays[3] is None and "image" in batch.errors[3]
-    assert_same_result(batch.result(0), runtime.process([png_bytes(0)], ["the sky"], Controls(), "none").result(0))
+    assert_same_result(
+        batch.result(0), runtime.process([png_bytes(0)], ["the sky"], Controls(), "none").result(0)
+    )
     # the overlay kind crosses the socket: the foveated view, drawn over there as it is here
     remote = client.process([png_bytes(4, 128)], ["the sky"], Controls(), "png", kind="foveated")
-    assert remote.overlays == runtime.process([png_bytes(4, 128)], ["the sky"], Controls(), "png", kind="foveated").overlays
+    assert (
+        remote.overlays
+        == runtime.process([png_bytes(4, 128)], ["the sky"], Controls(), "png", kind="foveated").overlays
+    )
     assert remote.overlays != runtime.process([png_bytes(4, 128)], ["the sky"], Controls(), "png").overlays
 
 

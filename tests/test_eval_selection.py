@@ -30,8 +30,18 @@ def test_every_method_and_metric_is_reported(report) -> None:
     assert report["tokens"] == {"8": 71.5, "200": 251.5}, "K + (1024 - K) / 16 at patch 16, 4-px base"
     res = report["results"]["object captions"]
     for m in METHODS[:-1]:
-        assert set(res[m]) == {"pointing", "recall@8", "recall@200", "found@8", "found@200", "psnr@8", "psnr@200"}, m
-        assert all(0 <= res[m][k] <= 1 for k in ("pointing", "recall@8", "recall@200", "found@8", "found@200"))
+        assert set(res[m]) == {
+            "pointing",
+            "recall@8",
+            "recall@200",
+            "found@8",
+            "found@200",
+            "psnr@8",
+            "psnr@200",
+        }, m
+        assert all(
+            0 <= res[m][k] <= 1 for k in ("pointing", "recall@8", "recall@200", "found@8", "found@200")
+        )
     assert set(res["uniform downsampling"]) == {"psnr@8", "psnr@200"}
     md = to_markdown(report)
     assert md.count("| ARR-COC (top) |") == 2 and "PSNR@200 dB" in md and "251.5 tokens" in md
@@ -46,10 +56,18 @@ def test_arrcoc_beats_random_and_uniform_at_equal_tokens(report) -> None:
     assert res["ARR-COC (diverse)"]["pointing"] == top["pointing"], "diverse keeps the best cell first"
 
 
-@pytest.mark.parametrize(("args", "message"), [(["--k", "0"], "--k must be between 1 and 1024"),
-                                               (["--scenes", "0"], "--scenes must be at least 1")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--k", "0"], "--k must be between 1 and 1024"), (["--scenes", "0"], "--scenes must be at least 1")],
+)
 def test_bad_input_is_one_line(args: list[str], message: str) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "arrcoc", "eval", "selection", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "arrcoc", "eval", "selection", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

@@ -20,7 +20,9 @@ PAIR_FORMS = [
 ]
 # a line that shows a query for one image: it must be one of the forms above (a bundled photo)
 # (a zip is a batch of the reader's own photos, not an example on one image)
-SHOWN_QUERY = re.compile(r'(?:arrcoc (?:submit )?infer\s[^\n]*(?:--query|-q)\s+"|\.infer\([^\n]*"[^"]+"\s*[,)]|handle_file\((?!"[^"]*\.zip"))')
+SHOWN_QUERY = re.compile(
+    r'(?:arrcoc (?:submit )?infer\s[^\n]*(?:--query|-q)\s+"|\.infer\([^\n]*"[^"]+"\s*[,)]|handle_file\((?!"[^"]*\.zip"))'
+)
 
 
 def shown_files() -> list[Path]:

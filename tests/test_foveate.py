@@ -63,13 +63,17 @@ def test_non_multiple_size_and_float_input() -> None:
 def test_batched_equals_one_by_one() -> None:
     imgs = torch.cat([_photo(256, 256, s) for s in range(3)])
     g = torch.Generator().manual_seed(1)
-    budget = torch.randint(0, 401, (3, 32, 32), generator=g).float() * (torch.rand(3, 32, 32, generator=g) > 0.7)
+    budget = torch.randint(0, 401, (3, 32, 32), generator=g).float() * (
+        torch.rand(3, 32, 32, generator=g) > 0.7
+    )
     together = foveate(imgs, budget, patch=4, base_side=2)
     alone = torch.cat([foveate(imgs[i : i + 1], budget[i : i + 1], patch=4, base_side=2) for i in range(3)])
     assert torch.equal(together, alone)
 
 
-def _per_cell_reference(images: torch.Tensor, budget_map: torch.Tensor, patch: int, base_side: int) -> torch.Tensor:
+def _per_cell_reference(
+    images: torch.Tensor, budget_map: torch.Tensor, patch: int, base_side: int
+) -> torch.Tensor:
     """The foveated view drawn the plain way, cell by cell: each cell cut out, averaged down to
     what its budget affords (F.adaptive_avg_pool2d), interpolated back (F.interpolate, bilinear)
     and put back; on a canvas of whole cells for sizes that are not multiples of the grid."""
@@ -78,7 +82,9 @@ def _per_cell_reference(images: torch.Tensor, budget_map: torch.Tensor, patch: i
     b, ch, h, w = images.shape
     g = budget_map.shape[-1]
     ph, pw = -(-h // g), -(-w // g)
-    x = torch.nn.functional.interpolate(images.float(), size=(ph * g, pw * g), mode="bilinear", align_corners=False)
+    x = torch.nn.functional.interpolate(
+        images.float(), size=(ph * g, pw * g), mode="bilinear", align_corners=False
+    )
     cells = x.reshape(b, ch, g, ph, g, pw).permute(0, 2, 4, 1, 3, 5).reshape(b * g * g, ch, ph, pw)
     side = token_side(budget_map.float()).reshape(-1, 1, 1, 1) * patch
     side = torch.where(side > 0, side, torch.full_like(side, float(base_side)))
@@ -96,7 +102,9 @@ def _per_cell_reference(images: torch.Tensor, budget_map: torch.Tensor, patch: i
     return out
 
 
-@pytest.mark.parametrize(("size", "patch"), [((512, 512), 14), ((300, 450), 16), ((1000, 700), 14), ((4096, 3072), 14)])
+@pytest.mark.parametrize(
+    ("size", "patch"), [((512, 512), 14), ((300, 450), 16), ((1000, 700), 14), ((4096, 3072), 14)]
+)
 def test_whole_image_levels_equal_the_per_cell_reference(size: tuple[int, int], patch: int) -> None:
     """The view computes each level on the whole image (no per-cell tensors); the result is the
     plain per-cell one to float rounding: <= 1e-4 in float, at most 1 level in uint8 (a value on a
@@ -104,7 +112,9 @@ def test_whole_image_levels_equal_the_per_cell_reference(size: tuple[int, int], 
     h, w = size
     g = torch.Generator().manual_seed(h)
     img = _photo(h, w, seed=1)
-    budget = torch.randint(64, 401, (1, 32, 32), generator=g).float() * (torch.rand(1, 32, 32, generator=g) > 0.6)
+    budget = torch.randint(64, 401, (1, 32, 32), generator=g).float() * (
+        torch.rand(1, 32, 32, generator=g) > 0.6
+    )
     reference = _per_cell_reference(img, budget, patch, 4)
     assert (foveate(img.float(), budget, patch) - reference).abs().max() <= 1e-4
     delta = (foveate(img, budget, patch).int() - reference.round().clamp(0, 255).int()).abs()
@@ -123,7 +133,9 @@ def test_compiles_whole_and_matches_eager() -> None:
 def test_uniform_view_and_tokens() -> None:
     img = _photo(512, 512)
     full = uniform_view(img, 1024, patch=16)
-    assert psnr(full, img) == float("inf") or psnr(full, img) > 60, "1024 tokens of 16 px cover 512 px exactly"
+    assert psnr(full, img) == float("inf") or psnr(full, img) > 60, (
+        "1024 tokens of 16 px cover 512 px exactly"
+    )
     assert psnr(uniform_view(img, 64, patch=16), img) < 25
     budget = torch.zeros(1, 32, 32)
     budget[0, :2] = 100  # 64 selected cells of 16 px: one 16-px token each at patch 16
@@ -139,9 +151,16 @@ def test_boxes_map_back_to_original_pixels_non_square() -> None:
     assert boxes[1].tolist() == [969, 0, 1000, 19]
     assert boxes[3].tolist() == [969, 582, 1000, 600]  # 31 * 600 / 32 = 581.25: pixel row 582 is the first
     for (x0, y0, x1, y1), cell in zip(boxes, cells, strict=True):  # every pixel in a box is in its cell
-        assert {x * g // w for x in range(x0, x1)} == {cell % g} and {y * g // h for y in range(y0, y1)} == {cell // g}
+        assert {x * g // w for x in range(x0, x1)} == {cell % g} and {y * g // h for y in range(y0, y1)} == {
+            cell // g
+        }
     x0, y0, x1, y1 = boxes[4]
-    assert 0 <= x0 - 7 * w / g < 1 and 0 <= y0 - 5 * h / g < 1 and 0 <= x1 - 8 * w / g < 1 and 0 <= y1 - 6 * h / g < 1
+    assert (
+        0 <= x0 - 7 * w / g < 1
+        and 0 <= y0 - 5 * h / g < 1
+        and 0 <= x1 - 8 * w / g < 1
+        and 0 <= y1 - 6 * h / g < 1
+    )
     every = cell_boxes(np.arange(g * g), g, (w, h))
     area = ((every[:, 2] - every[:, 0]) * (every[:, 3] - every[:, 1])).sum()
     assert area == w * h, "the boxes tile the photo"
@@ -168,9 +187,28 @@ def test_cli_writes_the_foveated_view_and_boxes(tmp_path) -> None:
     root = Path(__file__).resolve().parent.parent
     photo = root / "arrcoc/examples/coffee.jpg"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2"}
-    proc = subprocess.run([sys.executable, "-m", "arrcoc", "infer", str(photo), "-q", "the cup", "--k", "100",
-                           "--json", str(tmp_path / "r.json"), "--foveated", str(tmp_path / "f.png")],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arrcoc",
+            "infer",
+            str(photo),
+            "-q",
+            "the cup",
+            "--k",
+            "100",
+            "--json",
+            str(tmp_path / "r.json"),
+            "--foveated",
+            str(tmp_path / "f.png"),
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "r.json").read_text())
     original = Image.open(photo).convert("RGB")
@@ -205,10 +243,23 @@ def test_demo_view_is_sharp_on_selected_cells() -> None:
     budget_map[0, :4] = 400
     rel = np.zeros((g, g))
     result = RelevanceResult(
-        variant="arrcoc-texture", weights_version="v", backend="eager", query="the red one", relevance=rel,
-        information=rel, perspectival=rel, participatory=rel, balance=np.full(3, 1 / 3), tensions=np.zeros(3),
-        selected=np.arange(4), budgets=np.full(4, 400), budget_map=budget_map, texture=np.zeros((13, g, g)),
-        image_size=(1280, 640), token_budget=1600)  # fmt: skip
+        variant="arrcoc-texture",
+        weights_version="v",
+        backend="eager",
+        query="the red one",
+        relevance=rel,
+        information=rel,
+        perspectival=rel,
+        participatory=rel,
+        balance=np.full(3, 1 / 3),
+        tensions=np.zeros(3),
+        selected=np.arange(4),
+        budgets=np.full(4, 400),
+        budget_map=budget_map,
+        texture=np.zeros((13, g, g)),
+        image_size=(1280, 640),
+        token_budget=1600,
+    )
     view, md = foveated_view(Run(photo, result))
     assert view.size == photo.size
     a, v = np.asarray(photo, dtype=np.float64), np.asarray(view, dtype=np.float64)

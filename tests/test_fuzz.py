@@ -47,7 +47,11 @@ def test_decode_manifest_is_utf8_or_a_clear_error(raw):
 
 
 @FAST
-@given(st.text(max_size=300), st.sampled_from(["manifest.csv", "manifest.jsonl"]), st.none() | st.text(max_size=10))
+@given(
+    st.text(max_size=300),
+    st.sampled_from(["manifest.csv", "manifest.jsonl"]),
+    st.none() | st.text(max_size=10),
+)
 def test_parse_manifest_gives_text_rows_or_a_clear_error(raw, name, default):
     try:
         rows = archive.parse_manifest(raw, name, default, 500)
@@ -100,7 +104,12 @@ def test_validate_query_refuses_what_is_not_text(value):
 
 
 @FAST
-@given(anything | st.floats(0, 10), anything | st.floats(0, 10), anything | st.integers(1, 1024), anything | st.integers())
+@given(
+    anything | st.floats(0, 10),
+    anything | st.floats(0, 10),
+    anything | st.integers(1, 1024),
+    anything | st.integers(),
+)
 def test_controls_are_numbers_in_range_or_a_clear_error(scale, scale2, k, budget):
     try:
         c = Controls(scale, scale2, 1.0, k, budget).validated(1024, 200, 25600)
@@ -117,10 +126,14 @@ def test_controls_are_numbers_in_range_or_a_clear_error(scale, scale2, k, budget
     st.lists(anything | st.sampled_from(["arrcoc-texture"]), max_size=6),
     st.lists(anything | st.sampled_from(["eager", "onnx"]), max_size=6),
     st.lists(anything | st.integers(-5, 100), max_size=12),
-    anything | st.integers(-5, 10**7), anything | st.integers(-5, 500),
-    anything | st.sampled_from(["auto", "cpu", "cuda:0"]), st.dictionaries(st.text(max_size=12), anything, max_size=2),
-)  # fmt: skip
-def test_bench_requests_within_caps_or_a_clear_error(variants, backends, buckets, iterations, warmup, device, options):
+    anything | st.integers(-5, 10**7),
+    anything | st.integers(-5, 500),
+    anything | st.sampled_from(["auto", "cpu", "cuda:0"]),
+    st.dictionaries(st.text(max_size=12), anything, max_size=2),
+)
+def test_bench_requests_within_caps_or_a_clear_error(
+    variants, backends, buckets, iterations, warmup, device, options
+):
     req = BenchRequest(tuple(variants), tuple(backends), tuple(buckets), iterations, warmup, device, options)
     try:
         ok = check_bench_request(req, S)
@@ -132,7 +145,9 @@ def test_bench_requests_within_caps_or_a_clear_error(variants, backends, buckets
     assert BenchRequest.from_wire(ok.to_wire()) == ok
 
 
-VALID_ZIP = make_zip({"a.png": png_bytes(), "d/b.png": png_bytes(seed=1), "manifest.csv": b"file,query\na.png,sky\n"})
+VALID_ZIP = make_zip(
+    {"a.png": png_bytes(), "d/b.png": png_bytes(seed=1), "manifest.csv": b"file,query\na.png,sky\n"}
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -171,8 +186,12 @@ def test_zip_names_round_trip_without_loss(tmp_path):
     names = ["a.png", "A.png", "dir/a.png", "dir/sub/a.png", "é.png", "space name.png", "a.PNG"]
     jd = tmp_path / "jobs" / "batch-0000000000000001"
     jd.mkdir(parents=True)
-    items = archive.unpack(make_zip({n: png_bytes(seed=i) for i, n in enumerate(names)}), "q", jd,
-                           default_settings(data_dir=tmp_path))  # fmt: skip
+    items = archive.unpack(
+        make_zip({n: png_bytes(seed=i) for i, n in enumerate(names)}),
+        "q",
+        jd,
+        default_settings(data_dir=tmp_path),
+    )
     assert sorted(it.file for it in items) == sorted(names)
     with zipfile.ZipFile(io.BytesIO(make_zip({n: b"x" for n in names}))) as zf:
         assert len(zf.namelist()) == len(names)

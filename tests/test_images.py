@@ -91,13 +91,17 @@ def _bomb() -> bytes:
 )
 def test_bad_images_fail_clearly(source, limits, message: str, examples_dir: Path, tmp_path: Path) -> None:
     coffee = (examples_dir / "coffee.jpg").read_bytes()
-    source = {
-        "truncated": coffee[: len(coffee) // 2],
-        "bomb": _bomb(),
-        "coffee": examples_dir / "coffee.jpg",
-        "tiny": encode(Image.new("RGB", (1, 1))),
-        "missing": tmp_path / "nope.jpg",
-    }.get(source, source) if isinstance(source, str) else source
+    source = (
+        {
+            "truncated": coffee[: len(coffee) // 2],
+            "bomb": _bomb(),
+            "coffee": examples_dir / "coffee.jpg",
+            "tiny": encode(Image.new("RGB", (1, 1))),
+            "missing": tmp_path / "nope.jpg",
+        }.get(source, source)
+        if isinstance(source, str)
+        else source
+    )
     with pytest.raises(ImageError, match=message):
         load_image(source, limits)
 
@@ -142,6 +146,7 @@ def test_the_draft_size_from_the_header_is_pillows(monkeypatch) -> None:
     from arrcoc.service.jobs.archive import _decoded_pixels
 
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # Pillow's own bomb check is not the point here
+
     @settings(max_examples=300, deadline=None)
     @given(st.integers(1, 30000), st.integers(1, 30000), st.sampled_from([64, 512, 1000, 1024]))
     def same(w: int, h: int, side: int) -> None:

@@ -95,7 +95,11 @@ def test_the_library_never_imports_its_adapters() -> None:
     graph = import_graph("arrcoc", "worker", "demo")
     for module, deps in graph.items():
         if module.startswith("arrcoc.") and module.split(".")[1] not in ("cli", "__main__"):
-            bad = {d for d in deps if d.split(".")[0] in ("worker", "demo") or d.split(".")[:2] == ["arrcoc", "cli"]}
+            bad = {
+                d
+                for d in deps
+                if d.split(".")[0] in ("worker", "demo") or d.split(".")[:2] == ["arrcoc", "cli"]
+            }
             assert not bad, f"{module} imports {bad}"
 
 

@@ -16,7 +16,9 @@ from arrcoc.train.scenes import SceneObject, render
 
 torch.set_num_threads(2)
 # CLIP variants: weights from the hub and slow on CPU; test_clip.py and test_vit.py hold their contract
-FAST_VARIANTS = [n for n in list_variants() if "hub" not in get_variant(n).tags and not get_variant(n).benchmark_only]
+FAST_VARIANTS = [
+    n for n in list_variants() if "hub" not in get_variant(n).tags and not get_variant(n).benchmark_only
+]
 
 
 def _inputs(model, batch: int, seed: int = 0):
@@ -55,8 +57,10 @@ def test_shapes_and_ranges(name: str) -> None:
         chosen = out.budgets[i, :k]
         assert chosen.min() >= 64 and chosen.max() <= 400 and (out.budgets[i, k:] == 0).all()
         assert chosen.sum() <= total + 1e-3
-        assert torch.equal(out.budget_map[i].flatten().gt(0).nonzero().flatten().sort().values,
-                           out.order[i, :k].sort().values)  # fmt: skip
+        assert torch.equal(
+            out.budget_map[i].flatten().gt(0).nonzero().flatten().sort().values,
+            out.order[i, :k].sort().values,
+        )
 
 
 @pytest.mark.parametrize("name", FAST_VARIANTS)
@@ -92,13 +96,25 @@ def test_no_constant_is_created_in_forward(trained) -> None:
 # --------------------------------------------------------------------------- query dependence
 
 LAYOUTS = [
-    [("circle", "red", 130, 140, 60), ("square", "blue", 380, 380, 60), ("triangle", "green", 380, 130, 62),
-     ("star", "yellow", 130, 390, 66)],
-    [("star", "red", 400, 300, 64), ("circle", "blue", 120, 120, 56), ("square", "green", 140, 380, 58),
-     ("triangle", "yellow", 330, 100, 60)],
-    [("square", "red", 260, 400, 60), ("star", "blue", 260, 120, 70), ("circle", "green", 420, 260, 56),
-     ("triangle", "yellow", 100, 260, 60)],
-]  # fmt: skip
+    [
+        ("circle", "red", 130, 140, 60),
+        ("square", "blue", 380, 380, 60),
+        ("triangle", "green", 380, 130, 62),
+        ("star", "yellow", 130, 390, 66),
+    ],
+    [
+        ("star", "red", 400, 300, 64),
+        ("circle", "blue", 120, 120, 56),
+        ("square", "green", 140, 380, 58),
+        ("triangle", "yellow", 330, 100, 60),
+    ],
+    [
+        ("square", "red", 260, 400, 60),
+        ("star", "blue", 260, 120, 70),
+        ("circle", "green", 420, 260, 56),
+        ("triangle", "yellow", 100, 260, 60),
+    ],
+]
 
 
 def _scene(layout, seed: int):
@@ -115,7 +131,9 @@ def test_query_points_at_the_named_object(trained, query_encoder) -> None:
         queries = [f"the {c} {k}" for k, c, *_ in layout]
         q = query_encoder.encode(queries)
         with torch.no_grad():
-            out = trained(image.expand(len(queries), -1, -1, -1).contiguous(), q, trained.default_controls(len(queries)))
+            out = trained(
+                image.expand(len(queries), -1, -1, -1).contiguous(), q, trained.default_controls(len(queries))
+            )
         top = out.relevance.flatten(1).argmax(1)
         for i in range(len(queries)):
             hits += int(cover[i, int(top[i])] >= 0.5)
@@ -131,9 +149,15 @@ def test_query_points_at_the_named_object(trained, query_encoder) -> None:
 
 @pytest.mark.parametrize(
     ("query", "message"),
-    [("", "empty"), ("   \n\t ", "empty"), ("x" * 501, "limit is 500"), (42, "must be text"), (None, "must be text"),
-     ("?!...", "no letters")],
-)  # fmt: skip
+    [
+        ("", "empty"),
+        ("   \n\t ", "empty"),
+        ("x" * 501, "limit is 500"),
+        (42, "must be text"),
+        (None, "must be text"),
+        ("?!...", "no letters"),
+    ],
+)
 def test_bad_queries_fail_clearly(query, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         validate_query(query)
@@ -141,11 +165,16 @@ def test_bad_queries_fail_clearly(query, message: str) -> None:
 
 @pytest.mark.parametrize(
     ("controls", "message"),
-    [(Controls(k=0), "K must be between 1 and 1024"), (Controls(k=5000), "K must be"),
-     (Controls(k=200, token_budget=100), "token budget"), (Controls(token_budget=10**9), "token budget"),
-     (Controls(scale_information=-1), "between 0 and 10"), (Controls(scale_perspectival=float("nan")), "between 0"),
-     (Controls(0.0, 0.0, 0.0), "above 0")],
-)  # fmt: skip
+    [
+        (Controls(k=0), "K must be between 1 and 1024"),
+        (Controls(k=5000), "K must be"),
+        (Controls(k=200, token_budget=100), "token budget"),
+        (Controls(token_budget=10**9), "token budget"),
+        (Controls(scale_information=-1), "between 0 and 10"),
+        (Controls(scale_perspectival=float("nan")), "between 0"),
+        (Controls(0.0, 0.0, 0.0), "above 0"),
+    ],
+)
 def test_bad_controls_fail_clearly(controls: Controls, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         controls.validated(1024, 200, 25600)

@@ -21,8 +21,15 @@ from arrcoc.bench.processes import REPO, Worker, worker_env
 from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import default_settings
 
-GROUP = {"devices": "cpu,cpu", "worker_processes": "1", "engine_processes": "1", "buckets": "[1,2,4]",
-         "batch_max_size": "4", "batch_max_delay_ms": "20", "batch_chunk_items": "6"}  # fmt: skip
+GROUP = {
+    "devices": "cpu,cpu",
+    "worker_processes": "1",
+    "engine_processes": "1",
+    "buckets": "[1,2,4]",
+    "batch_max_size": "4",
+    "batch_max_delay_ms": "20",
+    "batch_chunk_items": "6",
+}
 
 
 def engines(ex) -> dict[str, dict]:
@@ -51,8 +58,12 @@ def rig(tmp_path_factory):
         worker = group(root, settings, root / "data", "arrcoc")  # the name compose gives (the healthcheck's)
         from arrcoc.service.client.celery_executor import CeleryExecutor
 
-        fields = {"redis_prefix": settings["redis_prefix"], "queue_gpu": settings["queue_gpu"],
-                  "queue_bench": settings["queue_bench"], "batch_chunk_items": 6}  # fmt: skip
+        fields = {
+            "redis_prefix": settings["redis_prefix"],
+            "queue_gpu": settings["queue_gpu"],
+            "queue_bench": settings["queue_bench"],
+            "batch_chunk_items": 6,
+        }
         ex = CeleryExecutor(default_settings(broker_url=BROKER, data_dir=root / "data", **fields))
         try:
             yield {"worker": worker, "ex": ex, "root": root, "settings": settings, "fields": fields}
@@ -88,11 +99,21 @@ def test_both_devices_serve_one_job_and_the_requests(rig):
 
 def test_the_healthcheck_asks_every_celery_process_and_every_engine(rig):
     env = worker_env(BROKER, rig["root"] / "data", worker_processes="1", devices="cpu,cpu")
-    check = subprocess.run([sys.executable, str(REPO / "docker" / "healthcheck.py"), "worker"], env=env,
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    check = subprocess.run(
+        [sys.executable, str(REPO / "docker" / "healthcheck.py"), "worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stderr
-    three = subprocess.run([sys.executable, str(REPO / "docker" / "healthcheck.py"), "worker"],
-                           env=env | {"ARRCOC_WORKER_PROCESSES": "2"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    three = subprocess.run(
+        [sys.executable, str(REPO / "docker" / "healthcheck.py"), "worker"],
+        env=env | {"ARRCOC_WORKER_PROCESSES": "2"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert three.returncode == 1 and "2 of 4 Celery processes answered" in three.stderr, three.stderr
 
 
@@ -112,7 +133,9 @@ def test_one_engine_killed_the_job_finishes_and_it_comes_back(rig):
         rows = result_rows(zf)
     assert sorted(r["index"] for r in rows) == list(range(36))  # every item exactly once
     assert worker.alive()  # the group stayed up
-    now = wait_for(lambda: (e := engines(ex)) and all(x["up"] for x in e.values()) and e, 120, "the engine back")
+    now = wait_for(
+        lambda: (e := engines(ex)) and all(x["up"] for x in e.values()) and e, 120, "the engine back"
+    )
     assert now[survivor]["pid"] == pids[survivor]  # the other engine was never touched
     assert now[victim]["pid"] != pids[victim]  # the killed one was started again, alone
 

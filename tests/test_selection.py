@@ -19,8 +19,10 @@ def trained():
     return create_model("arrcoc-texture").eval()
 
 
-@pytest.mark.parametrize(("selection", "message"), [("best", "selection must be one of top, diverse"),
-                                                    (1, "selection must be one of"), ("", "selection")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [("best", "selection must be one of top, diverse"), (1, "selection must be one of"), ("", "selection")],
+)
 def test_unknown_selection_fails_clearly(selection, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         Controls(selection=selection).validated(1024, 200, 25600)
@@ -29,7 +31,9 @@ def test_unknown_selection_fails_clearly(selection, message: str) -> None:
 def test_selection_travels_as_a_control_column() -> None:
     assert Controls().validated(1024, 200, 25600).selection == "top"
     row = Controls(selection="diverse").validated(1024, 200, 25600).as_row()
-    assert len(row) == len(CONTROL_FIELDS) and row[CONTROL_FIELDS.index("selection")] == SELECTION_MODES.index("diverse")
+    assert len(row) == len(CONTROL_FIELDS) and row[
+        CONTROL_FIELDS.index("selection")
+    ] == SELECTION_MODES.index("diverse")
     assert Controls.from_wire(Controls(selection="diverse").to_wire()).selection == "diverse"
     assert Controls.from_wire({"k": 10}).selection is None, "a request from before the option keeps working"
 
@@ -58,12 +62,18 @@ def test_diverse_brings_the_other_object_forward() -> None:
     assert div[0, 0] == order[0, 0], "the best cell stays first"
     assert weak in div[0, :3].tolist(), "the weaker object's peak comes second or third"
     assert torch.equal(div[0].sort().values, torch.arange(1024)), "a permutation of the cells"
-    assert torch.equal(div[0, DIVERSE_CANDIDATES:], order[0, DIVERSE_CANDIDATES:]), "past the candidates: by relevance"
+    assert torch.equal(div[0, DIVERSE_CANDIDATES:], order[0, DIVERSE_CANDIDATES:]), (
+        "past the candidates: by relevance"
+    )
 
 
 def test_model_serves_both_modes_in_one_batch(trained) -> None:
     g = torch.Generator().manual_seed(3)
-    image = torch.randint(0, 256, (1, 3, 512, 512), dtype=torch.uint8, generator=g).expand(2, -1, -1, -1).contiguous()
+    image = (
+        torch.randint(0, 256, (1, 3, 512, 512), dtype=torch.uint8, generator=g)
+        .expand(2, -1, -1, -1)
+        .contiguous()
+    )
     query = torch.nn.functional.normalize(torch.randn(1, 384, generator=g), dim=-1).expand(2, -1).contiguous()
     controls = trained.default_controls(2)
     controls[:, 3], controls[:, 4] = 50, 6400
@@ -74,12 +84,26 @@ def test_model_serves_both_modes_in_one_batch(trained) -> None:
     assert torch.equal(out.order[0], top_alone.order[0]) and torch.equal(out.budgets[0], top_alone.budgets[0])
     assert not torch.equal(out.order[1, :50], out.order[0, :50]), "diverse chooses other cells"
     chosen = out.budgets[1, :50]
-    assert chosen.min() >= 64 and chosen.max() <= 400 and chosen.sum() <= 6400 and (out.budgets[1, 50:] == 0).all()
-    assert torch.equal(out.budget_map[1].flatten().gt(0).nonzero().flatten().sort().values, out.order[1, :50].sort().values)
+    assert (
+        chosen.min() >= 64
+        and chosen.max() <= 400
+        and chosen.sum() <= 6400
+        and (out.budgets[1, 50:] == 0).all()
+    )
+    assert torch.equal(
+        out.budget_map[1].flatten().gt(0).nonzero().flatten().sort().values, out.order[1, :50].sort().values
+    )
     rel = out.relevance[1].flatten()
-    assert torch.allclose(out.budgets[1, :50], TokenAllocator()(rel.view(1, 32, 32)[:, :, :],
-                          torch.tensor([50.0]), torch.tensor([6400.0]), torch.ones(1),
-                          cell_features(out.texture[1:2])).budgets[0, :50]), "budgets follow each cell's relevance"  # fmt: skip
+    assert torch.allclose(
+        out.budgets[1, :50],
+        TokenAllocator()(
+            rel.view(1, 32, 32)[:, :, :],
+            torch.tensor([50.0]),
+            torch.tensor([6400.0]),
+            torch.ones(1),
+            cell_features(out.texture[1:2]),
+        ).budgets[0, :50],
+    ), "budgets follow each cell's relevance"
 
 
 def _allocator_inputs(batch: int = 3):
@@ -108,7 +132,9 @@ def test_diverse_exports_to_onnx_and_runs_in_onnxruntime(tmp_path) -> None:
     path = tmp_path / "alloc.onnx"
     with torch.no_grad():
         ref = alloc(*args)
-        torch.onnx.export(alloc, args, path, dynamo=True, input_names=["rel", "k", "total", "mode", "features"])
+        torch.onnx.export(
+            alloc, args, path, dynamo=True, input_names=["rel", "k", "total", "mode", "features"]
+        )
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feeds = {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args, strict=True)}
     order, budgets, _ = sess.run(None, feeds)
@@ -133,6 +159,8 @@ def test_engine_onnx_backend_serves_diverse_like_eager(trained, tmp_path) -> Non
     ref, got = eager.run(images, query, controls), onnx.run(images, query, controls)
     for i in range(2):
         assert set(ref.order[i, :40].tolist()) == set(got.order[i, :40].tolist()), i
-    assert not torch.equal(ref.order[0, :40].sort().values, trained(images[:1], query[:1], controls[1:2].clone()
-                           ).order[0, :40].sort().values), "row 0 really was diverse"  # fmt: skip
+    assert not torch.equal(
+        ref.order[0, :40].sort().values,
+        trained(images[:1], query[:1], controls[1:2].clone()).order[0, :40].sort().values,
+    ), "row 0 really was diverse"
     onnx.close()

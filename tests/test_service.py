@@ -30,8 +30,12 @@ from arrcoc.settings import default_settings
 
 @pytest.fixture
 def settings(tmp_path):
-    return default_settings(data_dir=tmp_path / "data", buckets=(1, 2, 4), max_batch_items=100,
-                            weights=str(seeded_weights(tmp_path / "w.safetensors")))  # fmt: skip
+    return default_settings(
+        data_dir=tmp_path / "data",
+        buckets=(1, 2, 4),
+        max_batch_items=100,
+        weights=str(seeded_weights(tmp_path / "w.safetensors")),
+    )
 
 
 # -- zip input -------------------------------------------------------------------------------
@@ -45,7 +49,11 @@ def settings(tmp_path):
         (make_zip({"../evil.png": png_bytes(0)}), "q", "unsafe path"),
         (make_zip({"/etc/evil.png": png_bytes(0)}), "q", "unsafe path"),
         (make_zip({"a.png": png_bytes(0)}), None, "Give a query"),
-        (make_zip({"a.png": png_bytes(0), "manifest.csv": b"file,query\na.png,x\nb.png,y\n"}), None, "lacks: b.png"),
+        (
+            make_zip({"a.png": png_bytes(0), "manifest.csv": b"file,query\na.png,x\nb.png,y\n"}),
+            None,
+            "lacks: b.png",
+        ),
         (make_zip({"a.png": png_bytes(0), "manifest.csv": b"name,q\na.png,x\n"}), None, "file,query"),
         (make_zip({"a.png": png_bytes(0), "manifest.jsonl": b'{"file": "a.png"}\n'}), None, "no query"),
         (make_zip({"a.png": png_bytes(0), "manifest.jsonl": b"{oops\n"}), None, "not JSON"),
@@ -58,16 +66,28 @@ def test_bad_archives_are_refused_clearly(settings, tmp_path, archive, query, me
 
 
 def test_zip_with_one_query_and_with_manifests(settings, tmp_path):
-    items = unpack(make_zip({"b.png": png_bytes(1), "a.jpg": png_bytes(0), "x/readme.txt": b"",
-                             "__MACOSX/._a.jpg": b""}), "the mug", tmp_path / "j1", settings)  # fmt: skip
+    items = unpack(
+        make_zip(
+            {"b.png": png_bytes(1), "a.jpg": png_bytes(0), "x/readme.txt": b"", "__MACOSX/._a.jpg": b""}
+        ),
+        "the mug",
+        tmp_path / "j1",
+        settings,
+    )
     assert [(i.file, i.query) for i in items] == [("a.jpg", "the mug"), ("b.png", "the mug")]
     assert [i.file for i in load_items(tmp_path / "j1")] == ["a.jpg", "b.png"]
     csv = b"file,query\nb.png,a cat\na.jpg,\n"
-    items = unpack(make_zip({"a.jpg": png_bytes(0), "b.png": png_bytes(1), "manifest.csv": csv}), "default",
-                   tmp_path / "j2", settings)  # fmt: skip
+    items = unpack(
+        make_zip({"a.jpg": png_bytes(0), "b.png": png_bytes(1), "manifest.csv": csv}),
+        "default",
+        tmp_path / "j2",
+        settings,
+    )
     assert [(i.file, i.query) for i in items] == [("b.png", "a cat"), ("a.jpg", "default")]
     jsonl = b'{"file": "d/a.jpg", "query": "sky"}\n\n{"file": "d/a.jpg", "query": "sea"}\n'
-    items = unpack(make_zip({"d/a.jpg": png_bytes(0), "manifest.jsonl": jsonl}), None, tmp_path / "j3", settings)
+    items = unpack(
+        make_zip({"d/a.jpg": png_bytes(0), "manifest.jsonl": jsonl}), None, tmp_path / "j3", settings
+    )
     assert [i.query for i in items] == ["sky", "sea"]
     with pytest.raises(InvalidInputError, match="limit is 100"):
         unpack(make_zip({f"{i}.png": b"x" for i in range(101)}), "q", tmp_path / "j4", settings)
@@ -144,8 +164,15 @@ def test_pipelined_batcher_gathers_the_next_batch_while_the_device_runs_one():
         return wait
 
     # idle_wait: the first four gather into one batch (with the device idle they would go at once)
-    b = DynamicBatcher(lambda items: pytest.fail("runs through launch_batch"), max_batch=8, max_delay_s=0.05,
-                       prepare_batch=prepare, idle_wait=True, launch_batch=launch, name="pipelined")  # fmt: skip
+    b = DynamicBatcher(
+        lambda items: pytest.fail("runs through launch_batch"),
+        max_batch=8,
+        max_delay_s=0.05,
+        prepare_batch=prepare,
+        idle_wait=True,
+        launch_batch=launch,
+        name="pipelined",
+    )
     futures.extend(b.submit(i) for i in range(4))
     assert [f.result(5) for f in futures[:4]] == [0, 10, 20, 30]
     deadline = time.monotonic() + 5
@@ -154,13 +181,19 @@ def test_pipelined_batcher_gathers_the_next_batch_while_the_device_runs_one():
     assert [f.result(5) for i, f in enumerate(futures) if i != 7] == [i * 10 for i in range(12) if i != 7]
     with pytest.raises(ValueError, match="undecodable 7"):
         futures[7].result(5)
-    assert log == [("prepare", [0, 1, 2, 3]), ("launch", [0, 1, 2, 3]), ("wait", [0, 1, 2, 3]),
-                   ("prepare", list(range(4, 12))), ("launch", [4, 5, 6, 8, 9, 10, 11]),
-                   ("wait", [4, 5, 6, 8, 9, 10, 11])], log  # fmt: skip
+    assert log == [
+        ("prepare", [0, 1, 2, 3]),
+        ("launch", [0, 1, 2, 3]),
+        ("wait", [0, 1, 2, 3]),
+        ("prepare", list(range(4, 12))),
+        ("launch", [4, 5, 6, 8, 9, 10, 11]),
+        ("wait", [4, 5, 6, 8, 9, 10, 11]),
+    ], log
     assert threads == {"pipelined"}
     # a lone request with the device idle: prepared, started and handed out at once
-    lone = DynamicBatcher(lambda items: [threading.current_thread().name for _ in items], prepare_batch=prepare,
-                          name="lone")  # fmt: skip
+    lone = DynamicBatcher(
+        lambda items: [threading.current_thread().name for _ in items], prepare_batch=prepare, name="lone"
+    )
     t0 = time.perf_counter()
     assert lone.submit(1).result(5) == "lone"
     assert time.perf_counter() - t0 < 0.5
@@ -222,7 +255,9 @@ def test_store_contract(store):
     assert not store.mark_item("batch-0000000000000001", 0)  # a redelivery counts nothing twice
     assert not store.mark_item("batch-0000000000000001", 0, "late error")
     assert store.mark_item("batch-0000000000000001", 1, "broken image")
-    assert store.item_finished("batch-0000000000000001", 1) and not store.item_finished("batch-0000000000000001", 2)
+    assert store.item_finished("batch-0000000000000001", 1) and not store.item_finished(
+        "batch-0000000000000001", 2
+    )
     assert store.counts("batch-0000000000000001") == (1, 1)
     assert store.failed_items("batch-0000000000000001") == {1: "broken image"}
     assert [store.attempt("batch-0000000000000001", 2) for _ in range(3)] == [1, 2, 3]
@@ -298,7 +333,9 @@ def test_the_device_is_held_from_launch_to_collect_and_never_left_held(settings,
         assert not free(), "the device must be held until the batch is collected"
         results = wait()
         assert free() and [r.grid for r in results] == [results[0].grid] * 2
-        assert [r.relevance.tolist() for r in results] == [r.relevance.tolist() for r in rt.pipeline.run(good)]
+        assert [r.relevance.tolist() for r in results] == [
+            r.relevance.tolist() for r in rt.pipeline.run(good)
+        ]
 
         launch = rt.pipeline.launch
 
@@ -372,7 +409,9 @@ def test_a_batch_job_without_overlays(settings, tmp_path):
             assert not [n for n in zf.namelist() if n.startswith("overlays/")]
             assert pq.read_metadata(io.BytesIO(zf.read("results.parquet"))).num_rows == 3
             summary = list(csv.DictReader(io.StringIO(zf.read("summary.csv").decode())))
-            assert [r["overlay"] for r in summary] == ["", "", ""] and {r["status"] for r in summary} == {"ok"}
+            assert [r["overlay"] for r in summary] == ["", "", ""] and {r["status"] for r in summary} == {
+                "ok"
+            }
     finally:
         ex.close()
 
@@ -390,7 +429,12 @@ def test_a_batch_job_can_draw_the_foveated_view_and_lists_the_selected_boxes(set
     from arrcoc.service.client.inprocess import InProcessExecutor
 
     photo = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()  # 600 x 400: cells not whole pixels
-    files = {"a.png": png_bytes(1, 256), "b.jpg": photo, "c.png": png_bytes(2, 256), "d.png": b"\x89PNG not really"}
+    files = {
+        "a.png": png_bytes(1, 256),
+        "b.jpg": photo,
+        "c.png": png_bytes(2, 256),
+        "d.png": b"\x89PNG not really",
+    }
     ex = InProcessExecutor(settings.model_copy(update={"overlay_format": "png", "data_dir": tmp_path}))
     try:
         with pytest.raises(InvalidInputError, match="overlay_kind.*relevance, foveated"):
@@ -400,7 +444,11 @@ def test_a_batch_job_can_draw_the_foveated_view_and_lists_the_selected_boxes(set
         assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 1), st
         with zipfile.ZipFile(ex.batch_results(job)) as zf:
             table = pq.read_table(io.BytesIO(zf.read("results.parquet")))
-            pictures = {n: np.asarray(Image.open(io.BytesIO(zf.read(n)))) for n in zf.namelist() if n.startswith("overlays/")}
+            pictures = {
+                n: np.asarray(Image.open(io.BytesIO(zf.read(n))))
+                for n in zf.namelist()
+                if n.startswith("overlays/")
+            }
         assert table.schema.metadata[b"arrcoc.selected_boxes_format"] == b"x0,y0,x1,y1,tokens"
         rows = table.to_pylist()
         pipe = ex.runtime.pipeline
@@ -415,7 +463,9 @@ def test_a_batch_job_can_draw_the_foveated_view_and_lists_the_selected_boxes(set
             assert np.abs(drawn.astype(int) - original.astype(int)).max() > 10  # unselected cells are blurred
             boxes = np.asarray(row["selected_boxes"]).reshape(-1, 5)
             assert boxes.tolist() == pipe.infer([files[name]], "the red mug")[0].selected_boxes.tolist(), name
-        assert rows[3]["status"] == "failed" and rows[3]["selected_boxes"] is None and rows[3]["overlay"] is None
+        assert (
+            rows[3]["status"] == "failed" and rows[3]["selected_boxes"] is None and rows[3]["overlay"] is None
+        )
     finally:
         ex.close()
 
@@ -470,7 +520,9 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
         rebuilt = content(build_results_zip(jd))
         assert rebuilt[:2] == streamed[:2] and rebuilt[2].equals(streamed[2])
         out_of_order = ResultsZip(jd)
-        assert out_of_order.add_pictures([8, 9], [None, None], [None, None]) is None  # not where the results begin
+        assert (
+            out_of_order.add_pictures([8, 9], [None, None], [None, None]) is None
+        )  # not where the results begin
         assert not out_of_order.complete(21) and out_of_order.abandoned
         out_of_order.abandon()
         assert not out_of_order.path.exists()
@@ -491,16 +543,24 @@ def test_a_part_written_before_rows_were_arrow_is_read_as_it_is(tmp_path):
     old_keys = [(0, "a.jpg", "q"), (1, "b.jpg", "q")]
     outputs = dataclasses.replace(StepOutputs.failed(2, 32, 4), ok=np.ones(2, bool))
     names = [zip_name(i, f, ".jpg") for i, f, _ in old_keys]
-    with zipfile.ZipFile(tmp_path / "results" / f"{0:020d}-aaaaaa.part.zip", "w") as zf:  # as the older code wrote it
+    with zipfile.ZipFile(
+        tmp_path / "results" / f"{0:020d}-aaaaaa.part.zip", "w"
+    ) as zf:  # as the older code wrote it
         for name, data in zip(names, (b"first picture", b"second"), strict=True):
             zf.writestr(name, data)
         zf.writestr("rows.parquet", to_bytes(step_table(old_keys, outputs, [None, None], names)))
     new_keys = [(2, "c.jpg", "q")]
     one = dataclasses.replace(StepOutputs.failed(1, 32, 4), ok=np.ones(1, bool))
-    write_part(tmp_path, new_keys, one, [None], picture_names(new_keys, [b"third"], one.ok, ".jpg"), [b"third"])
+    write_part(
+        tmp_path, new_keys, one, [None], picture_names(new_keys, [b"third"], one.ok, ".jpg"), [b"third"]
+    )
     with zipfile.ZipFile(build_results_zip(tmp_path)) as zf:
         assert zf.testzip() is None
-        assert [zf.read(n) for n in zf.namelist() if n.startswith("overlays/")] == [b"first picture", b"second", b"third"]
+        assert [zf.read(n) for n in zf.namelist() if n.startswith("overlays/")] == [
+            b"first picture",
+            b"second",
+            b"third",
+        ]
         assert pq.read_table(io.BytesIO(zf.read("results.parquet")))["index"].to_pylist() == [0, 1, 2]
 
 
@@ -518,7 +578,9 @@ def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inpro
     step = jobs.step_items(inprocess.runtime)
     n = step + 2
     images = [png_bytes(i) for i in range(n - 1)]
-    files = {f"img{i:02d}.png": data for i, data in enumerate(images)} | {"zz_broken.png": b"\x89PNG not really"}
+    files = {f"img{i:02d}.png": data for i, data in enumerate(images)} | {
+        "zz_broken.png": b"\x89PNG not really"
+    }
     job = inprocess.submit_batch(make_zip(files), "the red mug")
     assert wait_finished(inprocess, job).state == JobState.DONE
     with zipfile.ZipFile(inprocess.batch_results(job)) as zf:
@@ -529,7 +591,9 @@ def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inpro
     schema = table.schema
     for name in ("relevance", "information", "perspectival", "participatory", "budget_map"):
         assert schema.field(name).type == pa.list_(pa.float32(), 32 * 32), name
-    assert schema.field("selected").type == pa.list_(pa.int32(), 200) and schema.field("budgets").type == pa.list_(pa.int32(), 200)
+    assert schema.field("selected").type == pa.list_(pa.int32(), 200) and schema.field(
+        "budgets"
+    ).type == pa.list_(pa.int32(), 200)
     assert schema.field("selected_boxes").type == pa.list_(pa.int32(), 200 * 5)
     assert schema.metadata[b"arrcoc.schema"] == b"arrcoc.batch.results/1"
     pipe = inprocess.runtime.pipeline
@@ -541,9 +605,15 @@ def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inpro
         row = df.iloc[i]
         for name in ("relevance", "information", "perspectival", "participatory", "budget_map"):
             np.testing.assert_allclose(row[name].reshape(32, 32), getattr(r, name), atol=1e-5, err_msg=name)
-        assert row["selected"].tolist() == r.selected.tolist() and row["budgets"].tolist() == r.budgets.tolist()
-        assert row["match_score"] == pytest.approx(r.match_score, abs=1e-6) and row["weak_match"] == r.weak_match
-        assert (row["image_width"], row["image_height"]) == r.image_size and row["tokens_used"] == r.budgets.sum()
+        assert (
+            row["selected"].tolist() == r.selected.tolist() and row["budgets"].tolist() == r.budgets.tolist()
+        )
+        assert (
+            row["match_score"] == pytest.approx(r.match_score, abs=1e-6) and row["weak_match"] == r.weak_match
+        )
+        assert (row["image_width"], row["image_height"]) == r.image_size and row[
+            "tokens_used"
+        ] == r.budgets.sum()
         assert row["overlay"] in overlays and pd.isna(row["error"])
         assert row["selected_boxes"].reshape(-1, 5).tolist() == r.selected_boxes.tolist()
     bad = df.iloc[n - 1]
@@ -577,8 +647,9 @@ def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeyp
 
     step = jobs.step_items(inprocess.runtime)
     n = 2 * step + 3
-    job, chunks = jobs.create_batch_job(make_zip({f"{i:02d}.png": png_bytes(i) for i in range(n)}), "q", None,
-                                        settings, inprocess.store)  # fmt: skip
+    job, chunks = jobs.create_batch_job(
+        make_zip({f"{i:02d}.png": png_bytes(i) for i in range(n)}), "q", None, settings, inprocess.store
+    )
     real_mark = inprocess.store.mark_items
     calls = {"n": 0}
 
@@ -603,13 +674,20 @@ def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeyp
         assert len([m for m in zf.namelist() if m.startswith("overlays/")]) == n
         assert zf.testzip() is None  # every picture's bytes match its CRC
         assert all(Image.open(io.BytesIO(zf.read(m))).size for m in table["overlay"].to_pylist())
-    assert table["index"].to_pylist() == list(range(n)) and [int(r["index"]) for r in summary] == list(range(n))
+    assert table["index"].to_pylist() == list(range(n)) and [int(r["index"]) for r in summary] == list(
+        range(n)
+    )
     assert set(table["status"].to_pylist()) == {"ok"}
 
 
 def test_a_bad_query_in_a_manifest_fails_its_item_only(inprocess):
     manifest = "file,query\na.png,the sky\nb.png," + "sky " * 200 + "\nc.png,???\n"
-    files = {"a.png": png_bytes(1), "b.png": png_bytes(2), "c.png": png_bytes(3), "manifest.csv": manifest.encode()}
+    files = {
+        "a.png": png_bytes(1),
+        "b.png": png_bytes(2),
+        "c.png": png_bytes(3),
+        "manifest.csv": manifest.encode(),
+    }
     job = inprocess.submit_batch(make_zip(files))
     st = wait_finished(inprocess, job)
     assert (st.state, st.done, st.failed) == (JobState.DONE, 1, 2), st
@@ -628,7 +706,9 @@ def test_inprocess_cancel_and_bench(inprocess):
     assert st.state == JobState.CANCELLED and st.done == 0
     with pytest.raises(JobError):
         inprocess.bench_report(job)
-    bench = inprocess.submit_bench(BenchRequest(backends=("eager",), buckets=(1,), iterations=2, warmup=1, device="cpu"))
+    bench = inprocess.submit_bench(
+        BenchRequest(backends=("eager",), buckets=(1,), iterations=2, warmup=1, device="cpu")
+    )
     assert wait_finished(inprocess, bench).state == JobState.DONE
     report = inprocess.bench_report(bench)
     assert report["device_exclusive"]["held_ms"] > 0
@@ -638,8 +718,9 @@ def test_inprocess_cancel_and_bench(inprocess):
 def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, settings):
     from arrcoc.service.jobs import batch as jobs
 
-    job, chunks = jobs.create_batch_job(make_zip({f"{i}.png": png_bytes(i) for i in range(3)}), "q", None,
-                                        settings, inprocess.store)  # fmt: skip
+    job, chunks = jobs.create_batch_job(
+        make_zip({f"{i}.png": png_bytes(i) for i in range(3)}), "q", None, settings, inprocess.store
+    )
     for _ in range(settings.max_redeliveries):  # three deliveries that each died on item 1
         inprocess.store.attempt(job, 1)
     for start, stop in chunks:
@@ -649,9 +730,13 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
     assert "the worker stopped each time" in inprocess.store.failed_items(job)[1]
 
 
-@pytest.mark.parametrize(("in_flight", "write_behind", "on_cpu"),
-                         [(1, False, False), (1, True, False), (2, False, False), (2, True, False), (2, True, True)])  # fmt: skip
-def test_a_chunk_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatch, in_flight, write_behind, on_cpu):
+@pytest.mark.parametrize(
+    ("in_flight", "write_behind", "on_cpu"),
+    [(1, False, False), (1, True, False), (2, False, False), (2, True, False), (2, True, True)],
+)
+def test_a_chunk_holds_a_bounded_number_of_steps(
+    inprocess, settings, monkeypatch, in_flight, write_behind, on_cpu
+):
     """At most `batch_steps_in_flight` engine-host calls at once on an accelerator (with two, one
     step runs while the next is read and run), one on a CPU, and, with write-behind, the last
     step's results written meanwhile, never more: however long the job and however slow the disk,
@@ -659,10 +744,19 @@ def test_a_chunk_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatc
     it is on an accelerator where `on_cpu` is False: CI has no GPU.)"""
     from arrcoc.service.jobs import batch as jobs
 
-    settings = settings.model_copy(update={"batch_write_behind": write_behind, "batch_steps_in_flight": in_flight})
+    settings = settings.model_copy(
+        update={"batch_write_behind": write_behind, "batch_steps_in_flight": in_flight}
+    )
     lock = threading.Lock()
-    seen = {"active": 0, "most_active": 0, "read": 0, "written": 0, "most_held": 0, "read_while_running": 0,
-            "written_while_running": 0}  # fmt: skip
+    seen = {
+        "active": 0,
+        "most_active": 0,
+        "read": 0,
+        "written": 0,
+        "most_held": 0,
+        "read_while_running": 0,
+        "written_while_running": 0,
+    }
     real_read, real_write = jobs._read, jobs.write_part
 
     def read(jd, items):
@@ -704,8 +798,9 @@ def test_a_chunk_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatc
     monkeypatch.setattr(jobs, "write_part", write)
     steps = 6
     n = steps * jobs.step_items(inprocess.runtime)
-    job, _ = jobs.create_batch_job(make_zip({f"{i}.png": png_bytes(i) for i in range(n)}), "q", None, settings,
-                                   inprocess.store)  # fmt: skip
+    job, _ = jobs.create_batch_job(
+        make_zip({f"{i}.png": png_bytes(i) for i in range(n)}), "q", None, settings, inprocess.store
+    )
     jobs.run_chunk(job, 0, n, CountedHost(), inprocess.store, settings)
     st = inprocess.status(job)
     assert (st.state, st.done, st.failed) == (JobState.DONE, n, 0)
@@ -756,10 +851,13 @@ def test_results_jsonl_is_in_the_zip_when_asked_with_the_parquet_files_rows(sett
     """ARRCOC_RESULTS_JSONL=1: results.jsonl beside results.parquet, the same rows in the same order."""
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    ex = InProcessExecutor(settings.model_copy(update={"results_jsonl": True, "overlay_format": "none",
-                                                       "data_dir": tmp_path}))  # fmt: skip
+    ex = InProcessExecutor(
+        settings.model_copy(update={"results_jsonl": True, "overlay_format": "none", "data_dir": tmp_path})
+    )
     try:
-        job = ex.submit_batch(make_zip({f"img{i}.png": png_bytes(i) for i in range(3)} | {"x.png": b"no"}), "the sky")
+        job = ex.submit_batch(
+            make_zip({f"img{i}.png": png_bytes(i) for i in range(3)} | {"x.png": b"no"}), "the sky"
+        )
         assert wait_finished(ex, job).state == JobState.DONE
         with zipfile.ZipFile(ex.batch_results(job)) as zf:
             lines = [json.loads(x) for x in zf.read("results.jsonl").splitlines()]
@@ -778,9 +876,13 @@ def test_summary_csv_cells_a_spreadsheet_would_run_are_neutralised(start):
     from arrcoc.service.host.interface import StepOutputs
     from arrcoc.service.jobs.results import step_table, write_summary
 
-    text = f"{start}HYPERLINK(\"http://x\")"
-    table = step_table([(0, f"{text}.jpg", text), (1, "plain.jpg", "a query")], StepOutputs.failed(2, 32, 2),
-                       [text, "fine"], [None, None])  # fmt: skip
+    text = f'{start}HYPERLINK("http://x")'
+    table = step_table(
+        [(0, f"{text}.jpg", text), (1, "plain.jpg", "a query")],
+        StepOutputs.failed(2, 32, 2),
+        [text, "fine"],
+        [None, None],
+    )
     out = io.BytesIO()
     write_summary(table, out, header=True)
     rows = list(csv.DictReader(io.StringIO(out.getvalue().decode())))
@@ -825,7 +927,9 @@ def test_a_first_step_whose_items_all_failed_leaves_results_parquet_whole(inproc
     from arrcoc.service.jobs import batch as jobs
 
     step = jobs.step_items(inprocess.runtime)
-    files = {f"a{i:02d}.png": b"\x89PNG broken" for i in range(step)} | {f"b{i}.png": png_bytes(i) for i in range(2)}
+    files = {f"a{i:02d}.png": b"\x89PNG broken" for i in range(step)} | {
+        f"b{i}.png": png_bytes(i) for i in range(2)
+    }
     job = inprocess.submit_batch(make_zip(files), "the sky")
     st = wait_finished(inprocess, job)
     assert (st.state, st.done, st.failed) == (JobState.DONE, 2, step), st
@@ -833,4 +937,7 @@ def test_a_first_step_whose_items_all_failed_leaves_results_parquet_whole(inproc
         f = pq.ParquetFile(io.BytesIO(zf.read("results.parquet")))
     assert f.num_row_groups == 2 and f.schema_arrow.field("relevance").type.list_size == 32 * 32
     table = f.read()
-    assert table["status"].to_pylist() == ["failed"] * step + ["ok"] * 2 and table["relevance"].null_count == step
+    assert (
+        table["status"].to_pylist() == ["failed"] * step + ["ok"] * 2
+        and table["relevance"].null_count == step
+    )

@@ -48,15 +48,30 @@ print("RESULT " + json.dumps({
 
 def test_space_app_runs_its_model_work_through_the_gpu_functions(tmp_path):
     spaces = pytest.importorskip("spaces")  # the demo extra installs it
-    env = dict(os.environ, SPACE_ID="arrcoc-test/space", ARRCOC_WEIGHTS="random", ARRCOC_DEVICE="cpu",
-               ARRCOC_DATA_DIR=str(tmp_path / "data"), ARRCOC_CACHE_DIR=str(tmp_path / "cache"),
-               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), str(Path(spaces.__file__).parent.parent),
-                                                        os.environ.get("PYTHONPATH")))))  # fmt: skip
-    for key in ("ARRCOC_VARIANT", "ARRCOC_BACKEND", "ARRCOC_BACKENDS", "ARRCOC_BROKER_URL", "SPACES_ZERO_GPU"):
+    env = dict(
+        os.environ,
+        SPACE_ID="arrcoc-test/space",
+        ARRCOC_WEIGHTS="random",
+        ARRCOC_DEVICE="cpu",
+        ARRCOC_DATA_DIR=str(tmp_path / "data"),
+        ARRCOC_CACHE_DIR=str(tmp_path / "cache"),
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=os.pathsep.join(
+            filter(None, (str(ROOT), str(Path(spaces.__file__).parent.parent), os.environ.get("PYTHONPATH")))
+        ),
+    )
+    for key in (
+        "ARRCOC_VARIANT",
+        "ARRCOC_BACKEND",
+        "ARRCOC_BACKENDS",
+        "ARRCOC_BROKER_URL",
+        "SPACES_ZERO_GPU",
+    ):
         env.pop(key, None)
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
     got = json.loads(lines[-1].removeprefix("RESULT "))
@@ -82,11 +97,27 @@ def zero_gpu_settings(tmp_path):
     try:
         get_variant(TINY_VARIANT)
     except Exception:
-        register_variant(Variant(name=TINY_VARIANT, build=lambda c: None, load=build_clip, description="test",
-                                 config=ClipModelConfig(hidden=64, heads=2, layers=2, mlp=128, query_dim=32),
-                                 tags=("clip", "hub"), gpu_dtype="bfloat16"))  # fmt: skip
-    return default_settings(variant=TINY_VARIANT, weights="random", device="cpu", backend="eager", backends=("eager",),
-                            data_dir=tmp_path / "data", cache_dir=tmp_path / "cache", broker_url=None)  # fmt: skip
+        register_variant(
+            Variant(
+                name=TINY_VARIANT,
+                build=lambda c: None,
+                load=build_clip,
+                description="test",
+                config=ClipModelConfig(hidden=64, heads=2, layers=2, mlp=128, query_dim=32),
+                tags=("clip", "hub"),
+                gpu_dtype="bfloat16",
+            )
+        )
+    return default_settings(
+        variant=TINY_VARIANT,
+        weights="random",
+        device="cpu",
+        backend="eager",
+        backends=("eager",),
+        data_dir=tmp_path / "data",
+        cache_dir=tmp_path / "cache",
+        broker_url=None,
+    )
 
 
 def _in_forked_worker(queue, image: bytes, query: str) -> None:
@@ -110,7 +141,9 @@ def test_on_zero_gpu_requests_run_in_a_forked_worker_and_come_back_pickled(zero_
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     ex = zerogpu.SpacesExecutor(zero_gpu_settings.model_copy(update={"device": "auto"}))
     try:
-        assert zerogpu.on_zero_gpu() and zerogpu._runtime is None  # the GPU side's Runtime: built where it runs
+        assert (
+            zerogpu.on_zero_gpu() and zerogpu._runtime is None
+        )  # the GPU side's Runtime: built where it runs
         assert (ex.settings.device, ex.settings.backend) == ("cpu", "eager")  # the app's own: jobs on the CPU
         photo = (ROOT / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
         ctx = multiprocessing.get_context("fork")

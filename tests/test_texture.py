@@ -29,8 +29,14 @@ def test_constant_image_has_no_edges_and_known_lab(compat: bool) -> None:
         assert torch.all(t[12] < 1e-6), "no local contrast in a flat image"
 
 
-@pytest.mark.parametrize(("rgb", "lightness", "a_star"), [((255, 255, 255), 1.0, 128 / 255), ((0, 0, 0), 0.0, 128 / 255),
-                                                         ((0, 255, 0), 0.87735, (-86.183 + 128) / 255)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("rgb", "lightness", "a_star"),
+    [
+        ((255, 255, 255), 1.0, 128 / 255),
+        ((0, 0, 0), 0.0, 128 / 255),
+        ((0, 255, 0), 0.87735, (-86.183 + 128) / 255),
+    ],
+)
 def test_lab_of_pure_colours(rgb, lightness, a_star) -> None:
     t = texture_array(solid(rgb), compat=True)[0]
     assert abs(float(t[3].mean()) - lightness) < 2e-4
@@ -54,7 +60,12 @@ def test_compat_downsampling_is_bilinear_point_sampling() -> None:
     t = texture_array(img, compat=True)[0]
     red = img[0, 0].float() / 255
     idx = torch.arange(G) * 16
-    expected = (red[idx + 7][:, idx + 7] + red[idx + 7][:, idx + 8] + red[idx + 8][:, idx + 7] + red[idx + 8][:, idx + 8]) / 4
+    expected = (
+        red[idx + 7][:, idx + 7]
+        + red[idx + 7][:, idx + 8]
+        + red[idx + 8][:, idx + 7]
+        + red[idx + 8][:, idx + 8]
+    ) / 4
     assert torch.allclose(t[0], expected, atol=1e-6)
 
 

@@ -32,7 +32,9 @@ torch.set_num_threads(2)
 
 def test_scenes_are_seeded_and_well_formed() -> None:
     a, b = make_scenes(6, 7), make_scenes(6, 7)
-    assert all(np.array_equal(x.image, y.image) and x.captions == y.captions for x, y in zip(a, b, strict=True))
+    assert all(
+        np.array_equal(x.image, y.image) and x.captions == y.captions for x, y in zip(a, b, strict=True)
+    )
     assert not np.array_equal(a[0].image, make_scenes(1, 8)[0].image)
     for s in a:
         assert s.image.shape == (512, 512, 3) and s.image.dtype == np.uint8
@@ -46,7 +48,9 @@ def test_heldout_phrasings_are_not_training_phrasings() -> None:
     assert not set(TRAIN_FRAMES) & set(HELDOUT_FRAMES)
     held = [c for s in make_scenes(20, 3, SceneConfig(heldout_phrasing=True)) for c, _, _ in s.captions]
     prefixes = tuple(f.split("{d}")[0] for f in HELDOUT_FRAMES if f.split("{d}")[0])
-    assert all(c.startswith(prefixes) or c.endswith((", please", "?")) or c.startswith("I want") for c in held)
+    assert all(
+        c.startswith(prefixes) or c.endswith((", please", "?")) or c.startswith("I want") for c in held
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +69,9 @@ def test_cached_path_equals_the_model_forward(tiny) -> None:
     scene = data.scene[rows]
     with torch.no_grad():
         rel, _ = relevance_from_fixed(model, data.texture[scene], data.fixed[scene], data.query[rows])
-        out = model(torch.from_numpy(images)[scene].contiguous(), data.query[rows], model.default_controls(len(rows)))
+        out = model(
+            torch.from_numpy(images)[scene].contiguous(), data.query[rows], model.default_controls(len(rows))
+        )
     assert torch.allclose(out.texture, data.texture[scene], atol=1e-6)
     assert torch.allclose(out.relevance, rel, atol=1e-6)
 
@@ -80,7 +86,9 @@ def test_training_is_reproducible(tiny) -> None:
         train(model, data, TrainConfig(**{**cfg.__dict__, "seed": seed}), progress=False)
         states.append(model.state_dict())
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0]), "same seed -> identical weights"
-    assert any(not torch.equal(states[0][k], states[2][k]) for k in states[0]), "another seed -> other weights"
+    assert any(not torch.equal(states[0][k], states[2][k]) for k in states[0]), (
+        "another seed -> other weights"
+    )
     init = create_model("arrcoc-texture", weights=None).state_dict()
     assert not torch.equal(states[0]["participatory.stem.weight"], init["participatory.stem.weight"])
 
@@ -122,14 +130,18 @@ def test_evaluate_reports_every_category(tiny) -> None:
     for g in b.values():
         assert abs(sum(g[n]["mean"] for n in ("information", "perspectival", "participatory")) - 1) < 1e-3
         assert abs(sum(g["largest"].values()) - 1) < 1e-3
-        assert all(0 <= g[n]["p10"] <= g[n]["p50"] <= g[n]["p90"] <= 1 for n in ("information", "perspectival"))
+        assert all(
+            0 <= g[n]["p10"] <= g[n]["p50"] <= g[n]["p90"] <= 1 for n in ("information", "perspectival")
+        )
 
 
 def test_knowing_captions_leave_scenes_and_object_captions_unchanged() -> None:
     base = make_scenes(8, 5, SceneConfig(extra_phrasings=2))
     more = make_scenes(8, 5, SceneConfig(extra_phrasings=2, knowing=4))
-    assert all(np.array_equal(a.image, b.image) and b.captions[: len(a.captions)] == a.captions
-               for a, b in zip(base, more, strict=True))  # fmt: skip
+    assert all(
+        np.array_equal(a.image, b.image) and b.captions[: len(a.captions)] == a.captions
+        for a, b in zip(base, more, strict=True)
+    )
     added = [c for a, b in zip(base, more, strict=True) for c in b.captions[len(a.captions) :]]
     assert len(added) == 8 * 4 and {k for _, _, k in added} <= set(KNOWING_KINDS)
     for text, t, kind in added:
@@ -137,11 +149,17 @@ def test_knowing_captions_leave_scenes_and_object_captions_unchanged() -> None:
     train_words = [w for train, _ in KNOWING_WORDS.values() for w in train]
     held_words = [w for _, held in KNOWING_WORDS.values() for w in held]
     assert not set(train_words) & set(held_words)
-    captions = [c for s in make_scenes(150, 11, SceneConfig(extra_phrasings=2, knowing=4)) for c, _, _ in s.captions]
+    captions = [
+        c for s in make_scenes(150, 11, SceneConfig(extra_phrasings=2, knowing=4)) for c, _, _ in s.captions
+    ]
     for w in held_words:  # held-out phrasings of the other ways never appear in training
         w = w.split("{d}")[0]
         assert not any(w in c for c in captions), w
-    held = [c for s in make_scenes(60, 12, SceneConfig(heldout_phrasing=True, knowing=4)) for c, _, _ in s.captions]
+    held = [
+        c
+        for s in make_scenes(60, 12, SceneConfig(heldout_phrasing=True, knowing=4))
+        for c, _, _ in s.captions
+    ]
     assert any(w.split("{d}")[0] in c for w in held_words for c in held)
 
 
@@ -172,8 +190,12 @@ def test_other_ways_train_the_balancer_not_the_participatory_scorer(tiny) -> Non
         assert len(rows), wanted
         model.zero_grad()
         scene = data.scene[rows]
-        step(data.texture[scene], data.fixed[scene], data.query[rows], data.hit[rows], data.part_hit[rows]).backward()
-        part_grad = sum(float(p.grad.abs().sum()) for p in model.participatory.parameters() if p.grad is not None)
+        step(
+            data.texture[scene], data.fixed[scene], data.query[rows], data.hit[rows], data.part_hit[rows]
+        ).backward()
+        part_grad = sum(
+            float(p.grad.abs().sum()) for p in model.participatory.parameters() if p.grad is not None
+        )
         assert (part_grad > 0) == part_moves, wanted
         assert float(model.balancer.mlp[2].weight.grad.abs().sum()) > 0
     # rows without a target add nothing to the loss (and no NaN)
@@ -193,11 +215,16 @@ def test_run_training_writes_weights_and_report(tmp_path: Path, query_encoder, m
     assert out.is_file() and js.is_file() and md.is_file()
     assert json.loads(js.read_text())["weights_version"] == report["weights_version"]
     assert {"trained", "untrained"} == set(report["accuracy"]) and "## By colour" in md.read_text()
-    assert "## Balancer weights (held-out captions)" in md.read_text() and "balance" in report["accuracy"]["trained"]
+    assert (
+        "## Balancer weights (held-out captions)" in md.read_text()
+        and "balance" in report["accuracy"]["trained"]
+    )
     loaded = create_model("arrcoc-texture", weights=out)
     assert loaded.weights_version == report["weights_version"]
     assert (tmp_path / "cache" / "train").is_dir(), "scene tensors are cached"
-    again = reevaluate(out, cfg, cache_dir=tmp_path / "cache", progress=False)  # `arrcoc train --evaluate-only`
+    again = reevaluate(
+        out, cfg, cache_dir=tmp_path / "cache", progress=False
+    )  # `arrcoc train --evaluate-only`
     assert again["accuracy"]["trained"] == report["accuracy"]["trained"] and "evaluated" in again
 
 
@@ -209,15 +236,22 @@ def test_extended_training_phrasings_stay_clear_of_the_heldout_ones() -> None:
     base = make_scenes(8, 5)
     extended = make_scenes(8, 5, SceneConfig(extra_phrasings=3))
     # the extra captions come from their own generator: same scenes, same first captions
-    assert all(np.array_equal(a.image, b.image) and b.captions[: len(a.captions)] == a.captions
-               for a, b in zip(base, extended, strict=True))  # fmt: skip
+    assert all(
+        np.array_equal(a.image, b.image) and b.captions[: len(a.captions)] == a.captions
+        for a, b in zip(base, extended, strict=True)
+    )
     assert sum(len(s.captions) for s in extended) > 2 * sum(len(s.captions) for s in base)
     # and the held-out set does not depend on it
     held = SceneConfig(heldout_phrasing=True)
     assert [s.captions for s in make_scenes(6, 9, held)] == [
         s.captions for s in make_scenes(6, 9, SceneConfig(heldout_phrasing=True, extra_phrasings=2))
     ]
-    words = [h for table in (SHAPE_WORDS, SIZE_WORDS, RELATIONS) for _, held_words in table.values() for h in held_words]
+    words = [
+        h
+        for table in (SHAPE_WORDS, SIZE_WORDS, RELATIONS)
+        for _, held_words in table.values()
+        for h in held_words
+    ]
     words += ["the biggest one", "the largest thing", "the tiniest shape", "the smallest thing"]
     captions = [c for s in make_scenes(150, 11, SceneConfig(extra_phrasings=3)) for c, _, _ in s.captions]
     for w in words:

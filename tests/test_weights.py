@@ -44,7 +44,9 @@ def test_wrong_variant_fails() -> None:
         create_model("arrcoc-texture-compat", weights=BUNDLED)
 
 
-def _rewrite(src: Path, dst: Path, meta_update: dict[str, str] | None = None, scale: float | None = None) -> Path:
+def _rewrite(
+    src: Path, dst: Path, meta_update: dict[str, str] | None = None, scale: float | None = None
+) -> Path:
     meta = read_metadata(src)
     meta.update(meta_update or {})
     state = load_file(str(src))
@@ -111,7 +113,11 @@ def test_bundled_weights_give_each_way_of_knowing_its_queries(query_encoder, exa
     model = create_model("arrcoc-texture")
     size = model.config.image_size
     image = np.asarray(Image.open(examples_dir / "coffee.jpg").convert("RGB").resize((size, size)))
-    wanted = {"the most detailed part": "information", "what stands out": "perspectival", "the coffee cup": "participatory"}
+    wanted = {
+        "the most detailed part": "information",
+        "what stands out": "perspectival",
+        "the coffee cup": "participatory",
+    }
     images = torch.from_numpy(image).permute(2, 0, 1)[None].expand(len(wanted), -1, -1, -1).contiguous()
     with torch.no_grad():
         out = model(images, query_encoder.encode(list(wanted)), model.default_controls(len(wanted)))

@@ -37,8 +37,9 @@ def test_registered_tasks_and_config_exactly():
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("svc")
-    with worker_settings(root, "arrcoc-test", buckets="[1,2,4,8]", batch_max_delay_ms="20",
-                         batch_max_size="8") as settings:  # fmt: skip
+    with worker_settings(
+        root, "arrcoc-test", buckets="[1,2,4,8]", batch_max_delay_ms="20", batch_max_size="8"
+    ) as settings:
         yield root, settings
 
 
@@ -89,7 +90,9 @@ def test_infer_round_trip_equals_inprocess(env, celery_ex):
     try:
         image = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
         for controls in (None, Controls(k=16, token_budget=2048, scale_perspectival=0.5)):
-            assert_same_result(celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls))
+            assert_same_result(
+                celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls)
+            )
     finally:
         local.close()
     with pytest.raises(ImageError):  # refused on the submitting side: nothing queued
@@ -101,7 +104,9 @@ def test_infer_round_trip_equals_inprocess(env, celery_ex):
         celery_ex.infer(png_bytes(0), "q", Controls(k=0))
 
 
-def test_answers_come_on_reply_lists_that_leave_nothing_behind_and_older_messages_still_get_theirs(env, celery_ex):
+def test_answers_come_on_reply_lists_that_leave_nothing_behind_and_older_messages_still_get_theirs(
+    env, celery_ex
+):
     """A request's answer comes back on its own reply list (no Celery result stored, nothing left
     in Redis); a message queued by an older client, which names no reply list, is still answered
     through Celery's result backend, with the same result."""
@@ -113,12 +118,16 @@ def test_answers_come_on_reply_lists_that_leave_nothing_behind_and_older_message
     image = png_bytes(5)
     new = celery_ex.infer(image, "the sky")
     r = celery_ex.raw
-    assert not [k for pat in (f"{s.redis_prefix}:reply:*", f"{s.redis_prefix}:attempts:*", "celery-task-meta-*")
-                for k in r.scan_iter(pat)]  # fmt: skip
+    assert not [
+        k
+        for pat in (f"{s.redis_prefix}:reply:*", f"{s.redis_prefix}:attempts:*", "celery-task-meta-*")
+        for k in r.scan_iter(pat)
+    ]
     key = image_key(s, image)
     r.set(key, image, ex=60)
-    old = celery_ex.app.send_task(TASK_INFER, args=[key, "the sky", None, time.time() + 60], queue=s.queue_gpu,
-                                  priority=PRIORITY_INFER)  # fmt: skip
+    old = celery_ex.app.send_task(
+        TASK_INFER, args=[key, "the sky", None, time.time() + 60], queue=s.queue_gpu, priority=PRIORITY_INFER
+    )
     doc = old.get(timeout=60)
     old.forget()
     assert_same_result(result_from_wire(doc["result"]), new)
@@ -135,7 +144,14 @@ def test_a_reply_frame_is_bit_identical_and_a_bad_one_is_a_clear_error(celery_ex
     assert back.texture.tobytes() == result.texture.tobytes() and back.timings_ms == result.timings_ms
     with pytest.raises(ImageError, match="unreadable"):  # an error frame raises the error it carries
         result_from_frame(error_to_frame(ImageError("unreadable image")))
-    for bad in (frame[:-3], frame + b"x", b"", b"X" + frame[1:], frame.replace(b'"<f4"', b'"|O8"', 1), b"R\xff\xff"):
+    for bad in (
+        frame[:-3],
+        frame + b"x",
+        b"",
+        b"X" + frame[1:],
+        frame.replace(b'"<f4"', b'"|O8"', 1),
+        b"R\xff\xff",
+    ):
         with pytest.raises(EngineError, match="could not be read"):
             result_from_frame(bad)
 
@@ -184,7 +200,9 @@ def test_batch_job_with_progress_and_zip(celery_ex):
     n = 120  # several pipeline steps (16 items a step at these buckets), so progress is seen between them
     files = {f"photos/p{i:03d}.png": png_bytes(100 + i) for i in range(n)}
     files["photos/corrupt.png"] = b"\x89PNG\r\n\x1a\n truncated"
-    manifest = "file,query\n" + "".join(f"{name},{'the sky' if i % 2 else 'a face'}\n" for i, name in enumerate(files))
+    manifest = "file,query\n" + "".join(
+        f"{name},{'the sky' if i % 2 else 'a face'}\n" for i, name in enumerate(files)
+    )
     files["manifest.csv"] = manifest.encode()
     job = celery_ex.submit_batch(make_zip(files))
     seen: list[tuple[int, int]] = []
@@ -230,8 +248,16 @@ def test_expired_job_reports_expired_not_pending(env, worker):
 
 
 def test_bench_job_holds_the_device(celery_ex):
-    job = celery_ex.submit_bench(BenchRequest(variants=("arrcoc-texture",), backends=("eager",), buckets=(1,),
-                                              iterations=2, warmup=1, device="cpu"))  # fmt: skip
+    job = celery_ex.submit_bench(
+        BenchRequest(
+            variants=("arrcoc-texture",),
+            backends=("eager",),
+            buckets=(1,),
+            iterations=2,
+            warmup=1,
+            device="cpu",
+        )
+    )
     st = wait_finished(celery_ex, job, timeout=120)
     assert st.state == JobState.DONE, st.message
     report = celery_ex.bench_report(job)
@@ -244,26 +270,59 @@ def test_cli_submit_infer_and_batch(env, worker, tmp_path):
     image = REPO / "arrcoc" / "examples" / "chelsea.jpg"
     out = tmp_path / "r.json"
     cli = [sys.executable, "-m", "arrcoc", "submit"]
-    subprocess.run([*cli, "infer", str(image), "--query", "a cat's face", "--json", str(out)], env=run_env,
-                   check=True, timeout=120, cwd=REPO)  # fmt: skip
+    subprocess.run(
+        [*cli, "infer", str(image), "--query", "a cat's face", "--json", str(out)],
+        env=run_env,
+        check=True,
+        timeout=120,
+        cwd=REPO,
+    )
     doc = json.loads(out.read_text())
     from arrcoc.result import JSON_KEYS
 
     assert set(JSON_KEYS) <= set(doc) and doc["query"] == "a cat's face"
     archive = tmp_path / "in.zip"
     archive.write_bytes(make_zip({f"{i}.png": png_bytes(i) for i in range(3)}))
-    proc = subprocess.run([*cli, "batch", str(archive), "--query", "sky", "--out", str(tmp_path / "out.zip")],
-                          env=run_env, capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    proc = subprocess.run(
+        [*cli, "batch", str(archive), "--query", "sky", "--out", str(tmp_path / "out.zip")],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().splitlines()[0]
     assert job_id.startswith("batch-") and "3 done" in proc.stderr
     assert "results.parquet" in zipfile.ZipFile(tmp_path / "out.zip").namelist()
-    status = subprocess.run([sys.executable, "-m", "arrcoc", "job", "status", job_id, "--json"], env=run_env,
-                            capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    status = subprocess.run(
+        [sys.executable, "-m", "arrcoc", "job", "status", job_id, "--json"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert json.loads(status.stdout)["state"] == "done"
     for fmt in ("parquet", "jsonl"):  # the rows alone, as Parquet or converted to JSON lines
-        subprocess.run([sys.executable, "-m", "arrcoc", "job", "fetch", job_id, "--format", fmt, "--out",
-                        str(tmp_path / f"rows.{fmt}")], env=run_env, check=True, timeout=60, cwd=REPO)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "arrcoc",
+                "job",
+                "fetch",
+                job_id,
+                "--format",
+                fmt,
+                "--out",
+                str(tmp_path / f"rows.{fmt}"),
+            ],
+            env=run_env,
+            check=True,
+            timeout=60,
+            cwd=REPO,
+        )
     lines = [json.loads(x) for x in (tmp_path / "rows.jsonl").read_text().splitlines()]
     assert [x["index"] for x in lines] == [0, 1, 2] and len(lines[0]["relevance"]) == 32
     import pyarrow.parquet as pq
@@ -275,10 +334,30 @@ def test_cli_loadtest_spreads_clients_over_processes(env, worker, tmp_path):
     """The load generator used for the batching figures: every request answered, from 2 processes."""
     root, settings = env
     out = tmp_path / "load.json"
-    proc = subprocess.run([sys.executable, "-m", "arrcoc", "submit", "loadtest", "--clients", "6", "--requests", "12",
-                           "--processes", "2", "--json", str(out), "--timeout", "120"],
-                          env=worker_env(BROKER, root / "data", **settings), capture_output=True, text=True,
-                          timeout=300, cwd=REPO)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arrcoc",
+            "submit",
+            "loadtest",
+            "--clients",
+            "6",
+            "--requests",
+            "12",
+            "--processes",
+            "2",
+            "--json",
+            str(out),
+            "--timeout",
+            "120",
+        ],
+        env=worker_env(BROKER, root / "data", **settings),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     assert (report["ok"], report["client_processes"], report["errors"]) == (12, 2, [])
@@ -292,7 +371,9 @@ def test_prefork_worker_builds_the_engine_in_the_child_only(env, tmp_path):
 
     root, settings = env
     queues = {"queue_gpu": settings["queue_gpu"] + "-pf", "queue_bench": settings["queue_bench"] + "-pf"}
-    w = Worker(worker_env(BROKER, root / "data", **(settings | queues)), tmp_path / "prefork.log", pool="prefork")
+    w = Worker(
+        worker_env(BROKER, root / "data", **(settings | queues)), tmp_path / "prefork.log", pool="prefork"
+    )
     ex = None
     try:
         w.ready()

@@ -17,7 +17,12 @@ from arrcoc.errors import ArrcocError, ServiceUnavailableError
 from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import default_settings
 
-SETTINGS = {"buckets": "[1,2,4]", "visibility_timeout_s": "6", "redis_timeout_s": "2", "max_redeliveries": "3"}
+SETTINGS = {
+    "buckets": "[1,2,4]",
+    "visibility_timeout_s": "6",
+    "redis_timeout_s": "2",
+    "max_redeliveries": "3",
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +43,21 @@ def rig(tmp_path_factory):
         from arrcoc.service.client.celery_executor import CeleryExecutor
 
         fields = {k: json.loads(v) for k, v in settings.items() if k != "weights"}
-        return CeleryExecutor(default_settings(broker_url=redis.url, data_dir=root / "data",
-                                               weights=settings["weights"], **fields))  # fmt: skip
+        return CeleryExecutor(
+            default_settings(
+                broker_url=redis.url, data_dir=root / "data", weights=settings["weights"], **fields
+            )
+        )
 
     try:
-        yield {"root": root, "redis": servers, "start_worker": start_worker, "executor": executor,
-               "env": env, "workers": started}
+        yield {
+            "root": root,
+            "redis": servers,
+            "start_worker": start_worker,
+            "executor": executor,
+            "env": env,
+            "workers": started,
+        }
     finally:
         for w in started:
             w.stop()
@@ -123,7 +137,11 @@ def test_interactive_request_that_keeps_killing_workers_fails_with_a_reason(rig)
         w.stop()
     r = redis_py.Redis.from_url(rig["redis"][-1].url)
     # one request waits 5 s in the batcher for company (even alone): a window to kill its worker in
-    slow = rig["env"] | {"ARRCOC_BATCH_MAX_DELAY_MS": "5000", "ARRCOC_BATCH_MAX_SIZE": "4", "ARRCOC_BATCH_IDLE_WAIT": "1"}
+    slow = rig["env"] | {
+        "ARRCOC_BATCH_MAX_DELAY_MS": "5000",
+        "ARRCOC_BATCH_MAX_SIZE": "4",
+        "ARRCOC_BATCH_IDLE_WAIT": "1",
+    }
     ex = rig["executor"]()
     outcome: dict[str, object] = {}
 

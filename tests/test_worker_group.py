@@ -24,8 +24,13 @@ from arrcoc.request import Controls
 from arrcoc.service.jobs.types import BenchRequest, JobState
 from arrcoc.settings import default_settings
 
-SETTINGS = {"buckets": "[1,2,4,8]", "batch_max_size": "8", "batch_max_delay_ms": "50", "worker_processes": "2",
-            "engine_processes": "2"}
+SETTINGS = {
+    "buckets": "[1,2,4,8]",
+    "batch_max_size": "8",
+    "batch_max_delay_ms": "50",
+    "worker_processes": "2",
+    "engine_processes": "2",
+}
 
 
 def alive(pid: int) -> bool:
@@ -87,10 +92,14 @@ def test_results_equal_inprocess_and_batches_span_both_processes(rig, celery_ex)
     try:
         image = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
         controls = Controls(k=16, token_budget=2048, scale_perspectival=0.5)
-        assert_same_result(celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls))
+        assert_same_result(
+            celery_ex.infer(image, "the red mug", controls), local.infer(image, "the red mug", controls)
+        )
     finally:
         local.close()
-    with pytest.raises(InvalidInputError, match="K must be"):  # checked in a Celery process, told to the caller
+    with pytest.raises(
+        InvalidInputError, match="K must be"
+    ):  # checked in a Celery process, told to the caller
         celery_ex.infer(png_bytes(0), "q", Controls(k=0))
 
     image = png_bytes(3)
@@ -107,7 +116,9 @@ def test_results_equal_inprocess_and_batches_span_both_processes(rig, celery_ex)
 
 
 def test_batch_job_and_benchmark_through_the_group(celery_ex):
-    files = {f"p{i:02d}.png": png_bytes(200 + i) for i in range(12)} | {"broken.png": b"\x89PNG\r\n\x1a\n cut"}
+    files = {f"p{i:02d}.png": png_bytes(200 + i) for i in range(12)} | {
+        "broken.png": b"\x89PNG\r\n\x1a\n cut"
+    }
     job = celery_ex.submit_batch(make_zip(files), "the sky")
     t0 = time.monotonic()
     while not (st := celery_ex.status(job)).state.finished and time.monotonic() - t0 < 120:
@@ -116,8 +127,16 @@ def test_batch_job_and_benchmark_through_the_group(celery_ex):
     with zipfile.ZipFile(celery_ex.batch_results(job)) as zf:
         assert len(result_rows(zf)) == 13
 
-    bench = celery_ex.submit_bench(BenchRequest(variants=("arrcoc-texture",), backends=("eager",), buckets=(1,),
-                                                iterations=2, warmup=1, device="cpu"))  # fmt: skip
+    bench = celery_ex.submit_bench(
+        BenchRequest(
+            variants=("arrcoc-texture",),
+            backends=("eager",),
+            buckets=(1,),
+            iterations=2,
+            warmup=1,
+            device="cpu",
+        )
+    )
     t0 = time.monotonic()
     while not (st := celery_ex.status(bench)).state.finished and time.monotonic() - t0 < 120:
         time.sleep(0.2)
@@ -137,7 +156,11 @@ def test_engine_killed_is_started_again_alone(rig, celery_ex):
     os.kill(second, signal.SIGKILL)
     # the group stays: requests meanwhile go to the other engine process, the killed one comes back
     assert celery_ex.infer(png_bytes(11), "the sky", timeout=60).relevance is not None
-    wait_until(lambda: len(child_pids(w.p.pid)) == 4 and second not in child_pids(w.p.pid), 30, "the engine started again")
+    wait_until(
+        lambda: len(child_pids(w.p.pid)) == 4 and second not in child_pids(w.p.pid),
+        30,
+        "the engine started again",
+    )
     assert w.alive() and all(alive(p) for p in [first, *fronts])
     assert "starting it again" in w.text()
 

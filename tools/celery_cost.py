@@ -79,13 +79,21 @@ def _canned_group(redis_url: str, root: Path, processes: int) -> tuple[list[Proc
     base = worker_env(redis_url, root / "data")
     (spec,) = plan_engines(settings, ["cpu"], 1, root, authkey, base)
     address, env, fronts_env = spec.address, spec.env, front_env(spec, [spec.address], base, settings)
-    engine = Proc([sys.executable, __file__, "--serve-canned", address, authkey.hex()], env, root / "engine.log")
+    engine = Proc(
+        [sys.executable, __file__, "--serve-canned", address, authkey.hex()], env, root / "engine.log"
+    )
     while not os.path.exists(address):
         if not engine.alive():
             raise RuntimeError(engine.text()[-2000:])
         time.sleep(0.2)
-    fronts = [Proc([sys.executable, "-m", "arrcoc", "worker", "-P", "threads", "-l", "info", "-n", f"canned-{i}@%h"],
-                   fronts_env, root / f"celery-{i}.log") for i in range(processes)]  # fmt: skip
+    fronts = [
+        Proc(
+            [sys.executable, "-m", "arrcoc", "worker", "-P", "threads", "-l", "info", "-n", f"canned-{i}@%h"],
+            fronts_env,
+            root / f"celery-{i}.log",
+        )
+        for i in range(processes)
+    ]
     while sum("serves this worker" in f.text() and "ready" in f.text() for f in fronts) < processes:
         if not all(f.alive() for f in fronts):
             raise RuntimeError([f.text()[-2000:] for f in fronts])
@@ -114,8 +122,14 @@ def main() -> int:
         if args.canned:
             procs, fronts, engine = _canned_group(redis.url, root, args.processes)
         else:
-            env = worker_env(redis.url, root / "data", device=args.device, backend=args.backend,
-                             backends=args.backend, worker_processes=str(args.processes))  # fmt: skip
+            env = worker_env(
+                redis.url,
+                root / "data",
+                device=args.device,
+                backend=args.backend,
+                backends=args.backend,
+                worker_processes=str(args.processes),
+            )
             procs = [Worker(env, root / "worker.log").ready(600)]
             engine, *fronts = child_pids(procs[0].p.pid)
         pids = {"redis-server": [redis.p.pid], "engine process": [engine], "Celery processes": fronts}
@@ -127,12 +141,22 @@ def main() -> int:
             before.update({k: sum(map(_cpu_s, v)) for k, v in pids.items()})
 
         t0 = time.perf_counter()
-        rep = run_load(functools.partial(_make, redis.url, str(root / "data")), image, QUERIES, args.clients,
-                       args.requests, timeout=300, processes=args.client_processes, on_start=on_start)  # fmt: skip
+        rep = run_load(
+            functools.partial(_make, redis.url, str(root / "data")),
+            image,
+            QUERIES,
+            args.clients,
+            args.requests,
+            timeout=300,
+            processes=args.client_processes,
+            on_start=on_start,
+        )
         wall = time.perf_counter() - t0
         n = max(rep["ok"], 1)
-        print(f"{rep['ok']} requests from {args.clients} clients ({len(rep['errors'])} errors {rep['errors'][:2]}): "
-              f"{rep['throughput_rps']:.0f} req/s, p50 {rep['p50_ms']} ms, p99 {rep['p99_ms']} ms ({wall:.1f} s)")  # fmt: skip
+        print(
+            f"{rep['ok']} requests from {args.clients} clients ({len(rep['errors'])} errors {rep['errors'][:2]}): "
+            f"{rep['throughput_rps']:.0f} req/s, p50 {rep['p50_ms']} ms, p99 {rep['p99_ms']} ms ({wall:.1f} s)"
+        )
         print(f"  {'clients':<18} {rep['client_cpu_ms_per_request']:7.2f} CPU ms a request")
         for k, v in pids.items():
             print(f"  {k:<18} {(sum(map(_cpu_s, v)) - before[k]) * 1e3 / n:7.2f} CPU ms a request")

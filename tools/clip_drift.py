@@ -55,7 +55,9 @@ class Probe(torch.nn.Module):
         dense = tower.post_layernorm(last.self_attn.value_path(last.layer_norm1(h[:, 1:])))
         proj = m.visual_projection(dense)
         patches = F.normalize(proj, dim=-1)
-        _, prob = dense_similarity(patches, F.normalize(query, dim=-1), m.neutral.to(dtype), m.logit_scale.to(dtype))
+        _, prob = dense_similarity(
+            patches, F.normalize(query, dim=-1), m.neutral.to(dtype), m.logit_scale.to(dtype)
+        )
         return torch.stack(states), dense, proj, patches, prob
 
 
@@ -90,8 +92,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="clip-drift-"))
     report = []
     for b in args.buckets:
-        for kind, images in (("photos", photo_batch(model.config.image_size, b, device)),
-                             ("random", example_inputs(model, b, device, seed=99)[0])):  # fmt: skip
+        for kind, images in (
+            ("photos", photo_batch(model.config.image_size, b, device)),
+            ("random", example_inputs(model, b, device, seed=99)[0]),
+        ):
             query = random_queries(b, model.config.query_dim, device, seed=0 if kind == "photos" else 1)
             with torch.inference_mode():
                 ref = probe64(images, query.double())
@@ -107,38 +111,63 @@ def main() -> int:
                 torch.backends.cudnn.allow_tf32 = False
             path = tmp / f"probe-b{b}-{kind}.onnx"
             with torch.no_grad():
-                torch.onnx.export(probe32, (images, query), dynamo=True, opset_version=OPSET, optimize=True,
-                                  input_names=["images", "query"], output_names=list(NAMES)).save(str(path))  # fmt: skip
+                torch.onnx.export(
+                    probe32,
+                    (images, query),
+                    dynamo=True,
+                    opset_version=OPSET,
+                    optimize=True,
+                    input_names=["images", "query"],
+                    output_names=list(NAMES),
+                ).save(str(path))
             so = ort.SessionOptions()
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             so.log_severity_level = 3
-            providers = ([("CUDAExecutionProvider", dict(PROVIDER_OPTIONS))] if device.type == "cuda" else []) + [
-                "CPUExecutionProvider"]  # fmt: skip
+            providers = (
+                [("CUDAExecutionProvider", dict(PROVIDER_OPTIONS))] if device.type == "cuda" else []
+            ) + ["CPUExecutionProvider"]
             rows = {}
-            for level_name, level in (("all", ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
-                                      ("none", ort.GraphOptimizationLevel.ORT_DISABLE_ALL)):  # fmt: skip
+            for level_name, level in (
+                ("all", ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
+                ("none", ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+            ):
                 so.graph_optimization_level = level
                 sess = ort.InferenceSession(str(path), so, providers=providers)
                 outs = sess.run(None, {"images": images.cpu().numpy(), "query": query.cpu().numpy()})
                 rows[level_name] = [torch.from_numpy(o) for o in outs]
             for j, name in enumerate(NAMES):
                 e, r, e8 = eag[j].cpu(), ref[j].cpu(), eag8[j].cpu()
-                line = {"bucket": b, "inputs": kind, "stage": name,
-                        "eager_vs_f64": rel(e, r), "eager_b8chunks_vs_eager": rel(e8, e),
-                        "eager_math_sdpa_vs_f64": rel(math[j].cpu(), r), "eager_math_sdpa_vs_eager": rel(math[j].cpu(), e),
-                        "eager_tf32conv_vs_f64": rel(tf32[j].cpu(), r)}  # fmt: skip
+                line = {
+                    "bucket": b,
+                    "inputs": kind,
+                    "stage": name,
+                    "eager_vs_f64": rel(e, r),
+                    "eager_b8chunks_vs_eager": rel(e8, e),
+                    "eager_math_sdpa_vs_f64": rel(math[j].cpu(), r),
+                    "eager_math_sdpa_vs_eager": rel(math[j].cpu(), e),
+                    "eager_tf32conv_vs_f64": rel(tf32[j].cpu(), r),
+                }
                 for lv, outs in rows.items():
                     line[f"ort_{lv}_vs_f64"] = rel(outs[j], r)
                     line[f"ort_{lv}_vs_eager"] = rel(outs[j], e)
                 if name == "prob":  # the participatory map: absolute, as the parity rule reads it
-                    line["abs"] = {"eager_vs_f64": absd(e, r), "ort_all_vs_f64": absd(rows["all"][j], r),
-                                   "ort_all_vs_eager": absd(rows["all"][j], e), "ort_none_vs_eager": absd(rows["none"][j], e),
-                                   "eager_b8chunks_vs_eager": absd(e8, e), "eager_math_sdpa_vs_eager": absd(math[j].cpu(), e),
-                                   "eager_tf32conv_vs_eager": absd(tf32[j].cpu(), e)}  # fmt: skip
+                    line["abs"] = {
+                        "eager_vs_f64": absd(e, r),
+                        "ort_all_vs_f64": absd(rows["all"][j], r),
+                        "ort_all_vs_eager": absd(rows["all"][j], e),
+                        "ort_none_vs_eager": absd(rows["none"][j], e),
+                        "eager_b8chunks_vs_eager": absd(e8, e),
+                        "eager_math_sdpa_vs_eager": absd(math[j].cpu(), e),
+                        "eager_tf32conv_vs_eager": absd(tf32[j].cpu(), e),
+                    }
                 if name == "states":  # per layer
-                    line["per_layer_ort_all_vs_eager"] = [rel(rows["all"][j][i], e[i]) for i in range(e.shape[0])]
+                    line["per_layer_ort_all_vs_eager"] = [
+                        rel(rows["all"][j][i], e[i]) for i in range(e.shape[0])
+                    ]
                     line["per_layer_eager_vs_f64"] = [rel(e[i], r[i]) for i in range(e.shape[0])]
-                    line["per_layer_ort_all_vs_f64"] = [rel(rows["all"][j][i], r[i]) for i in range(e.shape[0])]
+                    line["per_layer_ort_all_vs_f64"] = [
+                        rel(rows["all"][j][i], r[i]) for i in range(e.shape[0])
+                    ]
                 if name == "proj":
                     line["proj_norm_min"] = float(r.norm(dim=-1).min())
                     line["proj_norm_median"] = float(r.norm(dim=-1).median())

@@ -92,7 +92,9 @@ def main() -> int:
     return 0
 
 
-def measure_batch(n: int, photos: list[bytes], dec: Decoder, dev: torch.device, view_side: int | None = None) -> dict:
+def measure_batch(
+    n: int, photos: list[bytes], dec: Decoder, dev: torch.device, view_side: int | None = None
+) -> dict:
     """Each part of decoding n photos, alone (median ms per batch)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -106,14 +108,20 @@ def measure_batch(n: int, photos: list[bytes], dec: Decoder, dev: torch.device, 
         "batch": n,
         "header_checks": timed(lambda: [dec.start(b) for b in jpegs]),
         "decode_jpeg_batched": timed(lambda: decode_jpeg(datas, mode=ImageReadMode.RGB, device=dev)),
-        "decode_jpeg_one_by_one": timed(lambda: [decode_jpeg(d, mode=ImageReadMode.RGB, device=dev) for d in datas]),
+        "decode_jpeg_one_by_one": timed(
+            lambda: [decode_jpeg(d, mode=ImageReadMode.RGB, device=dev) for d in datas]
+        ),
         "decode_jpeg_progressive": timed(lambda: decode_jpeg(pdatas, mode=ImageReadMode.RGB, device=dev)),
         "stack": timed(lambda: torch.stack(decoded)),
         "stack_resize_f32": timed(lambda: resize(torch.stack(decoded), 512, 512)),
         "stack_resize_f16": timed(lambda: f16(torch.stack(decoded)).round_().clamp_(0, 255).to(torch.uint8)),
         "finish": timed(lambda: dec.finish(started)),
         "finish_with_views": timed(lambda: dec.finish(started, view_side)) if view_side else None,
-        "views_resize": timed(lambda: resize(torch.stack(decoded), *_view_size(*decoded[0].shape[1:], view_side))) if view_side else None,
+        "views_resize": timed(
+            lambda: resize(torch.stack(decoded), *_view_size(*decoded[0].shape[1:], view_side))
+        )
+        if view_side
+        else None,
     }
 
 
@@ -143,8 +151,11 @@ def together(args, photos: list[bytes]) -> dict:
         counts[key] = n
 
     out = {}
-    for name, fns in (("decode_alone", {"decode": decode_once}), ("engine_alone", {"engine": engine_once}),
-                      ("both", {"decode": decode_once, "engine": engine_once})):
+    for name, fns in (
+        ("decode_alone", {"decode": decode_once}),
+        ("engine_alone", {"engine": engine_once}),
+        ("both", {"decode": decode_once, "engine": engine_once}),
+    ):
         for fn in fns.values():
             fn()
         stop, counts = threading.Event(), {}

@@ -20,9 +20,13 @@ from collections import defaultdict
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
-ROLES = (("engine processes", "engine_process"), ("Celery processes", "arrcoc worker"),
-         ("redis-server", "redis-server"), ("client processes", "multiprocessing"),
-         ("bench driver", "bench e2e"))  # fmt: skip
+ROLES = (
+    ("engine processes", "engine_process"),
+    ("Celery processes", "arrcoc worker"),
+    ("redis-server", "redis-server"),
+    ("client processes", "multiprocessing"),
+    ("bench driver", "bench e2e"),
+)
 
 
 def _role(cmd: str) -> str:
@@ -67,7 +71,9 @@ def _role_cores(role: str, window: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--after", nargs=2, metavar=("LOG", "LINE"), help="start once LOG holds LINE")
-    ap.add_argument("--busy", metavar="ROLE", help="then wait until ROLE uses over half a core (the load has begun)")
+    ap.add_argument(
+        "--busy", metavar="ROLE", help="then wait until ROLE uses over half a core (the load has begun)"
+    )
     ap.add_argument("--wait", type=float, default=3.0)
     ap.add_argument("--window", type=float, default=3.0)
     ap.add_argument("--json", type=Path)
@@ -103,10 +109,21 @@ def main() -> int:
     for used, role, pid, name in sorted(threads, reverse=True)[:24]:
         print(f"  {used:5.2f}  {role:18s} pid {pid:<7d} {name}")
     if args.json:
-        args.json.write_text(json.dumps({"window_s": dt, "cores": os.cpu_count(), "roles": roles,
-                                         "processes": [{"role": r, "pid": p, "cores": c} for (r, p), c in procs.items()],
-                                         "threads": [{"role": r, "pid": p, "name": n, "cores": u}
-                                                     for u, r, p, n in sorted(threads, reverse=True)[:60]]}, indent=1))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "window_s": dt,
+                    "cores": os.cpu_count(),
+                    "roles": roles,
+                    "processes": [{"role": r, "pid": p, "cores": c} for (r, p), c in procs.items()],
+                    "threads": [
+                        {"role": r, "pid": p, "name": n, "cores": u}
+                        for u, r, p, n in sorted(threads, reverse=True)[:60]
+                    ],
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

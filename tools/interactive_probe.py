@@ -29,27 +29,47 @@ def main() -> int:
     p.add_argument("--backend", default="compiled")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 32])
     p.add_argument("--requests", type=int, default=4096)
-    p.add_argument("--max-batch", type=int, nargs="+", default=[32],
-                   help="ARRCOC_BATCH_MAX_SIZE values to try (one warm engine shared)")
-    p.add_argument("--switch-interval-ms", type=float, nargs="+", default=[sys.getswitchinterval() * 1e3],
-                   help="the interpreter's GIL switch intervals to try (sys.setswitchinterval), per batcher size")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        nargs="+",
+        default=[32],
+        help="ARRCOC_BATCH_MAX_SIZE values to try (one warm engine shared)",
+    )
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        nargs="+",
+        default=[sys.getswitchinterval() * 1e3],
+        help="the interpreter's GIL switch intervals to try (sys.setswitchinterval), per batcher size",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    s = default_settings(device=args.device, backend=args.backend, backends=(args.backend,), broker_url=None,
-                         data_dir=Path(tempfile.mkdtemp(prefix="interactive-probe-")))  # fmt: skip
+    s = default_settings(
+        device=args.device,
+        backend=args.backend,
+        backends=(args.backend,),
+        broker_url=None,
+        data_dir=Path(tempfile.mkdtemp(prefix="interactive-probe-")),
+    )
     first = InProcessExecutor(s)
     first.warmup()
     image = workload()["jpeg_800x600"][1]
     out = [_decode_alone(first, image)]
     print(f"== decode alone (the batcher's first stage, synchronised): {out[-1]}", flush=True)
     for max_batch in args.max_batch:
-        ex = InProcessExecutor(s.model_copy(update={"batch_max_size": max_batch}), pipeline=first.runtime.pipeline)
+        ex = InProcessExecutor(
+            s.model_copy(update={"batch_max_size": max_batch}), pipeline=first.runtime.pipeline
+        )
         try:
             # the batcher's result (three stages on a GPU) against the pipeline's own, same bucket
             via, direct = ex.infer(image, QUERIES[0]), ex.runtime.pipeline.infer([image], QUERIES[0])[0]
-            print(f"== parity, batcher vs pipeline: relevance max |diff| "
-                  f"{float(abs(via.relevance - direct.relevance).max()):.2e}, same cells "
-                  f"{bool((via.selected == direct.selected).all())}", flush=True)  # fmt: skip
+            print(
+                f"== parity, batcher vs pipeline: relevance max |diff| "
+                f"{float(abs(via.relevance - direct.relevance).max()):.2e}, same cells "
+                f"{bool((via.selected == direct.selected).all())}",
+                flush=True,
+            )
             for ms in args.switch_interval_ms:
                 sys.setswitchinterval(ms / 1e3)
                 print(f"== switch interval {ms} ms", flush=True)
@@ -76,7 +96,9 @@ def _decode_alone(ex: InProcessExecutor, image: bytes) -> dict:
     for k in (1, 8, 16, 32):
         times, runs, finishes, nvjpegs = [], [], [], []
         for _ in range(12):
-            if pipe.decoder.gpu:  # the batcher's own decode stage (headers read by the callers), and nvJPEG alone
+            if (
+                pipe.decoder.gpu
+            ):  # the batcher's own decode stage (headers read by the callers), and nvJPEG alone
                 from torchvision.io import ImageReadMode, decode_jpeg
 
                 started = [pipe.decoder.start(image) for _ in range(k)]
@@ -84,8 +106,11 @@ def _decode_alone(ex: InProcessExecutor, image: bytes) -> dict:
                 pipe.decoder.finish(started)
                 sync()
                 t1 = time.perf_counter()
-                decode_jpeg([torch.frombuffer(bytearray(image), dtype=torch.uint8) for _ in range(k)],
-                            mode=ImageReadMode.RGB, device=pipe.device)  # fmt: skip
+                decode_jpeg(
+                    [torch.frombuffer(bytearray(image), dtype=torch.uint8) for _ in range(k)],
+                    mode=ImageReadMode.RGB,
+                    device=pipe.device,
+                )
                 sync()
                 finishes.append((t1 - t0) * 1e3)
                 nvjpegs.append((time.perf_counter() - t1) * 1e3)
@@ -114,12 +139,23 @@ def _measure(args: argparse.Namespace, ex: InProcessExecutor, image: bytes, max_
         cpu0, t0 = time.process_time(), time.perf_counter()
         timed = run_load(lent, image, QUERIES, clients, n, timeout=120.0)
         cores = (time.process_time() - cpu0) / (time.perf_counter() - t0)
-        row = {"max_batch": max_batch, "clients": clients, "requests": n, "req_s": timed["throughput_rps"],
-               "p50_ms": timed["p50_ms"], "p99_ms": timed["p99_ms"], "process_cores": round(cores, 2),
-               "timings_ms_mean": timed.get("timings_ms_mean"), "batch_sizes": timed.get("buckets")}  # fmt: skip
+        row = {
+            "max_batch": max_batch,
+            "clients": clients,
+            "requests": n,
+            "req_s": timed["throughput_rps"],
+            "p50_ms": timed["p50_ms"],
+            "p99_ms": timed["p99_ms"],
+            "process_cores": round(cores, 2),
+            "timings_ms_mean": timed.get("timings_ms_mean"),
+            "batch_sizes": timed.get("buckets"),
+        }
         out.append(row)
-        print(f"== max batch {max_batch}, {clients} callers: {row['req_s']} req/s, p50 {row['p50_ms']} ms, "
-              f"p99 {row['p99_ms']} ms, {row['process_cores']} cores", flush=True)  # fmt: skip
+        print(
+            f"== max batch {max_batch}, {clients} callers: {row['req_s']} req/s, p50 {row['p50_ms']} ms, "
+            f"p99 {row['p99_ms']} ms, {row['process_cores']} cores",
+            flush=True,
+        )
     return out
 
 

@@ -68,11 +68,20 @@ def main() -> int:
 def probe_dir(base: Path, photos: list[bytes], overlay: str) -> None:
     root = Path(tempfile.mkdtemp(prefix="io-probe-", dir=base))
     print(f"== {base}: raw write {raw_write(root):.0f} MB/s (72 KB blocks)", flush=True)
-    s = default_settings(device="cpu", backend="eager", backends=("eager",), data_dir=root,
-                         overlay_format=overlay, broker_url=None, max_batch_items=4096)  # fmt: skip
+    s = default_settings(
+        device="cpu",
+        backend="eager",
+        backends=("eager",),
+        data_dir=root,
+        overlay_format=overlay,
+        broker_url=None,
+        max_batch_items=4096,
+    )
     ex = InProcessExecutor(s)
     ex.warmup()
-    pb = ex.runtime.process([photos[i % len(photos)] for i in range(64)], ["the red one"] * 64, Controls(), overlay)  # fmt: skip
+    pb = ex.runtime.process(
+        [photos[i % len(photos)] for i in range(64)], ["the red one"] * 64, Controls(), overlay
+    )
     size = sum(len(x or b"") for x in pb.overlays) / 64
     t = time.perf_counter()
     job, _ = batch.create_batch_job(_zip(photos, 2048, ".jpg"), "the red one", None, s, ex.store)
@@ -82,12 +91,18 @@ def probe_dir(base: Path, photos: list[bytes], overlay: str) -> None:
     items = load_items(jd)
     ext = OVERLAY_EXTENSIONS.get(overlay, "")
     keys = [batch._key(it) for it in items]
-    dt, prof = profiled(lambda: [parts.write_part(jd, keys[k * 64 : (k + 1) * 64], pb.outputs, pb.errors, pb.overlays, ext)
-                                 for k in range(32)])
+    dt, prof = profiled(
+        lambda: [
+            parts.write_part(jd, keys[k * 64 : (k + 1) * 64], pb.outputs, pb.errors, pb.overlays, ext)
+            for k in range(32)
+        ]
+    )
     print(f"write stage: {dt / 2048 * 1e3:.3f} ms/item\n{prof}", flush=True)
     dt, prof = profiled(lambda: build_results_zip(jd))
-    print(f"results.zip: {dt / 2048 * 1e3:.3f} ms/item, {os.path.getsize(jd / 'results.zip') / 1e6:.0f} MB\n{prof}",
-          flush=True)  # fmt: skip
+    print(
+        f"results.zip: {dt / 2048 * 1e3:.3f} ms/item, {os.path.getsize(jd / 'results.zip') / 1e6:.0f} MB\n{prof}",
+        flush=True,
+    )
     ex.close()
 
 

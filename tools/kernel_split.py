@@ -30,9 +30,11 @@ from arrcoc.engine import create_backend  # noqa: E402
 from arrcoc.engine.base import example_inputs  # noqa: E402
 from arrcoc.registry import create_model  # noqa: E402
 
-KINDS = (("gemm", re.compile(r"gemm|sm90_|sm80_|cutlass|xmma|matmul|cublas", re.I)),
-         ("conv", re.compile(r"conv|implicit|winograd|fft", re.I)),
-         ("attention", re.compile(r"fmha|attention|flash|softmax", re.I)))  # fmt: skip
+KINDS = (
+    ("gemm", re.compile(r"gemm|sm90_|sm80_|cutlass|xmma|matmul|cublas", re.I)),
+    ("conv", re.compile(r"conv|implicit|winograd|fft", re.I)),
+    ("attention", re.compile(r"fmha|attention|flash|softmax", re.I)),
+)
 
 
 def kind(name: str) -> str:
@@ -59,9 +61,12 @@ def split(run, iters: int) -> dict:
         count[k] += 1
         top[e.name[:90]] += e.device_time / 1e3 / iters
     total = sum(ms.values())
-    return {"total_kernel_ms": round(total, 4), "ms": {k: round(v, 4) for k, v in ms.items()},
-            "kernels_per_call": {k: count[k] // iters for k in count},
-            "top": sorted(((round(v, 4), n) for n, v in top.items()), reverse=True)[:8]}  # fmt: skip
+    return {
+        "total_kernel_ms": round(total, 4),
+        "ms": {k: round(v, 4) for k, v in ms.items()},
+        "kernels_per_call": {k: count[k] // iters for k in count},
+        "top": sorted(((round(v, 4), n) for n, v in top.items()), reverse=True)[:8],
+    }
 
 
 def main() -> int:
@@ -72,8 +77,12 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--cache-dir", type=Path, default=None, help="default: a fresh temporary dir (cold)")
-    p.add_argument("--onnx-fusions", nargs="+", default=["default"],
-                   help="onnx once per value: default, none, norm, all (engine/ort_fusion.py)")  # fmt: skip
+    p.add_argument(
+        "--onnx-fusions",
+        nargs="+",
+        default=["default"],
+        help="onnx once per value: default, none, norm, all (engine/ort_fusion.py)",
+    )
     args = p.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)

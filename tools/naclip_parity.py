@@ -48,21 +48,28 @@ def their_state_dict(ours) -> dict[str, torch.Tensor]:
         "conv1.weight": v.embeddings.patch_embedding.weight,
         "class_embedding": v.embeddings.class_embedding,
         "positional_embedding": v.embeddings.position_embedding.weight,
-        "ln_pre.weight": v.pre_layrnorm.weight, "ln_pre.bias": v.pre_layrnorm.bias,
-        "ln_post.weight": v.post_layernorm.weight, "ln_post.bias": v.post_layernorm.bias,
+        "ln_pre.weight": v.pre_layrnorm.weight,
+        "ln_pre.bias": v.pre_layrnorm.bias,
+        "ln_post.weight": v.post_layernorm.weight,
+        "ln_post.bias": v.post_layernorm.bias,
         "proj": ours.visual_projection.weight.t(),
-    }  # fmt: skip
+    }
     for i, layer in enumerate(v.encoder.layers):
         a, p = layer.self_attn, f"transformer.resblocks.{i}."
         sd |= {
             p + "attn.in_proj_weight": torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)),
             p + "attn.in_proj_bias": torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)),
-            p + "attn.out_proj.weight": a.out_proj.weight, p + "attn.out_proj.bias": a.out_proj.bias,
-            p + "ln_1.weight": layer.layer_norm1.weight, p + "ln_1.bias": layer.layer_norm1.bias,
-            p + "ln_2.weight": layer.layer_norm2.weight, p + "ln_2.bias": layer.layer_norm2.bias,
-            p + "mlp.c_fc.weight": layer.mlp.fc1.weight, p + "mlp.c_fc.bias": layer.mlp.fc1.bias,
-            p + "mlp.c_proj.weight": layer.mlp.fc2.weight, p + "mlp.c_proj.bias": layer.mlp.fc2.bias,
-        }  # fmt: skip
+            p + "attn.out_proj.weight": a.out_proj.weight,
+            p + "attn.out_proj.bias": a.out_proj.bias,
+            p + "ln_1.weight": layer.layer_norm1.weight,
+            p + "ln_1.bias": layer.layer_norm1.bias,
+            p + "ln_2.weight": layer.layer_norm2.weight,
+            p + "ln_2.bias": layer.layer_norm2.bias,
+            p + "mlp.c_fc.weight": layer.mlp.fc1.weight,
+            p + "mlp.c_fc.bias": layer.mlp.fc1.bias,
+            p + "mlp.c_proj.weight": layer.mlp.fc2.weight,
+            p + "mlp.c_proj.bias": layer.mlp.fc2.bias,
+        }
     return {k: t.detach().clone().float() for k, t in sd.items()}
 
 
@@ -71,8 +78,14 @@ def compare(module, size: int, batch: int, seed: int, key_scale: float = 1.0) ->
     ours = build_clip(config, None).eval()  # random weights of the real shapes (seeded)
     with torch.no_grad():  # sharper key-key logits, so that they, not only the prior, decide the attention
         ours.vision_model.encoder.layers[-1].self_attn.k_proj.weight.mul_(key_scale)
-    theirs = module.VisionTransformer(input_resolution=size, patch_size=config.cell, width=config.hidden,
-                                      layers=config.layers, heads=config.heads, output_dim=config.query_dim)  # fmt: skip
+    theirs = module.VisionTransformer(
+        input_resolution=size,
+        patch_size=config.cell,
+        width=config.hidden,
+        layers=config.layers,
+        heads=config.heads,
+        output_dim=config.query_dim,
+    )
     theirs.load_state_dict(their_state_dict(ours))
     theirs.set_params("reduced", "naclip", config.neighbourhood_std)  # the authors' method and setting
     theirs.eval()
@@ -84,9 +97,11 @@ def compare(module, size: int, batch: int, seed: int, key_scale: float = 1.0) ->
         maskclip = F.normalize(ours.visual_projection(_maskclip(ours, images)), dim=-1)
     diff = float((got - expected).abs().max())
     apart = float((maskclip - expected).abs().max())
-    print(f"{size} px ({config.grid}x{config.grid} patches), batch {batch}, last block's keys x{key_scale:g}:"
-          f" max |ours - theirs| = {diff:.3g}"
-          f" over {tuple(got.shape)} unit features (MaskCLIP's, for scale: {apart:.3g} from theirs)")  # fmt: skip
+    print(
+        f"{size} px ({config.grid}x{config.grid} patches), batch {batch}, last block's keys x{key_scale:g}:"
+        f" max |ours - theirs| = {diff:.3g}"
+        f" over {tuple(got.shape)} unit features (MaskCLIP's, for scale: {apart:.3g} from theirs)"
+    )
     return diff
 
 
@@ -104,8 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 448])
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--key-scales", type=float, nargs="+", default=[1.0, 3.0],
-                   help="the last block's key weights scaled so: N(0, 0.02) keys give key-key logits near 0")
+    p.add_argument(
+        "--key-scales",
+        type=float,
+        nargs="+",
+        default=[1.0, 3.0],
+        help="the last block's key weights scaled so: N(0, 0.02) keys give key-key logits near 0",
+    )
     p.add_argument("--tol", type=float, default=1e-4, help="float32 over 12 layers in two op orders")
     args = p.parse_args(argv)
     torch.manual_seed(args.seed)

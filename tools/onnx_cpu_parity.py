@@ -34,8 +34,11 @@ def main() -> None:
     fn = ExportFn(model, "cpu", torch.float32).eval()
     tmp = Path(tempfile.mkdtemp(prefix="arrcoc-onnx-parity-"))
     for batch in args.batches:
-        inputs = (photo_batch(model.config.image_size, batch, cpu), random_queries(batch, model.config.query_dim, cpu),
-                  model.default_controls(batch, cpu))  # fmt: skip
+        inputs = (
+            photo_batch(model.config.image_size, batch, cpu),
+            random_queries(batch, model.config.query_dim, cpu),
+            model.default_controls(batch, cpu),
+        )
         with torch.no_grad():
             ref = fn(*inputs)
         path = tmp / f"b{batch}.onnx"
@@ -44,7 +47,9 @@ def main() -> None:
         outs = sess.run(None, {k: v.numpy() for k, v in zip(INPUTS, inputs, strict=True)})
         for out, r, o in zip(sess.get_outputs(), ref, outs, strict=True):
             if r.dtype.is_floating_point:
-                print(f"batch {batch:3d}  {out.name:14s} max |onnx - eager| {float(np.abs(r.numpy() - o).max()):.2e}")
+                print(
+                    f"batch {batch:3d}  {out.name:14s} max |onnx - eager| {float(np.abs(r.numpy() - o).max()):.2e}"
+                )
 
 
 if __name__ == "__main__":

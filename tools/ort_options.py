@@ -31,8 +31,17 @@ from arrcoc.engine import create_backend  # noqa: E402
 from arrcoc.engine.base import example_inputs  # noqa: E402
 from arrcoc.registry import create_model  # noqa: E402
 
-_FUSIONS = ["AttentionFusion", "LayerNormFusion", "SimplifiedLayerNormFusion", "SkipLayerNormFusion",
-            "GeluFusion", "BiasGeluFusion", "FastGeluFusion", "MatMulScaleFusion", "BiasSoftmaxFusion"]  # fmt: skip
+_FUSIONS = [
+    "AttentionFusion",
+    "LayerNormFusion",
+    "SimplifiedLayerNormFusion",
+    "SkipLayerNormFusion",
+    "GeluFusion",
+    "BiasGeluFusion",
+    "FastGeluFusion",
+    "MatMulScaleFusion",
+    "BiasSoftmaxFusion",
+]
 _MEA_FP32 = {"ORT_MIN_SEQ_LEN_EFFICIENT_ATTENTION_FP32": "1"}  # ORT's default: 256 tokens (clip-b16 has 197)
 # name -> (provider options, disabled optimizers, environment, fusions (engine/ort_fusion.py; None: the default))
 CONFIGS: dict[str, tuple[dict, list, dict, str | None]] = {
@@ -43,9 +52,17 @@ CONFIGS: dict[str, tuple[dict, list, dict, str | None]] = {
     "conv-heuristic": ({"cudnn_conv_algo_search": "HEURISTIC"}, [], {}, None),
     "conv-default": ({"cudnn_conv_algo_search": "DEFAULT"}, [], {}, None),
     "no-attention-fusion": ({}, ["AttentionFusion"], {}, None),
-    "no-fused-attention-kernels": ({}, [], {"ORT_DISABLE_FLASH_ATTENTION": "1", "ORT_DISABLE_FUSED_ATTENTION": "1",
-                                            "ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION": "1",
-                                            "ORT_DISABLE_TRT_FLASH_ATTENTION": "1"}, None),  # fmt: skip
+    "no-fused-attention-kernels": (
+        {},
+        [],
+        {
+            "ORT_DISABLE_FLASH_ATTENTION": "1",
+            "ORT_DISABLE_FUSED_ATTENTION": "1",
+            "ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION": "1",
+            "ORT_DISABLE_TRT_FLASH_ATTENTION": "1",
+        },
+        None,
+    ),
     "no-transformer-fusions": ({}, _FUSIONS, {}, None),
     "conv-default+no-transformer-fusions": ({"cudnn_conv_algo_search": "DEFAULT"}, _FUSIONS, {}, None),
 }
@@ -54,8 +71,12 @@ CONFIGS: dict[str, tuple[dict, list, dict, str | None]] = {
 def parity(be, reference, model, bucket: int, device) -> dict:
     """Worst compare() over the example photos and random images."""
     worst: dict = {}
-    for i, images in enumerate((photo_batch(model.config.image_size, bucket, device),
-                                example_inputs(model, bucket, device, seed=99)[0])):  # fmt: skip
+    for i, images in enumerate(
+        (
+            photo_batch(model.config.image_size, bucket, device),
+            example_inputs(model, bucket, device, seed=99)[0],
+        )
+    ):
         query = random_queries(bucket, model.config.query_dim, device, seed=i)
         controls = model.default_controls(bucket, device)
         with torch.inference_mode():
@@ -96,8 +117,16 @@ def main() -> int:
         os.environ.update(env)
         t = time.perf_counter()
         try:
-            be = create_backend("onnx", model, device, buckets, cache_dir=cache, provider_options=options,
-                                disabled_optimizers=tuple(disabled), fusions=fusions)  # fmt: skip
+            be = create_backend(
+                "onnx",
+                model,
+                device,
+                buckets,
+                cache_dir=cache,
+                provider_options=options,
+                disabled_optimizers=tuple(disabled),
+                fusions=fusions,
+            )
             be.warmup()
         except Exception as e:  # a config ORT refuses: say so, go on
             print(f"{name:38s} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
@@ -121,14 +150,27 @@ def main() -> int:
             ref = summarize(times["compiled"])["p50_ms"] if compiled is not None else None
             worst_map = max(par["diff_by_map"], key=par["diff_by_map"].get)
             ok = par["max_abs_diff"] <= TOL[torch.float32] and par["topk_agreement_ties"] == 1.0
-            row = {"config": name, "bucket": b, "fusions": be.stats.get("fusions"), "ready_s": round(ready_s, 1), "onnx_p50_ms": p50,
-                   "compiled_p50_ms": ref, "ratio": p50 / ref if ref else None, "max_abs_diff": par["max_abs_diff"],
-                   "worst_map": worst_map, "diff_by_map": par["diff_by_map"], "parity_ok": ok,
-                   "topk_agreement_ties": par["topk_agreement_ties"]}  # fmt: skip
+            row = {
+                "config": name,
+                "bucket": b,
+                "fusions": be.stats.get("fusions"),
+                "ready_s": round(ready_s, 1),
+                "onnx_p50_ms": p50,
+                "compiled_p50_ms": ref,
+                "ratio": p50 / ref if ref else None,
+                "max_abs_diff": par["max_abs_diff"],
+                "worst_map": worst_map,
+                "diff_by_map": par["diff_by_map"],
+                "parity_ok": ok,
+                "topk_agreement_ties": par["topk_agreement_ties"],
+            }
             rows.append(row)
-            print(f"{name:38s} b{b:<3d} max|d| {par['max_abs_diff']:.3g} ({worst_map}) "
-                  f"{'ok ' if ok else 'OFF'} onnx {p50:.3f} ms" + (f"  compiled {ref:.3f}  x{p50 / ref:.2f}" if ref else ""),
-                  flush=True)  # fmt: skip
+            print(
+                f"{name:38s} b{b:<3d} max|d| {par['max_abs_diff']:.3g} ({worst_map}) "
+                f"{'ok ' if ok else 'OFF'} onnx {p50:.3f} ms"
+                + (f"  compiled {ref:.3f}  x{p50 / ref:.2f}" if ref else ""),
+                flush=True,
+            )
         be.close()
         del be
         torch.cuda.empty_cache() if device.type == "cuda" else None
@@ -138,8 +180,13 @@ def main() -> int:
     if best:  # for `arrcoc bench --onnx-options` (tools/gpu_engines.sh ortopt)
         options, disabled, env, fusions = CONFIGS[best]
         print(f"BEST {best}")
-        print("BEST_OPTIONS " + json.dumps({"provider_options": options, "disabled_optimizers": disabled}
-                                           | ({"fusions": fusions} if fusions else {})))  # fmt: skip
+        print(
+            "BEST_OPTIONS "
+            + json.dumps(
+                {"provider_options": options, "disabled_optimizers": disabled}
+                | ({"fusions": fusions} if fusions else {})
+            )
+        )
         print("BEST_ENV " + " ".join(f"{k}={v}" for k, v in env.items()))
     return 0
 

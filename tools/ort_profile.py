@@ -33,8 +33,10 @@ CONV_ALGO_SEARCH = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")  # ORT's CUDA EP value
 
 def timed_events(events: list[dict], warmup: int) -> tuple[list[dict], int, list[float]]:
     """(events of the timed runs, number of timed runs, ORT's model_run durations in us)."""
-    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
-                  key=lambda e: e["ts"])  # fmt: skip
+    runs = sorted(
+        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+        key=lambda e: e["ts"],
+    )
     if len(runs) > warmup:
         cut = runs[warmup - 1]["ts"] + runs[warmup - 1]["dur"] if warmup else -1
         timed = [e for e in events if e.get("ts", 0) >= cut]
@@ -94,10 +96,18 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5, help="timed runs")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first, left out of the profile")
     p.add_argument("--top", type=int, default=12)
-    p.add_argument("--cudnn-conv-algo-search", default=None, choices=CONV_ALGO_SEARCH,
-                   help="CUDA provider's cudnn_conv_algo_search (default: ORT's, EXHAUSTIVE)")  # fmt: skip
-    p.add_argument("--fusions", default="default", choices=("default", "none", "norm", "all"),
-                   help="ORT fusions of the export as the onnx backend applies them (default: the model's)")  # fmt: skip
+    p.add_argument(
+        "--cudnn-conv-algo-search",
+        default=None,
+        choices=CONV_ALGO_SEARCH,
+        help="CUDA provider's cudnn_conv_algo_search (default: ORT's, EXHAUSTIVE)",
+    )
+    p.add_argument(
+        "--fusions",
+        default="default",
+        choices=("default", "none", "norm", "all"),
+        help="ORT fusions of the export as the onnx backend applies them (default: the model's)",
+    )
     args = p.parse_args()
     if args.runs < 1 or args.warmup < 0:
         p.error("--runs must be at least 1 and --warmup at least 0")
@@ -132,8 +142,10 @@ def main() -> None:
     else:
         providers = ["CPUExecutionProvider"]
     sess = ort.InferenceSession(str(path), so, providers=providers)
-    feeds = {k: v.numpy() for k, v in zip(INPUTS, example_inputs(model, args.batch, torch.device("cpu"), seed=3),
-                                          strict=True)}  # fmt: skip
+    feeds = {
+        k: v.numpy()
+        for k, v in zip(INPUTS, example_inputs(model, args.batch, torch.device("cpu"), seed=3), strict=True)
+    }
     t0 = time.perf_counter()
     for _ in range(args.warmup):
         sess.run(None, feeds)
@@ -154,8 +166,10 @@ def main() -> None:
     search = (
         f", cudnn_conv_algo_search {opts.get('cudnn_conv_algo_search', '?')}" if args.device == "cuda" else ""
     )
-    print(f"{args.variant} batch {args.batch} on {provider}{search}: {args.runs} timed runs after {args.warmup}"
-          f" warm-up ({warm_ms:.1f} ms, left out)")  # fmt: skip
+    print(
+        f"{args.variant} batch {args.batch} on {provider}{search}: {args.runs} timed runs after {args.warmup}"
+        f" warm-up ({warm_ms:.1f} ms, left out)"
+    )
     kernel_ms = print_table(
         "  operator type                    kernel time      share  nodes/run", us, count, args.runs, args.top
     )

@@ -14,14 +14,23 @@ from collections import Counter
 from pathlib import Path
 
 # a role per thread, known by a frame on its stack (arrcoc.bench.load's callers, the batcher's threads)
-ROLES = (("client", "_drive"), ("engine", "_engine_loop"), ("batcher", "DynamicBatcher._loop"),
-         ("batcher", "DynamicBatcher._pipelined_loop"),  # the one-thread batcher (issue 12's fifth session on)
-         ("connection", "EngineServer._serve"), ("celery task", "fast_trace_task"), ("celery consumer", "asynloop"),
-         # a batch job in-process (tools/batch_probe.py): the engine-host call's thread, the job's own, its reader,
-         # its writer (pictures, part, results.zip), the part writer's feeder and the benchmark's poll
-         ("job engine", "Runtime.process"), ("job writer", "_write_step"),
-         ("job reader", "_read (arrcoc/service/jobs/batch.py"), ("writer feeder", "_feed"), ("job", "_run_group"),
-         ("bench poll", "batch_job"))
+ROLES = (
+    ("client", "_drive"),
+    ("engine", "_engine_loop"),
+    ("batcher", "DynamicBatcher._loop"),
+    ("batcher", "DynamicBatcher._pipelined_loop"),  # the one-thread batcher (issue 12's fifth session on)
+    ("connection", "EngineServer._serve"),
+    ("celery task", "fast_trace_task"),
+    ("celery consumer", "asynloop"),
+    # a batch job in-process (tools/batch_probe.py): the engine-host call's thread, the job's own, its reader,
+    # its writer (pictures, part, results.zip), the part writer's feeder and the benchmark's poll
+    ("job engine", "Runtime.process"),
+    ("job writer", "_write_step"),
+    ("job reader", "_read (arrcoc/service/jobs/batch.py"),
+    ("writer feeder", "_feed"),
+    ("job", "_run_group"),
+    ("bench poll", "batch_job"),
+)
 LINE = re.compile(r" \((.*?):\d+\)")  # a frame's line number: functions are counted whole
 
 
@@ -44,7 +53,9 @@ def main() -> int:
         for name in dict.fromkeys(frames):
             inclusive[role, name] += int(count)
     total = sum(roles.values())
-    print(f"samples in the load's threads: {total} (at the recording's rate; with --gil, those holding the GIL)")
+    print(
+        f"samples in the load's threads: {total} (at the recording's rate; with --gil, those holding the GIL)"
+    )
     for role, n in roles.most_common():
         print(f"{n / total:6.1%}  {role}")
     print("\nby function, inclusive: share of all samples, share of its thread role's")

@@ -75,8 +75,13 @@ class EngineSpec:
 def count_gpus(base: Mapping[str, str]) -> int:
     """The GPUs this host shows (under CUDA_VISIBLE_DEVICES), counted in a child process so that
     the supervisor itself never initialises CUDA."""
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                           env=dict(base), capture_output=True, text=True, timeout=120)  # fmt: skip
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        env=dict(base),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     try:
         return int(probe.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -104,20 +109,37 @@ def _pinned(device: str, base: Mapping[str, str]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": visible[index] if visible else str(index), "ARRCOC_DEVICE": "cuda:0"}
 
 
-def plan_engines(settings: Settings, devices: Sequence[str], per_device: int, sock_dir: Path, authkey: bytes,
-                 base: Mapping[str, str]) -> list[EngineSpec]:  # fmt: skip
+def plan_engines(
+    settings: Settings,
+    devices: Sequence[str],
+    per_device: int,
+    sock_dir: Path,
+    authkey: bytes,
+    base: Mapping[str, str],
+) -> list[EngineSpec]:
     """The group's engine processes, interleaved by device (device 0's first, device 1's first,
     ..., device 0's second, ...) so that the i-th Celery process prefers engine i mod E and
     consecutive Celery processes prefer different devices."""
     pinned = len(devices) > 1 or bool(settings.devices)
-    addresses = [[str(sock_dir / f"engine-{di}-{e}.sock") for e in range(per_device)] for di in range(len(devices))]
+    addresses = [
+        [str(sock_dir / f"engine-{di}-{e}.sock") for e in range(per_device)] for di in range(len(devices))
+    ]
     specs = []
     for e in range(per_device):
         for di, device in enumerate(devices):
-            env = dict(base, ARRCOC_ENGINE_SOCKET=addresses[di][e], ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
-                       ARRCOC_ENGINE_GROUP=",".join(addresses[di]), ARRCOC_ENGINE_POOL="", ARRCOC_DEVICES="",
-                       ARRCOC_WORKER_PROCESSES="1", ARRCOC_DEVICE=settings.device, ARRCOC_BACKEND=settings.backend,
-                       ARRCOC_DTYPE=settings.dtype, ARRCOC_BROKER_URL=settings.queue_url)  # fmt: skip
+            env = dict(
+                base,
+                ARRCOC_ENGINE_SOCKET=addresses[di][e],
+                ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
+                ARRCOC_ENGINE_GROUP=",".join(addresses[di]),
+                ARRCOC_ENGINE_POOL="",
+                ARRCOC_DEVICES="",
+                ARRCOC_WORKER_PROCESSES="1",
+                ARRCOC_DEVICE=settings.device,
+                ARRCOC_BACKEND=settings.backend,
+                ARRCOC_DTYPE=settings.dtype,
+                ARRCOC_BROKER_URL=settings.queue_url,
+            )
             if pinned:
                 env.update(_pinned(device, base))
             # OpenMP (torch's CPU threads) reads this at start-up: idle OpenMP threads spin by
@@ -127,14 +149,24 @@ def plan_engines(settings: Settings, devices: Sequence[str], per_device: int, so
     return specs
 
 
-def front_env(spec: EngineSpec, pool: Sequence[str], base: Mapping[str, str], settings: Settings,
-              devices: Sequence[str] = ()) -> dict[str, str]:  # fmt: skip
+def front_env(
+    spec: EngineSpec,
+    pool: Sequence[str],
+    base: Mapping[str, str],
+    settings: Settings,
+    devices: Sequence[str] = (),
+) -> dict[str, str]:
     """A Celery process's environment: the group's settings and devices (it runs a batch chunk per
     device at a time), and the pool of engines it sends work to, its preferred one first. These
     processes run no model, only small copies: one OpenMP thread each (torch.set_num_threads would
     apply to the calling thread only)."""
-    env = dict(spec.env, ARRCOC_ENGINE_SOCKET=pool[0], ARRCOC_ENGINE_POOL=",".join(pool), ARRCOC_DEVICE=settings.device,
-               ARRCOC_DEVICES=",".join(devices))
+    env = dict(
+        spec.env,
+        ARRCOC_ENGINE_SOCKET=pool[0],
+        ARRCOC_ENGINE_POOL=",".join(pool),
+        ARRCOC_DEVICE=settings.device,
+        ARRCOC_DEVICES=",".join(devices),
+    )
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if "CUDA_VISIBLE_DEVICES" in base:
         env["CUDA_VISIBLE_DEVICES"] = base["CUDA_VISIBLE_DEVICES"]
@@ -157,8 +189,11 @@ class _Engines:
     def start(self, i: int) -> subprocess.Popen:
         with contextlib.suppress(OSError):
             os.unlink(self.specs[i].address)  # a dead engine's socket: bind() would refuse the path
-        self.procs[i] = subprocess.Popen([sys.executable, "-m", "arrcoc.service.host.engine_process"],
-                                         env=self.specs[i].env, preexec_fn=_die_with_parent)  # fmt: skip
+        self.procs[i] = subprocess.Popen(
+            [sys.executable, "-m", "arrcoc.service.host.engine_process"],
+            env=self.specs[i].env,
+            preexec_fn=_die_with_parent,
+        )
         return self.procs[i]
 
     def start_all(self, timeout: float) -> None:
@@ -180,10 +215,17 @@ class _Engines:
             self.exits[i] = recent
             spec = self.specs[i]
             if len(recent) > self.restarts:
-                raise RuntimeError(f"the engine process on {spec.device} exited {len(recent)} times within"
-                                   f" {self.RESTART_WINDOW_S:.0f} s (last code {proc.returncode})")  # fmt: skip
-            log.error("worker group: the engine process %d on %s exited with code %s; starting it again"
-                      " (the other engines take its work meanwhile)", proc.pid, spec.device, proc.returncode)  # fmt: skip
+                raise RuntimeError(
+                    f"the engine process on {spec.device} exited {len(recent)} times within"
+                    f" {self.RESTART_WINDOW_S:.0f} s (last code {proc.returncode})"
+                )
+            log.error(
+                "worker group: the engine process %d on %s exited with code %s; starting it again"
+                " (the other engines take its work meanwhile)",
+                proc.pid,
+                spec.device,
+                proc.returncode,
+            )
             self.start(i)
 
     @property
@@ -191,8 +233,9 @@ class _Engines:
         return [p for p in self.procs if p is not None]
 
 
-def run_group(processes: int, front_args: list[str], hostname: str, settings: Settings,
-              ready_timeout: float = 1800.0) -> int:  # fmt: skip
+def run_group(
+    processes: int, front_args: list[str], hostname: str, settings: Settings, ready_timeout: float = 1800.0
+) -> int:
     """Run the group until a signal or a Celery process's exit; returns the exit code. The members
     are new processes: they read `settings` from the environment they are started with.
     `processes`: Celery processes per device."""
@@ -206,24 +249,34 @@ def run_group(processes: int, front_args: list[str], hostname: str, settings: Se
     code = 0
     try:
         devices = resolve_devices(settings, os.environ)
-        specs = plan_engines(settings, devices, min(settings.engine_processes, processes), sock_dir, authkey,
-                             os.environ)  # fmt: skip
+        specs = plan_engines(
+            settings, devices, min(settings.engine_processes, processes), sock_dir, authkey, os.environ
+        )
         engines.specs, engines.procs, engines.exits = specs, [None] * len(specs), [[] for _ in specs]
         engines.start_all(ready_timeout)
         pool = [s.address for s in specs]
         for i in range(processes * len(devices)):
             argv = [sys.executable, "-m", "arrcoc", "worker", *front_args, "-n", node_name(hostname, i + 1)]
             k = i % len(specs)
-            env = front_env(specs[k], pool[k:] + pool[:k], os.environ, settings, devices if settings.devices else ())
+            env = front_env(
+                specs[k], pool[k:] + pool[:k], os.environ, settings, devices if settings.devices else ()
+            )
             fronts.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))
-        log.info("worker group on %s: engine processes %s, Celery processes %s", ", ".join(devices),
-                 [p.pid for p in engines.running], [p.pid for p in fronts])  # fmt: skip
+        log.info(
+            "worker group on %s: engine processes %s, Celery processes %s",
+            ", ".join(devices),
+            [p.pid for p in engines.running],
+            [p.pid for p in fronts],
+        )
         while not stop.wait(0.5):
             engines.watch()
             ended = next((p for p in fronts if p.poll() is not None), None)
             if ended is not None:
-                log.error("worker group: Celery process %d exited with code %s; stopping the group",
-                          ended.pid, ended.returncode)  # fmt: skip
+                log.error(
+                    "worker group: Celery process %d exited with code %s; stopping the group",
+                    ended.pid,
+                    ended.returncode,
+                )
                 code = ended.returncode or 1
                 break
     except RuntimeError as e:

@@ -68,7 +68,10 @@ class FairGate:
             self._seq += 1
             me = (self._seq, owner)
             self._waiting.append(me)
-            while self._busy >= self._slots or min(self._waiting, key=lambda w: (self._served.get(w[1], 0.0), w[0])) != me:
+            while (
+                self._busy >= self._slots
+                or min(self._waiting, key=lambda w: (self._served.get(w[1], 0.0), w[0])) != me
+            ):
                 self._cv.wait()
             self._waiting.remove(me)
             self._busy += 1
@@ -183,7 +186,9 @@ class WorkerState:
                 if s.engine_socket and s.engine_authkey:
                     from arrcoc.service.host.engine_process import EngineClient
 
-                    self._host = EngineClient(s, s.engine_pool or (s.engine_socket,), bytes.fromhex(s.engine_authkey))
+                    self._host = EngineClient(
+                        s, s.engine_pool or (s.engine_socket,), bytes.fromhex(s.engine_authkey)
+                    )
                 else:
                     from arrcoc.service.host.runtime import Runtime
 
@@ -221,7 +226,9 @@ class WorkerState:
         self.heartbeat.start()
         if getattr(self, "_reaper", None) is None:
             # expired jobs' files, and those of jobs nobody can fetch (Redis lost their records)
-            self._reaper = Reaper(self.settings, [lambda: sweep_unreachable(self.settings, self.store(), False)]).start()
+            self._reaper = Reaper(
+                self.settings, [lambda: sweep_unreachable(self.settings, self.store(), False)]
+            ).start()
         try:
             publish_token(self.store().r, self.settings)
         except Exception as e:  # noqa: BLE001 -- Redis not up yet: the worker still starts
@@ -250,8 +257,16 @@ class WorkerState:
         n, _, data = pipe.execute()
         return int(n), data
 
-    def infer(self, task_id: str, key: str, query: str, controls: dict | None, deadline: float | None,
-              backend: str | None = None, reply_to: str | None = None) -> dict[str, Any] | None:  # fmt: skip
+    def infer(
+        self,
+        task_id: str,
+        key: str,
+        query: str,
+        controls: dict | None,
+        deadline: float | None,
+        backend: str | None = None,
+        reply_to: str | None = None,
+    ) -> dict[str, Any] | None:
         """One interactive request. Its answer, result or error, goes to the client's reply list
         `reply_to` as a frame (arrcoc.service.codec), with the delivery count forgotten in the same
         round trip; a message that names no reply list (sent by an older client) is answered
@@ -264,18 +279,25 @@ class WorkerState:
         try:
             n, data = self.delivery(task_id, key)
             if n > s.max_redeliveries:
-                raise ArrcocError(f"This request stopped the worker {n - 1} times (crash or out of memory);"
-                                  " it was dropped. Try a smaller image.")  # fmt: skip
+                raise ArrcocError(
+                    f"This request stopped the worker {n - 1} times (crash or out of memory);"
+                    " it was dropped. Try a smaller image."
+                )
             timeout = (deadline - time.time()) if deadline else float(s.task_time_limit_s)
             if timeout <= 0:
                 raise ArrcocError("The request waited past its deadline in the queue; try again.")
             if data is None:
-                raise ArrcocError("The image expired before a worker picked it up (queue too long); submit again.")
+                raise ArrcocError(
+                    "The image expired before a worker picked it up (queue too long); submit again."
+                )
             # decoded once, where it is resized (a bad image raises ImageError there)
             result = self.host().infer(data, query, Controls.from_wire(controls), timeout, backend)
             # the task thread's own CPU (waits excluded) and its wall time: a client's latency minus
             # task_wall_ms is what the queue, Celery and the result's way back cost
-            task = {"task_cpu_ms": (time.thread_time() - cpu0) * 1e3, "task_wall_ms": (time.perf_counter() - t0) * 1e3}
+            task = {
+                "task_cpu_ms": (time.thread_time() - cpu0) * 1e3,
+                "task_wall_ms": (time.perf_counter() - t0) * 1e3,
+            }
             result = dataclasses.replace(result, timings_ms=result.timings_ms | task)
             answer: RelevanceResult | BaseException = result
         except Exception as e:  # noqa: BLE001 -- the client hears of every failure (a bug too), never waits it out
@@ -311,8 +333,9 @@ class WorkerState:
             deadline = time.monotonic() + s.task_time_limit_s  # from its turn: waiting is not working
             try:
                 with self.heartbeat.chunk(job_id, start, stop):
-                    out = _riding_out_redis(lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s,
-                                                                    deadline))  # fmt: skip
+                    out = _riding_out_redis(
+                        lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s, deadline)
+                    )
             except TRANSPORT_ERRORS:
                 raise  # Redis or the engine process gone: the chunk is tried again
             except Exception as e:  # noqa: BLE001 -- never a job left "running": its items fail with the reason
@@ -323,8 +346,12 @@ class WorkerState:
                     batch.maybe_finalize(job_id, self.store(), s)
                 except Exception as again:  # noqa: BLE001 -- e.g. the disk still full: the job still ends
                     log.warning("batch job %s: could not finish its results (%s)", job_id, again)
-                    self.store().set_state(job_id, JobState.FAILED, reason_for(again),
-                                           expect=(JobState.PENDING, JobState.RUNNING))  # fmt: skip
+                    self.store().set_state(
+                        job_id,
+                        JobState.FAILED,
+                        reason_for(again),
+                        expect=(JobState.PENDING, JobState.RUNNING),
+                    )
                 out = {"job_id": job_id, "error": reason}
             with contextlib.suppress(Exception):
                 if JobState(self.store().record(job_id)["state"]).finished:
@@ -340,7 +367,9 @@ class WorkerState:
         def device_lock():
             lock = store.r.lock(name, timeout=s.task_time_limit_s, blocking_timeout=s.task_time_limit_s)
             if not lock.acquire():
-                raise ArrcocError(f"The device stayed busy for {s.task_time_limit_s} s; the benchmark gave up.")
+                raise ArrcocError(
+                    f"The device stayed busy for {s.task_time_limit_s} s; the benchmark gave up."
+                )
             try:
                 yield
             finally:

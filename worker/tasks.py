@@ -9,14 +9,26 @@ from arrcoc.service.client.queue import TASK_BENCH, TASK_CHUNK, TASK_INFER
 from .app import app, state
 
 # transient: Redis blinked. Retried with exponential backoff and jitter.
-_TRANSIENT = dict(autoretry_for=(ServiceUnavailableError, ConnectionError), retry_backoff=True,
-                  retry_backoff_max=30, retry_jitter=True, max_retries=5)  # fmt: skip
+_TRANSIENT = dict(
+    autoretry_for=(ServiceUnavailableError, ConnectionError),
+    retry_backoff=True,
+    retry_backoff_max=30,
+    retry_jitter=True,
+    max_retries=5,
+)
 
 
 # the client sends with ignore_result and hears the answer on its reply list (worker/state.py)
 @app.task(name=TASK_INFER, bind=True)
-def infer(self, image_key: str, query: str, controls: dict | None = None, deadline: float | None = None,
-          backend: str | None = None, reply_to: str | None = None) -> dict | None:  # fmt: skip
+def infer(
+    self,
+    image_key: str,
+    query: str,
+    controls: dict | None = None,
+    deadline: float | None = None,
+    backend: str | None = None,
+    reply_to: str | None = None,
+) -> dict | None:
     return state.infer(self.request.id, image_key, query, controls, deadline, backend, reply_to)
 
 

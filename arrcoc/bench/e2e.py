@@ -50,10 +50,26 @@ from .env import collect_env
 from .load import percentile, run_load
 from .parity import dtype_parity
 
-QUERIES = ("the red one", "the top right", "the text", "the orange suit", "the left side", "the green eyes",
-           "the bright area", "the dark corner")  # fmt: skip
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
-          "colorwheel")  # fmt: skip
+QUERIES = (
+    "the red one",
+    "the top right",
+    "the text",
+    "the orange suit",
+    "the left side",
+    "the green eyes",
+    "the bright area",
+    "the dark corner",
+)
+PHOTOS = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "hubble_deep_field",
+    "immunohistochemistry",
+    "retina",
+    "colorwheel",
+)
 
 
 @dataclass(frozen=True)
@@ -147,8 +163,18 @@ class GpuBusy:
             index = self.device.index or 0
             gpus = ",".join(str(index + i) for i in range(self.devices))
             self._proc = subprocess.Popen(
-                ["nvidia-smi", "-i", gpus, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                 "-lms", "100"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+                [
+                    "nvidia-smi",
+                    "-i",
+                    gpus,
+                    "--query-gpu=utilization.gpu",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    "100",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             self._reader = threading.Thread(target=self._read, daemon=True)
             self._reader.start()
         return self
@@ -170,8 +196,9 @@ class GpuBusy:
         return round(float(np.mean(self.samples)), 3) if self.samples else None
 
 
-def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "the red one", devices: int = 1
-              ) -> dict[str, Any]:  # fmt: skip
+def batch_job(
+    ex, archive: bytes, n: int, device: torch.device, query: str = "the red one", devices: int = 1
+) -> dict[str, Any]:
     """One batch job from submission until its results zip is complete."""
     with GpuBusy(device, devices) as busy:
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -191,16 +218,23 @@ def batch_job(ex, archive: bytes, n: int, device: torch.device, query: str = "th
     # this one's back to disk (and the runs of a session do not fill it)
     shutil.rmtree(job_dir(ex.settings, job), ignore_errors=True)
     return {
-        "items": n, "done": st.done, "failed": st.failed, "rows": rows, "wall_s": round(wall, 3),
-        "images_per_s": round(n / wall, 1), "gpu_busy": busy.fraction,
+        "items": n,
+        "done": st.done,
+        "failed": st.failed,
+        "rows": rows,
+        "wall_s": round(wall, 3),
+        "images_per_s": round(n / wall, 1),
+        "gpu_busy": busy.fraction,
         # this process's CPU time over wall: in-process, ~1-2 of 16 cores busy means one thread
         # at a time (the GIL) bounds the job; through Celery the work is in the worker group
         "process_cores": round(cores, 2),
         "stage_ms_per_item": {k: round(v / n, 3) for k, v in sorted(stages.items())},
-    }  # fmt: skip
+    }
 
 
-def repeated_job(ex, archive: bytes, n: int, device: torch.device, rounds: int = 1, devices: int = 1) -> dict[str, Any]:
+def repeated_job(
+    ex, archive: bytes, n: int, device: torch.device, rounds: int = 1, devices: int = 1
+) -> dict[str, Any]:
     """The job once, then `rounds` times: the figure is the timed job of median images/s, the first
     beside it (the first large job after start-up runs slower: caches and allocators still warming),
     and every timed job's images/s and GPU busy under `rounds` (the same code's job moves from one
@@ -234,7 +268,11 @@ def engine_alone(runtime, images: list[bytes], n: int, step: int) -> dict[str, A
         runtime.run_batch(reqs)
     sync()
     wall = time.perf_counter() - t0
-    return {"items": max(1, n // step) * step, "batch": step, "images_per_s": round(max(1, n // step) * step / wall, 1)}
+    return {
+        "items": max(1, n // step) * step,
+        "batch": step,
+        "images_per_s": round(max(1, n // step) * step / wall, 1),
+    }
 
 
 def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large: int = 0) -> dict[str, Any]:
@@ -258,7 +296,11 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
         for _ in range(calls):
             work_fn()
         sync()
-        return {"items": calls * per_call, "batch": per_call, "images_per_s": round(calls * per_call / (time.perf_counter() - t0), 1)}
+        return {
+            "items": calls * per_call,
+            "batch": per_call,
+            "images_per_s": round(calls * per_call / (time.perf_counter() - t0), 1),
+        }
 
     photos = _cycle(work["jpeg_800x600"], step)
     out = {"decode": rate(lambda: pipe.decoder.decode(photos, view_side), n, step)}
@@ -266,8 +308,11 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
         done = runtime.process(photos, ["the red one"] * step, Controls(), s.overlay_format)
         views = [p.view for p in pipe.decoder.decode(photos, view_side)]
         maps = done.outputs.relevance
-        out["overlays"] = rate(lambda: overlays.encode(views, maps, s.overlay_format, pipe.decoder.pool,
-                                                       s.overlay_jpeg_quality), n, step)  # fmt: skip
+        out["overlays"] = rate(
+            lambda: overlays.encode(views, maps, s.overlay_format, pipe.decoder.pool, s.overlay_jpeg_quality),
+            n,
+            step,
+        )
     if large:
         big = _cycle(work["jpeg_4032x3024"], min(step, large))
         out["decode_12mp"] = rate(lambda: pipe.decoder.decode(big, view_side), large, len(big))
@@ -291,15 +336,23 @@ def steps_alone(runtime, images: list[bytes], n: int, step: int, in_flight: int)
         t0 = time.perf_counter()
         list(pool.map(one, range(steps)))
         wall = time.perf_counter() - t0
-    return {"items": steps * step, "batch": step, "in_flight": in_flight, "images_per_s": round(steps * step / wall, 1)}
+    return {
+        "items": steps * step,
+        "batch": step,
+        "in_flight": in_flight,
+        "images_per_s": round(steps * step / wall, 1),
+    }
 
 
 def stages_in_series(report: dict[str, Any]) -> dict[str, float] | None:
     """The 800x600 job's three device stages alone (engine, decoding, overlays) one after
     another, in images/s, and the in-process job over it: above 1 where the job overlaps them,
     below where it adds work of its own or they slow each other down."""
-    job, eng, alone = (report.get("batch_inprocess", {}).get("jpeg_800x600"), report.get("engine_alone"),
-                       report.get("stages_alone") or {})  # fmt: skip
+    job, eng, alone = (
+        report.get("batch_inprocess", {}).get("jpeg_800x600"),
+        report.get("engine_alone"),
+        report.get("stages_alone") or {},
+    )
     if not (job and eng and "decode" in alone and "overlays" in alone):
         return None
     rates = (eng["images_per_s"], alone["decode"]["images_per_s"], alone["overlays"]["images_per_s"])
@@ -316,8 +369,10 @@ def job_over_engine_alone(report: dict[str, Any]) -> dict[str, float] | None:
     if not (job and eng and after):
         return None
     a, b = eng["images_per_s"], after["images_per_s"]
-    return {"against_mean": round(job["images_per_s"] / ((a + b) / 2), 3),
-            "against_faster": round(job["images_per_s"] / max(a, b), 3)}  # fmt: skip
+    return {
+        "against_mean": round(job["images_per_s"] / ((a + b) / 2), 3),
+        "against_faster": round(job["images_per_s"] / max(a, b), 3),
+    }
 
 
 def decode_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any] | None:
@@ -339,15 +394,23 @@ def decode_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any] | Non
     (_, gpu, gpx), (_, cpu_res, cpx) = rows
     cpu.close()
     rel = [float(np.abs(a.relevance - b.relevance).max()) for a, b in zip(gpu, cpu_res, strict=True)]
-    overlap = [len(set(a.selected.tolist()) & set(b.selected.tolist())) / len(a.selected) for a, b in zip(gpu, cpu_res, strict=True)]
+    overlap = [
+        len(set(a.selected.tolist()) & set(b.selected.tolist())) / len(a.selected)
+        for a, b in zip(gpu, cpu_res, strict=True)
+    ]
     levels = [float((a.int() - b.int()).abs().float().mean()) for a, b in zip(gpx, cpx, strict=True)]
-    return {"images": len(images), "pixel_mean_abs_levels": round(float(np.mean(levels)), 3),
-            "relevance_max_abs_diff": {"max": round(max(rel), 5), "median": round(float(np.median(rel)), 5)},
-            "top_k_overlap": {"min": round(min(overlap), 3), "mean": round(float(np.mean(overlap)), 3)},
-            "top1_same": sum(int(a.selected[0] == b.selected[0]) for a, b in zip(gpu, cpu_res, strict=True))}  # fmt: skip
+    return {
+        "images": len(images),
+        "pixel_mean_abs_levels": round(float(np.mean(levels)), 3),
+        "relevance_max_abs_diff": {"max": round(max(rel), 5), "median": round(float(np.median(rel)), 5)},
+        "top_k_overlap": {"min": round(min(overlap), 3), "mean": round(float(np.mean(overlap)), 3)},
+        "top1_same": sum(int(a.selected[0] == b.selected[0]) for a, b in zip(gpu, cpu_res, strict=True)),
+    }
 
 
-def interactive(make_executor, image: bytes, clients: int, requests: int, processes: int = 1) -> dict[str, Any]:
+def interactive(
+    make_executor, image: bytes, clients: int, requests: int, processes: int = 1
+) -> dict[str, Any]:
     t0, cpu0 = time.perf_counter(), time.process_time()
     report = run_load(make_executor, image, QUERIES, clients, requests, timeout=120.0, processes=processes)
     report["process_cores"] = round((time.process_time() - cpu0) / (time.perf_counter() - t0), 2)
@@ -355,13 +418,18 @@ def interactive(make_executor, image: bytes, clients: int, requests: int, proces
     # on a GPU the caller only checks the header (preprocess_ms); the batch decodes (batch_decode_ms)
     decode = t.get("batch_decode_ms")
     inside = t.get("preprocess_ms", 0.0) + (decode or 0.0) + t.get("model_ms", 0.0)
-    report["stage_ms_mean"] = {"decode_resize": t.get("preprocess_ms"), "batch_decode": decode,
-                               "engine_batch": t.get("model_ms"), "queue_and_rest": round(report["mean_ms"] - inside, 3)}  # fmt: skip
+    report["stage_ms_mean"] = {
+        "decode_resize": t.get("preprocess_ms"),
+        "batch_decode": decode,
+        "engine_batch": t.get("model_ms"),
+        "queue_and_rest": round(report["mean_ms"] - inside, 3),
+    }
     return report
 
 
-def interactive_rounds(make_executor, image: bytes, clients: int, requests: int, processes: int = 1,
-                       rounds: int = 1) -> dict[str, Any]:  # fmt: skip
+def interactive_rounds(
+    make_executor, image: bytes, clients: int, requests: int, processes: int = 1, rounds: int = 1
+) -> dict[str, Any]:
     """`interactive` `rounds` times in a row: the round of median throughput, with every round's
     req/s, p50 and p99 under `rounds`."""
     runs = [interactive(make_executor, image, clients, requests, processes) for _ in range(max(1, rounds))]
@@ -377,18 +445,33 @@ def e2e_weights(cfg: E2EConfig) -> str | None:
 
 
 def _settings(cfg: E2EConfig, data_dir: Path, **more: Any) -> Settings:
-    return default_settings(device=cfg.device, backend=cfg.backend, backends=(cfg.backend,), data_dir=data_dir,
-                            variant=cfg.variant, weights=e2e_weights(cfg), dtype=cfg.dtype,
-                            overlay_format=cfg.overlay, broker_url=None, max_batch_items=_max_items(cfg), **more)  # fmt: skip
+    return default_settings(
+        device=cfg.device,
+        backend=cfg.backend,
+        backends=(cfg.backend,),
+        data_dir=data_dir,
+        variant=cfg.variant,
+        weights=e2e_weights(cfg),
+        dtype=cfg.dtype,
+        overlay_format=cfg.overlay,
+        broker_url=None,
+        max_batch_items=_max_items(cfg),
+        **more,
+    )
 
 
 def serving(runtime) -> dict[str, Any]:
     """What the run served: variant, weights (random: timing only), dtype, grid and image size."""
     pipe = runtime.pipeline
     version = pipe.weights_version
-    return {"variant": pipe.variant.name, "weights_version": version, "random_weights": version in ("random", "untrained"),
-            "dtype": str(pipe.backend.dtype).removeprefix("torch."), "image_size": pipe.variant.image_size,
-            "grid": pipe.variant.grid}  # fmt: skip
+    return {
+        "variant": pipe.variant.name,
+        "weights_version": version,
+        "random_weights": version in ("random", "untrained"),
+        "dtype": str(pipe.backend.dtype).removeprefix("torch."),
+        "image_size": pipe.variant.image_size,
+        "grid": pipe.variant.grid,
+    }
 
 
 def serving_dtype_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any] | None:
@@ -430,7 +513,11 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     work = workload()
     root = Path(tempfile.mkdtemp(prefix="arrcoc-e2e-"))
-    report: dict[str, Any] = {"schema": "arrcoc.bench.e2e/1", "env": collect_env(device), "config": asdict(cfg)}
+    report: dict[str, Any] = {
+        "schema": "arrcoc.bench.e2e/1",
+        "env": collect_env(device),
+        "config": asdict(cfg),
+    }
     try:
         if cfg.inprocess:
             _inprocess(cfg, work, root, device, report, progress)
@@ -445,11 +532,19 @@ def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     return report
 
 
-def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, report: dict[str, Any],
-               progress) -> None:  # fmt: skip
+def _inprocess(
+    cfg: E2EConfig,
+    work: dict[str, list[bytes]],
+    root: Path,
+    device: torch.device,
+    report: dict[str, Any],
+    progress,
+) -> None:
     settings = _settings(cfg, root / "inprocess")
-    progress(f"in-process executor: {cfg.variant} ({e2e_weights(cfg) or 'its bundled'} weights, dtype {cfg.dtype}),"
-             f" {cfg.backend} on {device}, warming up")
+    progress(
+        f"in-process executor: {cfg.variant} ({e2e_weights(cfg) or 'its bundled'} weights, dtype {cfg.dtype}),"
+        f" {cfg.backend} on {device}, warming up"
+    )
     from ..service.client.inprocess import InProcessExecutor
 
     ex = InProcessExecutor(settings)
@@ -457,23 +552,33 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
     ex.warmup()
     report["warmup_s"] = round(time.perf_counter() - t0, 1)
     report["serving"] = serving(ex.runtime)
-    jobs = {"jpeg_800x600": (cfg.items, ".jpg"), "jpeg_4032x3024": (cfg.large_items, ".jpg"),
-            "png_800x600": (cfg.png_items, ".png")}  # fmt: skip
+    jobs = {
+        "jpeg_800x600": (cfg.items, ".jpg"),
+        "jpeg_4032x3024": (cfg.large_items, ".jpg"),
+        "png_800x600": (cfg.png_items, ".png"),
+    }
     # the engine alone at a batch job's batch size: a step's items per engine-host call
     step = batch_step_items(ex.runtime)
     alone = functools.partial(engine_alone, ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step)
     try:
         report["engine_alone"] = alone()
         report["stages_alone"] = stages_alone(ex.runtime, work, min(cfg.items, 1024), step, cfg.large_items)
-        report["steps_alone"] = steps_alone(ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step,
-                                            batch_steps_in_flight(ex.runtime, settings))  # fmt: skip
+        report["steps_alone"] = steps_alone(
+            ex.runtime,
+            work["jpeg_800x600"],
+            min(cfg.items, 1024),
+            step,
+            batch_steps_in_flight(ex.runtime, settings),
+        )
         report["decode_parity"] = decode_parity(ex.runtime, work)
         report["dtype_parity"] = serving_dtype_parity(ex.runtime, work)
         report["batch_inprocess"] = {}
         for kind, (n, ext) in jobs.items():
             if n:
                 progress(f"batch job in-process: {n} x {kind}")
-                report["batch_inprocess"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device, cfg.rounds)
+                report["batch_inprocess"][kind] = repeated_job(
+                    ex, _zip(work[kind], n, ext), n, device, cfg.rounds
+                )
             if kind == "jpeg_800x600":
                 # again right after this job: a shared machine's speed drifts over a run, and the
                 # job is compared with the engine beside it, before and after
@@ -482,11 +587,14 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
         report["stages_in_series"] = stages_in_series(report)
         if cfg.items:
             progress(f"batch job in-process, no overlays: {cfg.items} x jpeg_800x600")
-            bare = InProcessExecutor(settings.model_copy(update={"overlay_format": "none", "data_dir": root / "bare"}),
-                                     ex.runtime.pipeline)  # the same engine, lent  # fmt: skip
+            bare = InProcessExecutor(
+                settings.model_copy(update={"overlay_format": "none", "data_dir": root / "bare"}),
+                ex.runtime.pipeline,
+            )  # the same engine, lent
             try:
                 report["batch_inprocess"]["jpeg_800x600_no_overlays"] = repeated_job(
-                    bare, _zip(work["jpeg_800x600"], cfg.items, ".jpg"), cfg.items, device, cfg.rounds)
+                    bare, _zip(work["jpeg_800x600"], cfg.items, ".jpg"), cfg.items, device, cfg.rounds
+                )
             finally:
                 bare.close()
         image = work["jpeg_800x600"][1]
@@ -494,8 +602,9 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
         progress("interactive in-process: 1 caller")
         report["interactive_inprocess_1"] = interactive(shared, image, 1, min(cfg.requests, 256))
         progress(f"interactive in-process: {cfg.clients} callers")
-        report["interactive_inprocess_n"] = interactive_rounds(shared, image, cfg.clients, cfg.requests * 2,
-                                                               rounds=cfg.rounds)  # fmt: skip
+        report["interactive_inprocess_n"] = interactive_rounds(
+            shared, image, cfg.clients, cfg.requests * 2, rounds=cfg.rounds
+        )
     finally:
         ex.close()
     if cfg.peers and cfg.items:
@@ -504,8 +613,9 @@ def _inprocess(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device:
         report["job_over_best_peer"] = job_over_best_peer(report)
 
 
-def run_peers(cfg: E2EConfig, photos: list[bytes], root: Path, device: torch.device, dtype: str,
-              progress) -> dict[str, Any]:  # fmt: skip
+def run_peers(
+    cfg: E2EConfig, photos: list[bytes], root: Path, device: torch.device, dtype: str, progress
+) -> dict[str, Any]:
     """Each peer script (arrcoc.bench.peers) in a process of its own on the job's 800x600 photos,
     written out as files, with the model the job served (`dtype`: as it ran); its own timing, and
     the rows it wrote."""
@@ -517,10 +627,31 @@ def run_peers(cfg: E2EConfig, photos: list[bytes], root: Path, device: torch.dev
     for peer in ("dataloader", "batched"):
         progress(f"peer script: {peer} on {cfg.items} photos")
         rows = root / f"peer-{peer}.jsonl"
-        proc = subprocess.run([sys.executable, "-m", "arrcoc.bench.peers", peer, "--photos", str(folder), "--out",
-                               str(rows), "--device", str(device), "--backend", cfg.backend, "--variant", cfg.variant,
-                               "--weights", e2e_weights(cfg) or "default", "--dtype", dtype],
-                              capture_output=True, text=True, timeout=3600)  # fmt: skip
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "arrcoc.bench.peers",
+                peer,
+                "--photos",
+                str(folder),
+                "--out",
+                str(rows),
+                "--device",
+                str(device),
+                "--backend",
+                cfg.backend,
+                "--variant",
+                cfg.variant,
+                "--weights",
+                e2e_weights(cfg) or "default",
+                "--dtype",
+                dtype,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
         if proc.returncode != 0:
             out[peer] = {"error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
             continue
@@ -543,7 +674,9 @@ def job_over_best_peer(report: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, progress) -> dict[str, Any]:
+def _celery(
+    cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, progress
+) -> dict[str, Any]:
     """The Celery phases on one worker group (its first device alone when `cfg.devices` names
     several), then, with several devices, the batch job and many callers on a group over all of them."""
     from .processes import RedisServer
@@ -555,8 +688,9 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
     try:
         out.update(_celery_group(cfg, work, root / "celery", device, engines, redis, devices[:1], progress))
         if len(devices) > 1:
-            every = _celery_group(cfg, work, root / "celery-all", device, engines, redis, devices, progress,
-                                  full=False)  # fmt: skip
+            every = _celery_group(
+                cfg, work, root / "celery-all", device, engines, redis, devices, progress, full=False
+            )
             out["celery_devices"] = {"devices": devices, **every}
             out["device_scaling"] = device_scaling(out, every, len(devices))
     finally:
@@ -564,8 +698,17 @@ def _celery(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: to
     return out
 
 
-def _celery_group(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, device: torch.device, engines: int,
-                  redis, devices: list[str], progress, full: bool = True) -> dict[str, Any]:  # fmt: skip
+def _celery_group(
+    cfg: E2EConfig,
+    work: dict[str, list[bytes]],
+    root: Path,
+    device: torch.device,
+    engines: int,
+    redis,
+    devices: list[str],
+    progress,
+    full: bool = True,
+) -> dict[str, Any]:
     """One worker group (`devices`: `arrcoc worker --devices`, none: the configured device)
     measured: batch jobs, and one caller (`full`) and many; with several devices, the same load per
     device: as many items, callers and client processes per device as the run has for one."""
@@ -576,30 +719,48 @@ def _celery_group(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, devi
     data = root / "data"
     weights = {"weights": e2e_weights(cfg)} if e2e_weights(cfg) else {}
     per_device = max(1, len(devices))
-    env = worker_env(redis.url, data, device=cfg.device, backend=cfg.backend, backends=cfg.backend,
-                     variant=cfg.variant, dtype=cfg.dtype, **weights, devices=",".join(devices),
-                     worker_processes=str(cfg.worker_processes), engine_processes=str(engines),
-                     overlay_format=cfg.overlay,
-                     worker_threads=str(cfg.clients + 4), max_batch_items=str(_max_items(cfg)))  # fmt: skip
+    env = worker_env(
+        redis.url,
+        data,
+        device=cfg.device,
+        backend=cfg.backend,
+        backends=cfg.backend,
+        variant=cfg.variant,
+        dtype=cfg.dtype,
+        **weights,
+        devices=",".join(devices),
+        worker_processes=str(cfg.worker_processes),
+        engine_processes=str(engines),
+        overlay_format=cfg.overlay,
+        worker_threads=str(cfg.clients + 4),
+        max_batch_items=str(_max_items(cfg)),
+    )
     root.mkdir(parents=True, exist_ok=True)
     worker = Worker(env, root / "worker.log")
     try:
         where = f" on {', '.join(devices)}" if devices else ""
-        progress(f"Celery: worker group{where} of {cfg.worker_processes} Celery and {engines} engine processes"
-                 f" per device, warming up")  # fmt: skip
+        progress(
+            f"Celery: worker group{where} of {cfg.worker_processes} Celery and {engines} engine processes"
+            f" per device, warming up"
+        )
         worker.ready(900)
-        make = functools.partial(CeleryExecutor, default_settings(broker_url=redis.url, data_dir=data,
-                                                                  max_batch_items=_max_items(cfg)))  # fmt: skip
+        make = functools.partial(
+            CeleryExecutor,
+            default_settings(broker_url=redis.url, data_dir=data, max_batch_items=_max_items(cfg)),
+        )
         ex = make()
         try:
             out["batch_celery"] = {}
-            jobs = (("jpeg_800x600", cfg.items * per_device, ".jpg"),
-                    ("jpeg_4032x3024", cfg.large_items if full else 0, ".jpg"))  # fmt: skip
+            jobs = (
+                ("jpeg_800x600", cfg.items * per_device, ".jpg"),
+                ("jpeg_4032x3024", cfg.large_items if full else 0, ".jpg"),
+            )
             for kind, n, ext in jobs:
                 if n:
                     progress(f"batch job through Celery{where}: {n} x {kind}")
-                    out["batch_celery"][kind] = repeated_job(ex, _zip(work[kind], n, ext), n, device, cfg.rounds,
-                                                             per_device)  # fmt: skip
+                    out["batch_celery"][kind] = repeated_job(
+                        ex, _zip(work[kind], n, ext), n, device, cfg.rounds, per_device
+                    )
         finally:
             ex.close()
         image = work["jpeg_800x600"][1]
@@ -608,8 +769,9 @@ def _celery_group(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, devi
             out["interactive_celery_1"] = interactive(make, image, 1, min(cfg.requests, 256))
         clients, processes = cfg.clients * per_device, cfg.client_processes * per_device
         progress(f"interactive through Celery{where}: {clients} callers in {processes} processes")
-        out["interactive_celery_n"] = interactive_rounds(make, image, clients, cfg.requests * 2 * per_device,
-                                                         processes, cfg.rounds)  # fmt: skip
+        out["interactive_celery_n"] = interactive_rounds(
+            make, image, clients, cfg.requests * 2 * per_device, processes, cfg.rounds
+        )
     finally:
         worker.stop()
     return out
@@ -617,16 +779,19 @@ def _celery_group(cfg: E2EConfig, work: dict[str, list[bytes]], root: Path, devi
 
 def device_scaling(one: dict[str, Any], every: dict[str, Any], n: int) -> dict[str, Any]:
     """Every device's figures over the first device's alone, and over n times it (1.0: linear)."""
+
     def at(report: dict[str, Any], *path: str) -> Any:
         for key in path:
             report = (report or {}).get(key)
         return report
 
     out: dict[str, Any] = {"devices": n}
-    for name, path, ratio in (("batch_images_per_s", ("batch_celery", "jpeg_800x600", "images_per_s"), True),
-                              ("interactive_rps", ("interactive_celery_n", "throughput_rps"), True),
-                              ("interactive_p99_ms", ("interactive_celery_n", "p99_ms"), False),
-                              ("batch_gpu_busy", ("batch_celery", "jpeg_800x600", "gpu_busy"), False)):  # fmt: skip
+    for name, path, ratio in (
+        ("batch_images_per_s", ("batch_celery", "jpeg_800x600", "images_per_s"), True),
+        ("interactive_rps", ("interactive_celery_n", "throughput_rps"), True),
+        ("interactive_p99_ms", ("interactive_celery_n", "p99_ms"), False),
+        ("batch_gpu_busy", ("batch_celery", "jpeg_800x600", "gpu_busy"), False),
+    ):
         a, b = at(one, *path), at(every, *path)
         if a is None or b is None:
             continue
@@ -639,91 +804,170 @@ def device_scaling(one: dict[str, Any], every: dict[str, Any], n: int) -> dict[s
 # -- the report -------------------------------------------------------------------------------------
 def markdown(report: dict[str, Any]) -> str:
     env, cfg = report["env"], report["config"]
-    lines = [f"# End to end — {env['date'][:10]}, {env.get('gpu') or env['cpu']} ({env['device']}), "
-             f"{_served(report)}, backend {cfg['backend']}, commit {str(env.get('commit'))[:7]}", "",
-             f"torch {env['torch']}, CUDA {env.get('cuda')}, {env['cpu_count']} CPUs; warm-up {report.get('warmup_s')} s.",
-             *_serving_lines(report), "", "## Batch jobs (submission to results zip complete)", "",
-             "| path | workload | items | images/s (first job) | GPU busy | cores | per item ms: " + ", ".join(STAGES) + " |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# End to end — {env['date'][:10]}, {env.get('gpu') or env['cpu']} ({env['device']}), "
+        f"{_served(report)}, backend {cfg['backend']}, commit {str(env.get('commit'))[:7]}",
+        "",
+        f"torch {env['torch']}, CUDA {env.get('cuda')}, {env['cpu_count']} CPUs; warm-up {report.get('warmup_s')} s.",
+        *_serving_lines(report),
+        "",
+        "## Batch jobs (submission to results zip complete)",
+        "",
+        "| path | workload | items | images/s (first job) | GPU busy | cores | per item ms: "
+        + ", ".join(STAGES)
+        + " |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for path in ("inprocess", "celery"):
         for kind, row in report.get(f"batch_{path}", {}).items():
             st = row["stage_ms_per_item"]
             first = f" ({row['first_images_per_s']})" if "first_images_per_s" in row else ""
             each = _each(row, "images_per_s", "[]")
             busy = "-" if row["gpu_busy"] is None else f"{row['gpu_busy']}{_each(row, 'gpu_busy', '[]')}"
-            lines.append(f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | **{row['images_per_s']}**{first}{each} | "
-                         f"{busy} | {row.get('process_cores', '-')} | "
-                         + ", ".join(f"{st.get(s, 0):.2f}" for s in STAGES) + " |")  # fmt: skip
+            lines.append(
+                f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | **{row['images_per_s']}**{first}{each} | "
+                f"{busy} | {row.get('process_cores', '-')} | "
+                + ", ".join(f"{st.get(s, 0):.2f}" for s in STAGES)
+                + " |"
+            )
     lines += _serial_lines(report)
     par = report.get("decode_parity")
     if par:
-        lines += ["", f"GPU vs CPU decoding on {par['images']} JPEGs: pixels differ by {par['pixel_mean_abs_levels']} levels on"
-                  f" average; relevance max |Δ| {par['relevance_max_abs_diff']}; top-K overlap {par['top_k_overlap']};"
-                  f" same top cell {par['top1_same']}/{par['images']}."]  # fmt: skip
+        lines += [
+            "",
+            f"GPU vs CPU decoding on {par['images']} JPEGs: pixels differ by {par['pixel_mean_abs_levels']} levels on"
+            f" average; relevance max |Δ| {par['relevance_max_abs_diff']}; top-K overlap {par['top_k_overlap']};"
+            f" same top cell {par['top1_same']}/{par['images']}.",
+        ]
     eng, after = report.get("engine_alone"), report.get("engine_alone_after")
     if eng:
         again = f"; right after it: **{after['images_per_s']} images/s**" if after else ""
-        lines += ["", f"Engine alone on the same photos, batch {eng['batch']}, before the 800x600 job:"
-                      f" **{eng['images_per_s']} images/s**{again}."]  # fmt: skip
+        lines += [
+            "",
+            f"Engine alone on the same photos, batch {eng['batch']}, before the 800x600 job:"
+            f" **{eng['images_per_s']} images/s**{again}.",
+        ]
     alone = report.get("stages_alone")
     if alone:
-        named = (("decode", "decoding a step's 800x600 photos (pixels and views)"),
-                 ("overlays", "drawing and encoding their overlays"), ("decode_12mp", "decoding 12 MP photos"),
-                 ("decode_interactive", "decoding an interactive batch (no views)"))  # fmt: skip
-        why = (" A process has one nvJPEG decoder and one encoder, each serving one call at a time."
-               if env["device"] == "cuda" else "")
-        lines += ["", "Each stage alone on one thread, the same photos, images/s (batch): "
-                  + "; ".join(f"{label} **{alone[k]['images_per_s']}** ({alone[k]['batch']})" for k, label in named if k in alone)
-                  + "." + why]  # fmt: skip
+        named = (
+            ("decode", "decoding a step's 800x600 photos (pixels and views)"),
+            ("overlays", "drawing and encoding their overlays"),
+            ("decode_12mp", "decoding 12 MP photos"),
+            ("decode_interactive", "decoding an interactive batch (no views)"),
+        )
+        why = (
+            " A process has one nvJPEG decoder and one encoder, each serving one call at a time."
+            if env["device"] == "cuda"
+            else ""
+        )
+        lines += [
+            "",
+            "Each stage alone on one thread, the same photos, images/s (batch): "
+            + "; ".join(
+                f"{label} **{alone[k]['images_per_s']}** ({alone[k]['batch']})"
+                for k, label in named
+                if k in alone
+            )
+            + "."
+            + why,
+        ]
     series = report.get("stages_in_series")
     if series:
-        lines += ["", f"The engine, decoding and overlays alone one after another: {series['images_per_s']} images/s;"
-                      f" the 800x600 job in-process over that: **{series['job_over']}** (above 1: the job overlaps them)."]  # fmt: skip
+        lines += [
+            "",
+            f"The engine, decoding and overlays alone one after another: {series['images_per_s']} images/s;"
+            f" the 800x600 job in-process over that: **{series['job_over']}** (above 1: the job overlaps them).",
+        ]
     steps = report.get("steps_alone")
     job = report.get("batch_inprocess", {}).get("jpeg_800x600")
     if steps:
-        over = f"; the 800x600 job in-process over that: **{round(job['images_per_s'] / steps['images_per_s'], 3)}**" if job else ""
-        lines += ["", f"The job's steps alone ({steps['batch']} photos each, {steps['in_flight']} in flight as the job runs"
-                      f" them: decoding, engine, overlays; no files, rows or job store): **{steps['images_per_s']}"
-                      f" images/s**{over}."]  # fmt: skip
-    if any(len(row.get("rounds", [])) > 1 for p in ("inprocess", "celery") for row in report.get(f"batch_{p}", {}).values()):
-        lines += ["", f"Batch jobs: each run once, then {cfg.get('rounds')} times in a row; the row is the job of median"
-                      " images/s, the first job in brackets, each timed job's images/s and GPU busy in square brackets."]  # fmt: skip
+        over = (
+            f"; the 800x600 job in-process over that: **{round(job['images_per_s'] / steps['images_per_s'], 3)}**"
+            if job
+            else ""
+        )
+        lines += [
+            "",
+            f"The job's steps alone ({steps['batch']} photos each, {steps['in_flight']} in flight as the job runs"
+            f" them: decoding, engine, overlays; no files, rows or job store): **{steps['images_per_s']}"
+            f" images/s**{over}.",
+        ]
+    if any(
+        len(row.get("rounds", [])) > 1
+        for p in ("inprocess", "celery")
+        for row in report.get(f"batch_{p}", {}).values()
+    ):
+        lines += [
+            "",
+            f"Batch jobs: each run once, then {cfg.get('rounds')} times in a row; the row is the job of median"
+            " images/s, the first job in brackets, each timed job's images/s and GPU busy in square brackets.",
+        ]
     ratio = report.get("job_over_engine_alone")
     if ratio:
-        lines += ["", f"The 800x600 job in-process over the engine alone: **{ratio['against_mean']}** against the"
-                      f" mean of the two, {ratio['against_faster']} against the faster."]  # fmt: skip
+        lines += [
+            "",
+            f"The 800x600 job in-process over the engine alone: **{ratio['against_mean']}** against the"
+            f" mean of the two, {ratio['against_faster']} against the faster.",
+        ]
     peers = report.get("peers")
     if peers:
-        lines += ["", "Peer scripts on the same photos and model (arrcoc.bench.peers; maps and selections as JSON lines,"
-                      " no overlays): " + "; ".join(f"{k} **{v['images_per_s']} images/s**" if "images_per_s" in v
-                                                   else f"{k} failed: {v.get('error')}" for k, v in peers.items()) + "."]  # fmt: skip
+        lines += [
+            "",
+            "Peer scripts on the same photos and model (arrcoc.bench.peers; maps and selections as JSON lines,"
+            " no overlays): "
+            + "; ".join(
+                f"{k} **{v['images_per_s']} images/s**"
+                if "images_per_s" in v
+                else f"{k} failed: {v.get('error')}"
+                for k, v in peers.items()
+            )
+            + ".",
+        ]
     best = report.get("job_over_best_peer")
     if best:
         off = f", without overlays **{best['no_overlays']}x**" if "no_overlays" in best else ""
-        lines += ["", f"The 800x600 job in-process over the best peer ({best['best_peer']}): **{best['overlays']}x**"
-                      f" with overlays{off}."]  # fmt: skip
-    lines += ["", "cores: this process's CPU time over wall time while it ran (the machine has "
-              f"{env['cpu_count']}); in-process, near 1 means the Python threads take turns (the GIL).", ""]
-    lines += ["## Interactive requests", "", "| path | callers | req/s | p50 ms | p99 ms | cores | mean: caller's check or decode+resize, the batch's GPU decode, engine batch, queue+rest (ms) |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"The 800x600 job in-process over the best peer ({best['best_peer']}): **{best['overlays']}x**"
+            f" with overlays{off}.",
+        ]
+    lines += [
+        "",
+        "cores: this process's CPU time over wall time while it ran (the machine has "
+        f"{env['cpu_count']}); in-process, near 1 means the Python threads take turns (the GIL).",
+        "",
+    ]
+    lines += [
+        "## Interactive requests",
+        "",
+        "| path | callers | req/s | p50 ms | p99 ms | cores | mean: caller's check or decode+resize, the batch's GPU decode, engine batch, queue+rest (ms) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for path in ("inprocess", "celery"):
         for n in ("1", "n"):
             row = report.get(f"interactive_{path}_{n}")
             if row:
                 sm = row["stage_ms_mean"]
                 each = _each(row, "throughput_rps", "()")
-                lines.append(f"| {path} | {row['clients']} | **{row['throughput_rps']}**{each} | {row['p50_ms']} | {row['p99_ms']} | "
-                             f"{row.get('process_cores', '-')} | "
-                             f"{sm['decode_resize']}, {sm.get('batch_decode') or '-'}, {sm['engine_batch']}, "
-                             f"{sm['queue_and_rest']} |")  # fmt: skip
+                lines.append(
+                    f"| {path} | {row['clients']} | **{row['throughput_rps']}**{each} | {row['p50_ms']} | {row['p99_ms']} | "
+                    f"{row.get('process_cores', '-')} | "
+                    f"{sm['decode_resize']}, {sm.get('batch_decode') or '-'}, {sm['engine_batch']}, "
+                    f"{sm['queue_and_rest']} |"
+                )
     if any(len(report.get(f"interactive_{p}_n", {}).get("rounds", [])) > 1 for p in ("inprocess", "celery")):
-        lines += ["", f"Many callers: {cfg.get('rounds')} rounds in a row; the row is the round of median req/s,"
-                      " each round's req/s in brackets."]  # fmt: skip
+        lines += [
+            "",
+            f"Many callers: {cfg.get('rounds')} rounds in a row; the row is the round of median req/s,"
+            " each round's req/s in brackets.",
+        ]
     if "celery_engine_processes" in report:
-        lines += ["", f"Through Celery: a worker group of {cfg['worker_processes']} Celery processes and"
-                      f" {report['celery_engine_processes']} engine processes; clients in {cfg['client_processes']}"
-                      " processes."]  # fmt: skip
+        lines += [
+            "",
+            f"Through Celery: a worker group of {cfg['worker_processes']} Celery processes and"
+            f" {report['celery_engine_processes']} engine processes; clients in {cfg['client_processes']}"
+            " processes.",
+        ]
     lines += _devices_lines(report)
     return "\n".join(lines) + "\n"
 
@@ -734,28 +978,47 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
     if not scaling or not every:
         return []
     n = scaling["devices"]
-    lines = ["", f"## Several devices: `arrcoc worker --devices {','.join(every['devices'])}`", "",
-             f"The same worker group per device, over the first device alone and over all {n}; many callers scale"
-             " with the devices (the same load per device).", "",
-             "| | 1 device | all | speedup | of linear |", "|---|---|---|---|---|"]  # fmt: skip
-    for name, label in (("batch_images_per_s", "batch job 800x600, images/s"), ("interactive_rps", "many callers, req/s")):
+    lines = [
+        "",
+        f"## Several devices: `arrcoc worker --devices {','.join(every['devices'])}`",
+        "",
+        f"The same worker group per device, over the first device alone and over all {n}; many callers scale"
+        " with the devices (the same load per device).",
+        "",
+        "| | 1 device | all | speedup | of linear |",
+        "|---|---|---|---|---|",
+    ]
+    for name, label in (
+        ("batch_images_per_s", "batch job 800x600, images/s"),
+        ("interactive_rps", "many callers, req/s"),
+    ):
         row = scaling.get(name)
         if row:
-            lines.append(f"| {label} | {row['one']} | **{row['all']}** | {row['speedup']}x | {row['of_linear']} |")
-    for name, label in (("interactive_p99_ms", "many callers, p99 ms"),
-                        ("batch_gpu_busy", "batch job, GPU busy (mean)")):  # fmt: skip
+            lines.append(
+                f"| {label} | {row['one']} | **{row['all']}** | {row['speedup']}x | {row['of_linear']} |"
+            )
+    for name, label in (
+        ("interactive_p99_ms", "many callers, p99 ms"),
+        ("batch_gpu_busy", "batch job, GPU busy (mean)"),
+    ):
         row = scaling.get(name)
         if row:
             lines.append(f"| {label} | {row['one']} | {row['all']} | | |")
-    lines += ["", f"Over all {n} devices: the batch job has {n} times the items, the callers and client processes are"
-                  f" {n} times as many."]  # fmt: skip
+    lines += [
+        "",
+        f"Over all {n} devices: the batch job has {n} times the items, the callers and client processes are"
+        f" {n} times as many.",
+    ]
     serial = {k: v for k, v in (("one", report.get("batch_celery")), ("all", every.get("batch_celery"))) if v}
     parallel = {k: chunk_phase(v.get("jpeg_800x600")) for k, v in serial.items()}
     if all(parallel.values()) and len(parallel) == 2:
         ratio = parallel["all"] / parallel["one"]
-        lines += ["", f"The job's chunks alone (its wall time less the submission's unpacking and the final assembly of"
-                      f" results.zip, which one process does once per job): {parallel['one']} images/s on one device,"
-                      f" {parallel['all']} on all, **{ratio:.2f}x** ({ratio / n:.2f} of linear)."]  # fmt: skip
+        lines += [
+            "",
+            f"The job's chunks alone (its wall time less the submission's unpacking and the final assembly of"
+            f" results.zip, which one process does once per job): {parallel['one']} images/s on one device,"
+            f" {parallel['all']} on all, **{ratio:.2f}x** ({ratio / n:.2f} of linear).",
+        ]
     return lines
 
 
@@ -769,9 +1032,11 @@ def _serial_lines(report: dict[str, Any]) -> list[str]:
             continue
         serial = once_per_job_ms(job)
         ceiling = f"{1e3 / serial:.0f}" if serial > 0 else "-"
-        lines.append(f"The 800x600 job, {path}: unpacking and finalizing, done once per job in one process, take"
-                     f" {serial:.3f} ms an item, a ceiling of {ceiling} images/s however fast its chunks run; the chunks"
-                     f" alone ran at **{chunk_phase(job)}** images/s.")  # fmt: skip
+        lines.append(
+            f"The 800x600 job, {path}: unpacking and finalizing, done once per job in one process, take"
+            f" {serial:.3f} ms an item, a ceiling of {ceiling} images/s however fast its chunks run; the chunks"
+            f" alone ran at **{chunk_phase(job)}** images/s."
+        )
     return ["", *lines] if lines else []
 
 
@@ -801,18 +1066,27 @@ def _serving_lines(report: dict[str, Any]) -> list[str]:
     if not sv:
         return lines
     if sv["random_weights"]:
-        lines += ["", f"**{sv['variant']} with random weights of its real shapes** ({sv['image_size']} px, "
-                      f"{sv['grid']}x{sv['grid']} cells; weights_version {sv['weights_version']!r}): the same "
-                      "computation as the real weights, so the same speed; the maps themselves mean nothing."]  # fmt: skip
+        lines += [
+            "",
+            f"**{sv['variant']} with random weights of its real shapes** ({sv['image_size']} px, "
+            f"{sv['grid']}x{sv['grid']} cells; weights_version {sv['weights_version']!r}): the same "
+            "computation as the real weights, so the same speed; the maps themselves mean nothing.",
+        ]
     else:
-        lines += ["", f"{sv['variant']}, weights {sv['weights_version']}, {sv['image_size']} px, served in {sv['dtype']}."]
+        lines += [
+            "",
+            f"{sv['variant']}, weights {sv['weights_version']}, {sv['image_size']} px, served in {sv['dtype']}.",
+        ]
     par = report.get("dtype_parity")
     if par:
-        lines += ["", f"{par['dtype']} against float32 (the model's forward in each, on {par['images']} of the photos): "
-                      f"relevance max |Δ| {par['relevance_max_abs_diff']}, participatory {par['participatory_max_abs_diff']}, "
-                      f"every map {par['maps_max_abs_diff']}; top-K overlap mean {par['topk_overlap_mean']:.3f}, "
-                      f"min {par['topk_overlap_min']:.3f}; same top cell {par['top1_same']}/{par['images']}; "
-                      f"match score max |Δ| {par['match_max_abs_diff']}."]  # fmt: skip
+        lines += [
+            "",
+            f"{par['dtype']} against float32 (the model's forward in each, on {par['images']} of the photos): "
+            f"relevance max |Δ| {par['relevance_max_abs_diff']}, participatory {par['participatory_max_abs_diff']}, "
+            f"every map {par['maps_max_abs_diff']}; top-K overlap mean {par['topk_overlap_mean']:.3f}, "
+            f"min {par['topk_overlap_min']:.3f}; same top cell {par['top1_same']}/{par['images']}; "
+            f"match score max |Δ| {par['match_max_abs_diff']}.",
+        ]
     return lines
 
 
@@ -827,8 +1101,15 @@ def _each(row: dict[str, Any], key: str, brackets: str) -> str:
 # `results_zip` its pictures and rows added to the results as it goes, `finalize` finishing results.zip
 STAGES = ("unpack", "read", "decode", "engine", "render_encode", "write", "results_zip", "finalize", "chunk")
 # the stages that do work (not waits, not the chunk's wall time), one colour each in the plot
-WORK_STAGES = {"unpack": "#8c564b", "decode": "#1f77b4", "engine": "#d62728", "render_encode": "#ff7f0e",
-               "write": "#2ca02c", "results_zip": "#9467bd", "finalize": "#7f7f7f"}  # fmt: skip
+WORK_STAGES = {
+    "unpack": "#8c564b",
+    "decode": "#1f77b4",
+    "engine": "#d62728",
+    "render_encode": "#ff7f0e",
+    "write": "#2ca02c",
+    "results_zip": "#9467bd",
+    "finalize": "#7f7f7f",
+}
 
 
 def write(report: dict[str, Any], stem: Path) -> list[Path]:
@@ -852,20 +1133,35 @@ def write_png(report: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    jobs = [(f"{p} {kind}", row) for p in ("inprocess", "celery") for kind, row in report.get(f"batch_{p}", {}).items()]
-    calls = [(f"{p}, {report[k]['clients']} caller{'s' if report[k]['clients'] > 1 else ''}", report[k])
-             for p in ("inprocess", "celery") for k in (f"interactive_{p}_1", f"interactive_{p}_n") if k in report]  # fmt: skip
+    jobs = [
+        (f"{p} {kind}", row)
+        for p in ("inprocess", "celery")
+        for kind, row in report.get(f"batch_{p}", {}).items()
+    ]
+    calls = [
+        (f"{p}, {report[k]['clients']} caller{'s' if report[k]['clients'] > 1 else ''}", report[k])
+        for p in ("inprocess", "celery")
+        for k in (f"interactive_{p}_1", f"interactive_{p}_n")
+        if k in report
+    ]
     if not jobs and not calls:
         return False
     env = report["env"]
     fig, (ax_rate, ax_stage, ax_call) = plt.subplots(1, 3, figsize=(17, max(3.5, 0.55 * len(jobs) + 2)))
     names = [n for n, _ in jobs][::-1]
     rows = [r for _, r in jobs][::-1]
-    ax_rate.barh(names, [r["images_per_s"] for r in rows], color=["#1f77b4" if n.startswith("in") else "#17becf" for n in names])
+    ax_rate.barh(
+        names,
+        [r["images_per_s"] for r in rows],
+        color=["#1f77b4" if n.startswith("in") else "#17becf" for n in names],
+    )
     for y, r in enumerate(rows):
         ax_rate.text(r["images_per_s"], y, f" {r['images_per_s']:,.0f}", va="center", fontsize=8)
     eng = report.get("engine_alone")
-    ax_rate.set_title("batch jobs: images/s, zip in to results.zip" + (f"\n(engine alone: {eng['images_per_s']:,.0f}/s)" if eng else ""))
+    ax_rate.set_title(
+        "batch jobs: images/s, zip in to results.zip"
+        + (f"\n(engine alone: {eng['images_per_s']:,.0f}/s)" if eng else "")
+    )
     left = [0.0] * len(rows)
     for stage, colour in WORK_STAGES.items():
         widths = [r["stage_ms_per_item"].get(stage, 0.0) for r in rows]
@@ -873,22 +1169,35 @@ def write_png(report: dict[str, Any], path: Path) -> bool:
         left = [a + b for a, b in zip(left, widths, strict=True)]
     wall = [1e3 / r["images_per_s"] for r in rows]
     ax_stage.plot(wall, range(len(rows)), "k|", markersize=18, mew=2.5, label="wall time per item")
-    ax_stage.set_title("where a job's time goes, ms per item\n(stages overlap: their sum exceeds the wall time)")
+    ax_stage.set_title(
+        "where a job's time goes, ms per item\n(stages overlap: their sum exceeds the wall time)"
+    )
     ax_stage.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=4, frameon=False)
     ax_stage.set_yticks(range(len(rows)), [""] * len(rows))
     labels = [n for n, _ in calls][::-1]
     crows = [r for _, r in calls][::-1]
-    ax_call.barh(labels, [r["throughput_rps"] for r in crows], color=["#2ca02c" if n.startswith("in") else "#98df8a" for n in labels])
+    ax_call.barh(
+        labels,
+        [r["throughput_rps"] for r in crows],
+        color=["#2ca02c" if n.startswith("in") else "#98df8a" for n in labels],
+    )
     for y, r in enumerate(crows):
-        ax_call.text(r["throughput_rps"], y, f" {r['throughput_rps']:,.0f}/s  p50 {r['p50_ms']} / p99 {r['p99_ms']} ms",
-                     va="center", fontsize=8)  # fmt: skip
+        ax_call.text(
+            r["throughput_rps"],
+            y,
+            f" {r['throughput_rps']:,.0f}/s  p50 {r['p50_ms']} / p99 {r['p99_ms']} ms",
+            va="center",
+            fontsize=8,
+        )
     ax_call.set_title("interactive requests: req/s")
     for ax in (ax_rate, ax_stage, ax_call):
         ax.grid(axis="x", alpha=0.3)
         ax.margins(x=0.35)
-    fig.suptitle(f"End to end: {env.get('gpu') or env['cpu']} ({env['device']}), {_served(report)}, "
-                 f"backend {report['config']['backend']}, "
-                 f"commit {str(env.get('commit'))[:7]}, {env['date'][:10]}")  # fmt: skip
+    fig.suptitle(
+        f"End to end: {env.get('gpu') or env['cpu']} ({env['device']}), {_served(report)}, "
+        f"backend {report['config']['backend']}, "
+        f"commit {str(env.get('commit'))[:7]}, {env['date'][:10]}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -41,7 +41,9 @@ def collect_env(device: torch.device) -> dict:
     dirty = _cmd(["git", "status", "--porcelain", "--untracked-files=no"])
     return {
         "gpu": torch.cuda.get_device_name(device) if cuda else None,
-        "gpu_memory_gb": round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1) if cuda else None,
+        "gpu_memory_gb": round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
+        if cuda
+        else None,
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "driver": driver.splitlines()[0] if driver else None,

@@ -53,8 +53,9 @@ class BenchConfig:
 # What `arrcoc bench` runs on a CPU unless told otherwise: a run of seconds that still compares two
 # backends. compiled and aot spend minutes building their programs on a CPU, and the full matrix
 # (two variants, seven buckets, 100 iterations) is a GPU's workload; flags still ask for any of it.
-CPU_DEFAULTS = BenchConfig(variants=("arrcoc-texture",), backends=("eager", "onnx"), buckets=(1, 4), iters=10,
-                           warmup_iters=2)  # fmt: skip
+CPU_DEFAULTS = BenchConfig(
+    variants=("arrcoc-texture",), backends=("eager", "onnx"), buckets=(1, 4), iters=10, warmup_iters=2
+)
 
 
 def device_defaults(device_type: str) -> BenchConfig:
@@ -67,7 +68,9 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
     device = resolve_device(config.device)
     dtype = parse_dtype(config.dtype)
     backends = ("eager",) + tuple(b for b in config.backends if b != "eager")
-    startup_jobs = [(v, b) for v in config.variants for b in backends if b != "eager"] if config.startup else []
+    startup_jobs = (
+        [(v, b) for v in config.variants for b in backends if b != "eager"] if config.startup else []
+    )
     total = len(config.variants) * (len(backends) + len(config.buckets)) + len(startup_jobs)
     done, doing = 0, "timing"
 
@@ -81,19 +84,31 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
         if progress is not None:
             progress(done / total, msg or doing)
 
-    report = {"schema": SCHEMA, "env": collect_env(device), "config": config.to_json(), "results": [],
-              "startup": [], "warmup": [], "errors": [], "recompiles_after_warmup": 0}  # fmt: skip
+    report = {
+        "schema": SCHEMA,
+        "env": collect_env(device),
+        "config": config.to_json(),
+        "results": [],
+        "startup": [],
+        "warmup": [],
+        "errors": [],
+        "recompiles_after_warmup": 0,
+    }
     with tempfile.TemporaryDirectory(prefix="arrcoc-bench-") as tmp:
         cache = Path(config.cache_dir) if config.cache_dir else Path(tmp)
         for variant in config.variants:
             _bench_variant(variant, backends, config, device, dtype, cache, report, step)
     for variant, backend in startup_jobs:
         try:
-            report["startup"].append(measure_startup(variant, backend, config.buckets, str(device), config.weights))
+            report["startup"].append(
+                measure_startup(variant, backend, config.buckets, str(device), config.weights)
+            )
         except JobCancelled:
             raise
         except Exception as e:  # one failed start must not lose the rest of the report
-            report["errors"].append({"variant": variant, "backend": backend, "stage": "startup", "error": str(e)[-2000:]})
+            report["errors"].append(
+                {"variant": variant, "backend": backend, "stage": "startup", "error": str(e)[-2000:]}
+            )
         step(f"startup {variant} {backend}")
     return report
 
@@ -120,7 +135,9 @@ def _warm(name: str, model, device, config, dtype, cache: Path) -> tuple[Backend
     return be, info
 
 
-def _bench_variant(variant, backends, config: BenchConfig, device, dtype, cache: Path, report: dict, step) -> None:
+def _bench_variant(
+    variant, backends, config: BenchConfig, device, dtype, cache: Path, report: dict, step
+) -> None:
     torch.manual_seed(0)
     step(f"{variant}: loading the model", advance=False)
     model = create_model(variant, bench_weights(variant, config.weights), device)
@@ -145,8 +162,18 @@ def _bench_variant(variant, backends, config: BenchConfig, device, dtype, cache:
     rows = []
     for bucket in config.buckets:
         step(f"{variant}: timing batches of {bucket}", advance=False)
-        rows += _bench_bucket(variant, v.benchmark_only, bucket, ready, reference, warm_info, model, config, device,
-                              tick=lambda: step(None))  # fmt: skip
+        rows += _bench_bucket(
+            variant,
+            v.benchmark_only,
+            bucket,
+            ready,
+            reference,
+            warm_info,
+            model,
+            config,
+            device,
+            tick=lambda: step(None),
+        )
         step(f"{variant}: bucket {bucket}")
     recompiles = compile_count() - compiles0
     report["recompiles_after_warmup"] += recompiles
@@ -187,8 +214,9 @@ def _parity(bucket, ready, reference, model, device) -> dict[str, dict]:
     return out
 
 
-def _bench_bucket(variant, benchmark_only, bucket, ready, reference, warm_info, model, config, device,
-                  tick=None) -> list[dict]:  # fmt: skip
+def _bench_bucket(
+    variant, benchmark_only, bucket, ready, reference, warm_info, model, config, device, tick=None
+) -> list[dict]:
     parity = _parity(bucket, ready, reference, model, device)
     sets = [example_inputs(model, bucket, device, seed=100 + s) for s in range(max(1, config.input_sets))]
 
@@ -199,8 +227,9 @@ def _bench_bucket(variant, benchmark_only, bucket, ready, reference, warm_info, 
 
         return call
 
-    times = time_interleaved({n: caller(be) for n, be in ready.items()}, config.iters, config.warmup_iters, device,
-                             tick=tick)  # fmt: skip
+    times = time_interleaved(
+        {n: caller(be) for n, be in ready.items()}, config.iters, config.warmup_iters, device, tick=tick
+    )
     eager_p50 = summarize(times["eager"])["p50_ms"]
     dtype = parse_dtype(config.dtype)
     tol = TOL[dtype]
@@ -211,20 +240,40 @@ def _bench_bucket(variant, benchmark_only, bucket, ready, reference, warm_info, 
         w = warm_info[name]
         compile_s = w.get("compile_s", 0.0) + w.get("capture_s", 0.0) if name != "eager" else 0.0
         saved = (eager_p50 - s["p50_ms"]) / 1e3
-        rows.append({
-            "variant": variant, "backend": name, "bucket": bucket, "dtype": config.dtype,
-            "benchmark_only": benchmark_only, "weights_version": getattr(model, "weights_version", "?"), **s,
-            "throughput_per_s": bucket / (s["mean_ms"] / 1e3),
-            "speedup_vs_eager": eager_p50 / s["p50_ms"],
-            "max_abs_diff": p["max_abs_diff"], "texture_max_diff": p["texture_max_diff"], "diff_by_map": p["diff_by_map"],
-            "budget_max_diff": p["budget_max_diff"],
-            "topk_agreement": p["topk_agreement"], "topk_agreement_ties": p["topk_agreement_ties"],
-            "topk_overlap": p["topk_overlap"],
-            "parity_ok": bool(p["finite"] and p["max_abs_diff"] <= tol and (
-                p["topk_agreement_ties"] == 1.0 if dtype == torch.float32 else p["topk_overlap"] >= MIN_OVERLAP_BF16)),
-            "tolerance": tol,
-            "compile_s": w.get("compile_s", 0.0), "export_s": w.get("export_s"), "capture_s": w.get("capture_s", 0.0),
-            "capture_mem_mb": w.get("capture_mem_mb", 0.0), "peak_mem_mb": w.get("peak_mem_mb"),
-            "break_even_calls": (compile_s / saved) if name != "eager" and saved > 0 else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "variant": variant,
+                "backend": name,
+                "bucket": bucket,
+                "dtype": config.dtype,
+                "benchmark_only": benchmark_only,
+                "weights_version": getattr(model, "weights_version", "?"),
+                **s,
+                "throughput_per_s": bucket / (s["mean_ms"] / 1e3),
+                "speedup_vs_eager": eager_p50 / s["p50_ms"],
+                "max_abs_diff": p["max_abs_diff"],
+                "texture_max_diff": p["texture_max_diff"],
+                "diff_by_map": p["diff_by_map"],
+                "budget_max_diff": p["budget_max_diff"],
+                "topk_agreement": p["topk_agreement"],
+                "topk_agreement_ties": p["topk_agreement_ties"],
+                "topk_overlap": p["topk_overlap"],
+                "parity_ok": bool(
+                    p["finite"]
+                    and p["max_abs_diff"] <= tol
+                    and (
+                        p["topk_agreement_ties"] == 1.0
+                        if dtype == torch.float32
+                        else p["topk_overlap"] >= MIN_OVERLAP_BF16
+                    )
+                ),
+                "tolerance": tol,
+                "compile_s": w.get("compile_s", 0.0),
+                "export_s": w.get("export_s"),
+                "capture_s": w.get("capture_s", 0.0),
+                "capture_mem_mb": w.get("capture_mem_mb", 0.0),
+                "peak_mem_mb": w.get("peak_mem_mb"),
+                "break_even_calls": (compile_s / saved) if name != "eager" and saved > 0 else None,
+            }
+        )
     return rows

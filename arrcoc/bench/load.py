@@ -40,7 +40,9 @@ class _Sample:
     cpu_s: float = 0.0  # this client process's CPU
 
 
-def _drive(ex: Executor, image: bytes, queries: Sequence[str], clients: int, requests: int, timeout: float) -> _Sample:
+def _drive(
+    ex: Executor, image: bytes, queries: Sequence[str], clients: int, requests: int, timeout: float
+) -> _Sample:
     """`requests` inferences from `clients` threads, each sending its next one when the last returns."""
     out = _Sample()
     lock = threading.Lock()
@@ -77,8 +79,17 @@ def _drive(ex: Executor, image: bytes, queries: Sequence[str], clients: int, req
     return out
 
 
-def _client_process(make_executor: ExecutorFactory, image: bytes, queries: Sequence[str], clients: int,
-                    requests: int, timeout: float, ready, go, results) -> None:  # fmt: skip
+def _client_process(
+    make_executor: ExecutorFactory,
+    image: bytes,
+    queries: Sequence[str],
+    clients: int,
+    requests: int,
+    timeout: float,
+    ready,
+    go,
+    results,
+) -> None:
     ex = make_executor()
     signalled = False
     try:
@@ -100,9 +111,15 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 def run_load(
-    make_executor: ExecutorFactory, image: bytes, queries: Sequence[str], clients: int, requests: int,
-    timeout: float = 300.0, processes: int = 1, on_start: Callable[[], None] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    make_executor: ExecutorFactory,
+    image: bytes,
+    queries: Sequence[str],
+    clients: int,
+    requests: int,
+    timeout: float = 300.0,
+    processes: int = 1,
+    on_start: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Drive `requests` inferences from `clients` concurrent clients in `processes` processes.
     `on_start` is called as the clock starts (clients connected and warm), e.g. to sample CPU."""
     processes = max(1, min(processes, clients))
@@ -118,9 +135,14 @@ def run_load(
     else:
         ctx = mp.get_context("spawn")  # fresh interpreters: no inherited sockets or threads
         ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=_client_process, daemon=True,
-                             args=(make_executor, image, queries, c, n, timeout, ready, go, results))
-                 for c, n in zip(_split(clients, processes), _split(requests, processes), strict=True)]  # fmt: skip
+        procs = [
+            ctx.Process(
+                target=_client_process,
+                daemon=True,
+                args=(make_executor, image, queries, c, n, timeout, ready, go, results),
+            )
+            for c, n in zip(_split(clients, processes), _split(requests, processes), strict=True)
+        ]
         for p in procs:
             p.start()
         for _ in procs:
@@ -141,18 +163,24 @@ def _report(samples: list[_Sample], clients: int, requests: int, processes: int)
     ran = [s for s in samples if s.end]
     wall = max(s.end for s in ran) - min(s.start for s in ran) if ran else float("nan")
     return {
-        "clients": clients, "client_processes": processes, "requests": requests, "ok": len(latencies),
+        "clients": clients,
+        "client_processes": processes,
+        "requests": requests,
+        "ok": len(latencies),
         "errors": [e for s in samples for e in s.errors][:10],
-        "wall_s": round(wall, 3), "throughput_rps": round(len(latencies) / wall, 3),
-        "p50_ms": round(percentile(latencies, 0.50), 1), "p90_ms": round(percentile(latencies, 0.90), 1),
-        "p99_ms": round(percentile(latencies, 0.99), 1), "mean_ms": round(sum(latencies) / max(len(latencies), 1), 1),
+        "wall_s": round(wall, 3),
+        "throughput_rps": round(len(latencies) / wall, 3),
+        "p50_ms": round(percentile(latencies, 0.50), 1),
+        "p90_ms": round(percentile(latencies, 0.90), 1),
+        "p99_ms": round(percentile(latencies, 0.99), 1),
+        "mean_ms": round(sum(latencies) / max(len(latencies), 1), 1),
         "max_ms": round(max(latencies, default=float("nan")), 1),
         "buckets": {str(k): v for k, v in sorted(buckets.items())},
         # if this approaches processes x 1000 ms per second of wall time, the clients are the bottleneck
         "client_cpu_ms_per_request": round(sum(s.cpu_s for s in samples) * 1e3 / max(len(latencies), 1), 2),
         # the server's own accounting, mean per request (e.g. task_cpu_ms, batch_cpu_ms, model_ms)
         "timings_ms_mean": {k: round(v / max(len(latencies), 1), 3) for k, v in sorted(timings.items())},
-    }  # fmt: skip
+    }
 
 
 def _cpu_seconds() -> float:

@@ -97,8 +97,13 @@ class DtypeParity:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.__dict__.items()}
 
 
-def dtype_parity(model: nn.Module, images: Tensor, query: Tensor, controls: Tensor | None = None,
-                 dtype: torch.dtype = torch.bfloat16) -> DtypeParity:  # fmt: skip
+def dtype_parity(
+    model: nn.Module,
+    images: Tensor,
+    query: Tensor,
+    controls: Tensor | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> DtypeParity:
     """The model's forward in float32 and in `dtype` (autocast, as every engine runs it: ForwardFn)
     on the same uint8 images (B, 3, S, S) and query embeddings (B, Dq), on their device."""
     device = images.device
@@ -109,12 +114,19 @@ def dtype_parity(model: nn.Module, images: Tensor, query: Tensor, controls: Tens
     ref, out = (ModelOutput(*(t.detach().cpu() for t in o)) for o in (ref, out))
     c = compare(ref, out, controls)
     k = controls[:, 3].long().cpu()
-    overlap = [len(set(ref.order[i, : k[i]].tolist()) & set(out.order[i, : k[i]].tolist())) / int(k[i])
-               for i in range(ref.order.shape[0])]  # fmt: skip
+    overlap = [
+        len(set(ref.order[i, : k[i]].tolist()) & set(out.order[i, : k[i]].tolist())) / int(k[i])
+        for i in range(ref.order.shape[0])
+    ]
     return DtypeParity(
-        dtype=str(dtype).removeprefix("torch."), images=int(images.shape[0]),
-        relevance_max_abs_diff=c["diff_by_map"]["relevance"], participatory_max_abs_diff=c["diff_by_map"]["participatory"],
-        maps_max_abs_diff=c["max_abs_diff"], topk_overlap_mean=float(sum(overlap) / len(overlap)),
-        topk_overlap_min=float(min(overlap)), top1_same=int((ref.order[:, 0] == out.order[:, 0]).sum()),
-        match_max_abs_diff=c["diff_by_map"]["match"], finite=c["finite"],
-    )  # fmt: skip
+        dtype=str(dtype).removeprefix("torch."),
+        images=int(images.shape[0]),
+        relevance_max_abs_diff=c["diff_by_map"]["relevance"],
+        participatory_max_abs_diff=c["diff_by_map"]["participatory"],
+        maps_max_abs_diff=c["max_abs_diff"],
+        topk_overlap_mean=float(sum(overlap) / len(overlap)),
+        topk_overlap_min=float(min(overlap)),
+        top1_same=int((ref.order[:, 0] == out.order[:, 0]).sum()),
+        match_max_abs_diff=c["diff_by_map"]["match"],
+        finite=c["finite"],
+    )

@@ -38,8 +38,15 @@ def load_model(device: str, backend: str, variant: str, weights: str, dtype: str
     from ..settings import default_settings
 
     s = default_settings(device=device, backend=backend)
-    pipe = RelevancePipeline(variant, weights, backend=backend, device=device, cache_dir=s.cache_dir,
-                             buckets=tuple(b for b in s.buckets if b <= BATCH), dtype=parse_dtype(dtype))  # fmt: skip
+    pipe = RelevancePipeline(
+        variant,
+        weights,
+        backend=backend,
+        device=device,
+        cache_dir=s.cache_dir,
+        buckets=tuple(b for b in s.buckets if b <= BATCH),
+        dtype=parse_dtype(dtype),
+    )
     pipe.warmup()
     return pipe
 
@@ -63,19 +70,37 @@ class Photos(torch.utils.data.Dataset):
 def write_rows(out, names: list[str], result, k: int) -> None:
     """One JSON line per image: its maps and its k selected cells with their budgets."""
     for i, name in enumerate(names):
-        out.write(orjson.dumps({"file": name, "relevance": result.relevance[i], "information": result.information[i],
-                                "perspectival": result.perspectival[i], "participatory": result.participatory[i],
-                                "selected": result.order[i, :k], "budgets": result.budgets[i, :k],
-                                "match_score": float(result.match[i])}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")  # fmt: skip
+        out.write(
+            orjson.dumps(
+                {
+                    "file": name,
+                    "relevance": result.relevance[i],
+                    "information": result.information[i],
+                    "perspectival": result.perspectival[i],
+                    "participatory": result.participatory[i],
+                    "selected": result.order[i, :k],
+                    "budgets": result.budgets[i, :k],
+                    "match_score": float(result.match[i]),
+                },
+                option=orjson.OPT_SERIALIZE_NUMPY,
+            )
+            + b"\n"
+        )
 
 
 def run_dataloader(pipe, paths: list[str], out, workers: int) -> None:
     query = pipe.encoder.encode(QUERY)
-    loader = torch.utils.data.DataLoader(Photos(paths, pipe.variant.image_size), batch_size=BATCH,
-                                         num_workers=workers, pin_memory=pipe.device.type == "cuda")  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        Photos(paths, pipe.variant.image_size),
+        batch_size=BATCH,
+        num_workers=workers,
+        pin_memory=pipe.device.type == "cuda",
+    )
     done = 0
     for images in loader:
-        result = pipe.backend.run_host(images.to(pipe.device, non_blocking=True), query.expand(len(images), -1))
+        result = pipe.backend.run_host(
+            images.to(pipe.device, non_blocking=True), query.expand(len(images), -1)
+        )
         write_rows(out, [Path(p).name for p in paths[done : done + len(images)]], result, pipe.model.config.k)
         done += len(images)
 
@@ -90,8 +115,17 @@ def run_batched(pipe, paths: list[str], out) -> None:
             from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
             decoded = decode_jpeg([read_file(p) for p in names], mode=ImageReadMode.RGB, device=pipe.device)
-            images = torch.cat([F.interpolate(img[None].float(), size=(side, side), mode="bilinear", antialias=True)
-                                for img in decoded]).round_().clamp_(0, 255).to(torch.uint8)  # fmt: skip
+            images = (
+                torch.cat(
+                    [
+                        F.interpolate(img[None].float(), size=(side, side), mode="bilinear", antialias=True)
+                        for img in decoded
+                    ]
+                )
+                .round_()
+                .clamp_(0, 255)
+                .to(torch.uint8)
+            )
         else:
             images = torch.stack([pillow_pixels(p, side) for p in names])
         result = pipe.backend.run_host(images, query.expand(len(names), -1))
@@ -106,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--backend", default="eager")
     p.add_argument("--variant", default="arrcoc-texture")
-    p.add_argument("--weights", default="default", help="the variant's bundled ones (default), random, or a file")
+    p.add_argument(
+        "--weights", default="default", help="the variant's bundled ones (default), random, or a file"
+    )
     p.add_argument("--dtype", default="float32")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     args = p.parse_args(argv)
@@ -121,8 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     if pipe.device.type == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    print(json.dumps({"peer": args.peer, "items": len(paths), "wall_s": round(wall, 3),
-                      "images_per_s": round(len(paths) / wall, 1)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "peer": args.peer,
+                "items": len(paths),
+                "wall_s": round(wall, 3),
+                "images_per_s": round(len(paths) / wall, 1),
+            }
+        )
+    )
     return 0
 
 

@@ -30,8 +30,9 @@ class Proc:
     def __init__(self, argv: list[str], env: dict[str, str], log: Path, cwd: Path = REPO):
         self.log = log
         self._fh = open(log, "ab")
-        self.p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT,
-                                  start_new_session=True)  # fmt: skip
+        self.p = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -63,9 +64,25 @@ class RedisServer(Proc):
         self.port = port or free_port()
         self.dir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(workdir),
-                "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
-                "--save", "", "--protected-mode", "no"]  # fmt: skip
+        argv = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(workdir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory-policy",
+            "noeviction",
+            "--save",
+            "",
+            "--protected-mode",
+            "no",
+        ]
         if io_threads > 1:  # sockets read and written by helper threads: large values off the main thread
             argv += ["--io-threads", str(io_threads), "--io-threads-do-reads", "yes"]
         super().__init__(argv, dict(os.environ), workdir / "redis.log")
@@ -90,9 +107,15 @@ class RedisServer(Proc):
 
 def worker_env(broker: str, data_dir: Path, **settings: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"ARRCOC_BROKER_URL": broker, "ARRCOC_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false",
-                "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))})  # fmt: skip
+    env.update(
+        {
+            "ARRCOC_BROKER_URL": broker,
+            "ARRCOC_DATA_DIR": str(data_dir),
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
+        }
+    )
     env.update({f"ARRCOC_{k.upper()}": v for k, v in settings.items()})
     return env
 
@@ -100,8 +123,14 @@ def worker_env(broker: str, data_dir: Path, **settings: str) -> dict[str, str]:
 class Worker(Proc):
     """`arrcoc worker` as a subprocess; `ready()` waits until its engine is warm."""
 
-    def __init__(self, env: dict[str, str], log: Path, concurrency: int | None = None, pool: str = "threads",
-                 name: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        env: dict[str, str],
+        log: Path,
+        concurrency: int | None = None,
+        pool: str = "threads",
+        name: str | None = None,
+    ):
         self.name = name or f"t{uuid.uuid4().hex[:8]}@%h"
         argv = [sys.executable, "-m", "arrcoc", "worker", "-l", "info", "-n", self.name, "-P", pool]
         if concurrency:

@@ -13,13 +13,21 @@ def _f(x, nd: int = 3) -> str:
     if x is None:
         return "–"
     if isinstance(x, float):
-        return f"{x:.{nd}g}" if abs(x) < 1e-2 and x != 0 else f"{x:,.{nd}f}".rstrip("0").rstrip(".") if nd else f"{x:,.0f}"
+        return (
+            f"{x:.{nd}g}"
+            if abs(x) < 1e-2 and x != 0
+            else f"{x:,.{nd}f}".rstrip("0").rstrip(".")
+            if nd
+            else f"{x:,.0f}"
+        )
     return str(x)
 
 
 def markdown_table(report: dict) -> str:
-    head = ("| variant | backend | bucket | p50 ms | p99 ms | images/s | speedup vs eager | max abs diff | top-K agree |"
-            " compile s | capture s | peak MB | break-even calls |")  # fmt: skip
+    head = (
+        "| variant | backend | bucket | p50 ms | p99 ms | images/s | speedup vs eager | max abs diff | top-K agree |"
+        " compile s | capture s | peak MB | break-even calls |"
+    )
     lines = [head, "|" + "---|" * 13]
     for r in report["results"]:
         lines.append(
@@ -29,8 +37,12 @@ def markdown_table(report: dict) -> str:
             f" {_f(r.get('peak_mem_mb'), 0)} | {_f(r['break_even_calls'], 0)} |"
         )
     if report.get("startup"):
-        lines += ["", "| variant | backend | cold start s | warm start s | warm / cold | cold process s | warm process s |"
-                  " where the cold start went |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "| variant | backend | cold start s | warm start s | warm / cold | cold process s | warm process s |"
+            " where the cold start went |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for s in report["startup"]:
             lines.append(
                 f"| {s['variant']} | {s['backend']} | {s['cold_s']:.1f} | {s['warm_s']:.1f} | {s['warm_over_cold']:.2f} |"
@@ -45,7 +57,11 @@ def _breakdown(stats: dict | None) -> str:
     if not stats:
         return "–"
     keys = ("build_s", "export_s", "load_s", "session_s", "compile_s", "capture_s")
-    parts = [f"{k[:-2]} {stats[k]:.1f}" for k in keys if isinstance(stats.get(k), (int, float)) and stats[k] >= 0.05]
+    parts = [
+        f"{k[:-2]} {stats[k]:.1f}"
+        for k in keys
+        if isinstance(stats.get(k), (int, float)) and stats[k] >= 0.05
+    ]
     phases = sorted((stats.get("compile_phases") or {}).items(), key=lambda kv: -kv[1])[:3]
     parts += [f"{name} {sec:.1f}" for name, sec in phases]
     return ", ".join(parts) or "–"
@@ -77,17 +93,21 @@ def _svg_lines(series: dict[str, list[tuple[int, float]]], title: str, ylabel: s
     def Y(v):
         return h - B - (math.log10(v) - y0) / (y1 - y0) * (h - T - B)
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
-             f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="13">{html.escape(title)}</text>',
-             f'<line x1="{L}" y1="{h - B}" x2="{w - R}" y2="{h - B}" stroke="#000"/>',
-             f'<line x1="{L}" y1="{T}" x2="{L}" y2="{h - B}" stroke="#000"/>',
-             f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">{html.escape(ylabel)}</text>',
-             f'<text x="{(L + w - R) / 2}" y="{h - 6}" text-anchor="middle">batch (bucket)</text>']  # fmt: skip
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+        f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="13">{html.escape(title)}</text>',
+        f'<line x1="{L}" y1="{h - B}" x2="{w - R}" y2="{h - B}" stroke="#000"/>',
+        f'<line x1="{L}" y1="{T}" x2="{L}" y2="{h - B}" stroke="#000"/>',
+        f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">{html.escape(ylabel)}</text>',
+        f'<text x="{(L + w - R) / 2}" y="{h - 6}" text-anchor="middle">batch (bucket)</text>',
+    ]
     for b in sorted({b for b, _ in pts}):
         parts.append(f'<text x="{X(b):.1f}" y="{h - B + 14}" text-anchor="middle">{b}</text>')
     e = y0
     while e <= y1 + 1e-9:
-        parts.append(f'<line x1="{L - 4}" y1="{Y(10**e):.1f}" x2="{w - R}" y2="{Y(10**e):.1f}" stroke="#ddd"/>')
+        parts.append(
+            f'<line x1="{L - 4}" y1="{Y(10**e):.1f}" x2="{w - R}" y2="{Y(10**e):.1f}" stroke="#ddd"/>'
+        )
         parts.append(f'<text x="{L - 6}" y="{Y(10**e) + 4:.1f}" text-anchor="end">{10**e:.3g}</text>')
         e += 0.5
     for i, (name, s) in enumerate(series.items()):
@@ -96,9 +116,13 @@ def _svg_lines(series: dict[str, list[tuple[int, float]]], title: str, ylabel: s
         d = " ".join(f"{X(b):.1f},{Y(v):.1f}" for b, v in s)
         parts.append(f'<polyline points="{d}" fill="none" stroke="{c}" stroke-width="2"/>')
         for b, v in s:
-            parts.append(f'<circle cx="{X(b):.1f}" cy="{Y(v):.1f}" r="3.5" fill="{c}"><title>{name} bucket {b}: {v:.4g}</title></circle>')
-        parts.append(f'<rect x="{w - R + 10}" y="{T + 16 * i}" width="10" height="10" fill="{c}"/>'
-                     f'<text x="{w - R + 24}" y="{T + 9 + 16 * i}">{html.escape(name)}</text>')  # fmt: skip
+            parts.append(
+                f'<circle cx="{X(b):.1f}" cy="{Y(v):.1f}" r="3.5" fill="{c}"><title>{name} bucket {b}: {v:.4g}</title></circle>'
+            )
+        parts.append(
+            f'<rect x="{w - R + 10}" y="{T + 16 * i}" width="10" height="10" fill="{c}"/>'
+            f'<text x="{w - R + 24}" y="{T + 9 + 16 * i}">{html.escape(name)}</text>'
+        )
     return "".join(parts) + "</svg>"
 
 
@@ -111,20 +135,55 @@ def write_html(report: dict, path: Path) -> None:
         charts.append(_svg_lines(_series(report, v, "throughput_per_s"), f"{v}: throughput", "images/s"))
     env = report["env"]
     rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_f(r.get(k)))}</td>" for k in (
-            "variant", "backend", "bucket", "p50_ms", "p90_ms", "p99_ms", "throughput_per_s", "speedup_vs_eager",
-            "max_abs_diff", "topk_agreement", "compile_s", "capture_s", "peak_mem_mb", "break_even_calls")) + "</tr>"
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(_f(r.get(k)))}</td>"
+            for k in (
+                "variant",
+                "backend",
+                "bucket",
+                "p50_ms",
+                "p90_ms",
+                "p99_ms",
+                "throughput_per_s",
+                "speedup_vs_eager",
+                "max_abs_diff",
+                "topk_agreement",
+                "compile_s",
+                "capture_s",
+                "peak_mem_mb",
+                "break_even_calls",
+            )
+        )
+        + "</tr>"
         for r in report["results"]
-    )  # fmt: skip
-    heads = "".join(f"<th>{h}</th>" for h in ("variant", "backend", "bucket", "p50 ms", "p90 ms", "p99 ms", "images/s",
-                                              "speedup", "max |Δ|", "top-K", "compile s", "capture s", "peak MB", "break-even"))  # fmt: skip
+    )
+    heads = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "variant",
+            "backend",
+            "bucket",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "images/s",
+            "speedup",
+            "max |Δ|",
+            "top-K",
+            "compile s",
+            "capture s",
+            "peak MB",
+            "break-even",
+        )
+    )
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>ARR-COC benchmark</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
 padding:2px 6px;text-align:right}}svg{{margin:4px;border:1px solid #eee}}</style></head><body>
-<h1>ARR-COC benchmark</h1><p>{html.escape(str(env.get('gpu') or env.get('cpu')))} · torch {env.get('torch')} ·
-triton {env.get('triton')} · onnxruntime {env.get('onnxruntime')} · CUDA {env.get('cuda')} · driver {env.get('driver')}
-· commit {str(env.get('commit'))[:10]} · {env.get('date')} · recompiles after warmup:
-{report['recompiles_after_warmup']}</p><div>{''.join(charts)}</div>
+<h1>ARR-COC benchmark</h1><p>{html.escape(str(env.get("gpu") or env.get("cpu")))} · torch {env.get("torch")} ·
+triton {env.get("triton")} · onnxruntime {env.get("onnxruntime")} · CUDA {env.get("cuda")} · driver {env.get("driver")}
+· commit {str(env.get("commit"))[:10]} · {env.get("date")} · recompiles after warmup:
+{report["recompiles_after_warmup"]}</p><div>{"".join(charts)}</div>
 <table><tr>{heads}</tr>{rows}</table>{_startup_html(report)}</body></html>"""
     path.write_text(doc)
 
@@ -134,11 +193,21 @@ def _startup_html(report: dict) -> str:
         return ""
     heads = ("variant", "backend", "cold start s", "warm start s", "warm / cold", "where the cold start went")
     rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
-            s["variant"], s["backend"], _f(s["cold_s"], 1), _f(s["warm_s"], 1), _f(s.get("warm_over_cold"), 2),
-            _breakdown(s.get("cold_stats")))) + "</tr>"
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(c)}</td>"
+            for c in (
+                s["variant"],
+                s["backend"],
+                _f(s["cold_s"], 1),
+                _f(s["warm_s"], 1),
+                _f(s.get("warm_over_cold"), 2),
+                _breakdown(s.get("cold_stats")),
+            )
+        )
+        + "</tr>"
         for s in report["startup"]
-    )  # fmt: skip
+    )
     return f"<h2>Start-up (new process)</h2><table><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr>{rows}</table>"
 
 
@@ -156,7 +225,9 @@ def write_png(report: dict, path: Path) -> bool:
         return False
     fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
     for row, v in enumerate(variants):
-        for col, (key, label) in enumerate((("p50_ms", "p50 latency (ms)"), ("speedup_vs_eager", "speedup vs eager (p50)"))):
+        for col, (key, label) in enumerate(
+            (("p50_ms", "p50 latency (ms)"), ("speedup_vs_eager", "speedup vs eager (p50)"))
+        ):
             ax = axes[row][col]
             series = _series(report, v, key)
             if key == "p50_ms":
@@ -170,9 +241,16 @@ def write_png(report: dict, path: Path) -> bool:
                 width = 0.8 / max(len(names), 1)
                 for i, name in enumerate(names):
                     d = dict(series[name])
-                    ax.bar([j + i * width for j in range(len(buckets))], [d.get(b, 0) for b in buckets], width,
-                           label=name, color=COLORS.get(name))  # fmt: skip
-                ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(buckets))], [str(b) for b in buckets])
+                    ax.bar(
+                        [j + i * width for j in range(len(buckets))],
+                        [d.get(b, 0) for b in buckets],
+                        width,
+                        label=name,
+                        color=COLORS.get(name),
+                    )
+                ax.set_xticks(
+                    [j + width * (len(names) - 1) / 2 for j in range(len(buckets))], [str(b) for b in buckets]
+                )
                 ax.axhline(1.0, color="#888", lw=0.8)
             if key == "p50_ms":
                 ax.set_xscale("log", base=2)
@@ -181,7 +259,14 @@ def write_png(report: dict, path: Path) -> bool:
             if names := [n for n in series if key == "p50_ms" or n != "eager"]:
                 ax.legend()
             else:  # eager alone: nothing to compare it with
-                ax.text(0.5, 0.5, "only eager: nothing to compare", ha="center", va="center", transform=ax.transAxes)
+                ax.text(
+                    0.5,
+                    0.5,
+                    "only eager: nothing to compare",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                )
             ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

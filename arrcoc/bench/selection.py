@@ -56,8 +56,15 @@ def _graphed(fn, inputs: tuple[torch.Tensor, ...]):
 
 
 @torch.no_grad()
-def bench_selection(device: str = "auto", batch: int = 64, iters: int = 50, warmup: int = 10,
-                    variant: str = "arrcoc-texture", cache_dir: Path | None = None, patch: int = DEFAULT_PATCH) -> dict:  # fmt: skip
+def bench_selection(
+    device: str = "auto",
+    batch: int = 64,
+    iters: int = 50,
+    warmup: int = 10,
+    variant: str = "arrcoc-texture",
+    cache_dir: Path | None = None,
+    patch: int = DEFAULT_PATCH,
+) -> dict:
     dev = resolve_device(device)
     model = create_model(variant, "default", dev).eval()
     top_only = copy.deepcopy(model)
@@ -84,7 +91,9 @@ def bench_selection(device: str = "auto", batch: int = 64, iters: int = 50, warm
     }
     if dev.type == "cuda":
         calls["diverse selection (compiled, CUDA graph)"] = _graphed(diverse_order, (scores, order, features))
-        calls["foveated view (compiled, CUDA graph)"] = _graphed(lambda im, bm: foveate(im, bm, patch), (images, budget_map))
+        calls["foveated view (compiled, CUDA graph)"] = _graphed(
+            lambda im, bm: foveate(im, bm, patch), (images, budget_map)
+        )
     times = time_interleaved(calls, iters, warmup, dev)
     backend.close()
     backend_top.close()
@@ -95,19 +104,32 @@ def bench_selection(device: str = "auto", batch: int = 64, iters: int = 50, warm
     # paired per iteration (the calls are interleaved), so drift cancels in each difference
     extra = sorted(a - b for a, b in zip(times[STEP], times[STEP_TOP_ONLY], strict=True))
     in_step = {"p50_ms": extra[len(extra) // 2], "share_of_step": round(extra[len(extra) // 2] / step, 4)}
-    return {"schema": "arrcoc-bench-selection/2", "env": collect_env(dev), "variant": variant, "batch": batch,
-            "image_size": model.config.image_size, "patch": patch, "rows": rows,
-            "diverse_in_step": in_step}  # fmt: skip
+    return {
+        "schema": "arrcoc-bench-selection/2",
+        "env": collect_env(dev),
+        "variant": variant,
+        "batch": batch,
+        "image_size": model.config.image_size,
+        "patch": patch,
+        "rows": rows,
+        "diverse_in_step": in_step,
+    }
 
 
 def markdown(report: dict) -> str:
-    lines = [f"Batch {report['batch']} of {report['image_size']} px images, {report['variant']}, patch {report['patch']} px "
-             f"({report['env'].get('gpu') or 'cpu'}).", "", "| what | p50 ms | p90 ms | share of the compiled step |",
-             "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    lines = [
+        f"Batch {report['batch']} of {report['image_size']} px images, {report['variant']}, patch {report['patch']} px "
+        f"({report['env'].get('gpu') or 'cpu'}).",
+        "",
+        "| what | p50 ms | p90 ms | share of the compiled step |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for name, r in report["rows"].items():
         lines.append(f"| {name} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | {r['share_of_step']:.1%} |")
     if "diverse_in_step" in report:
         d = report["diverse_in_step"]
-        lines.append(f"| **diverse selection in the step** (step less the step without it, per iteration) | "
-                     f"{d['p50_ms']:.3f} | | {d['share_of_step']:.1%} |")  # fmt: skip
+        lines.append(
+            f"| **diverse selection in the step** (step less the step without it, per iteration) | "
+            f"{d['p50_ms']:.3f} | | {d['share_of_step']:.1%} |"
+        )
     return "\n".join(lines) + "\n"

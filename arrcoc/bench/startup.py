@@ -67,9 +67,15 @@ def _probe(device) -> dict[str, float]:
 
     out["probe_compiler_import_s"] = time.perf_counter() - t
     if device.type == "cuda":
-        for name, fn in (("probe_cublas_s", lambda: torch.ones(64, 64, device=device) @ torch.ones(64, 64, device=device)),
-                         ("probe_cudnn_s", lambda: torch.nn.functional.conv2d(torch.ones(1, 3, 16, 16, device=device),
-                                                                              torch.ones(4, 3, 3, 3, device=device)))):  # fmt: skip
+        for name, fn in (
+            ("probe_cublas_s", lambda: torch.ones(64, 64, device=device) @ torch.ones(64, 64, device=device)),
+            (
+                "probe_cudnn_s",
+                lambda: torch.nn.functional.conv2d(
+                    torch.ones(1, 3, 16, 16, device=device), torch.ones(4, 3, 3, 3, device=device)
+                ),
+            ),
+        ):
             t = time.perf_counter()
             fn()
             torch.cuda.synchronize(device)
@@ -81,16 +87,35 @@ _PARTS = ("import_s", "model_s", "backend_init_s", "warmup_s")
 
 
 def measure_startup(
-    variant: str, backend: str, buckets: tuple[int, ...], device: str = "auto", weights: str | None = "default",
-    timeout: float = 900.0, cache_root: Path | None = None,
+    variant: str,
+    backend: str,
+    buckets: tuple[int, ...],
+    device: str = "auto",
+    weights: str | None = "default",
+    timeout: float = 900.0,
+    cache_root: Path | None = None,
 ) -> dict:
     """{variant, backend, cold_s, warm_s, ...}: two child processes sharing one fresh cache dir."""
     with tempfile.TemporaryDirectory(prefix="arrcoc-startup-", dir=cache_root) as cache:
         runs = []
         for _ in ("cold", "warm"):
-            cmd = [sys.executable, "-m", "arrcoc.bench.startup", "--variant", variant, "--backend", backend,
-                   "--device", device, "--cache-dir", cache, "--weights", str(weights),
-                   "--buckets", *map(str, buckets)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "arrcoc.bench.startup",
+                "--variant",
+                variant,
+                "--backend",
+                backend,
+                "--device",
+                device,
+                "--cache-dir",
+                cache,
+                "--weights",
+                str(weights),
+                "--buckets",
+                *map(str, buckets),
+            ]
             env = dict(os.environ)
             env.pop("TORCHINDUCTOR_CACHE_DIR", None)
             env.pop("TRITON_CACHE_DIR", None)
@@ -104,13 +129,19 @@ def measure_startup(
             runs.append(doc)
     cold, warm = runs
     return {
-        "variant": variant, "backend": backend, "buckets": list(buckets),
-        "cold_s": cold["ready_s"], "warm_s": warm["ready_s"],
+        "variant": variant,
+        "backend": backend,
+        "buckets": list(buckets),
+        "cold_s": cold["ready_s"],
+        "warm_s": warm["ready_s"],
         "warm_over_cold": warm["ready_s"] / cold["ready_s"] if cold["ready_s"] > 0 else None,
-        "cold_process_s": cold["process_s"], "warm_process_s": warm["process_s"],
-        "cold_stats": cold["stats"], "warm_stats": warm["stats"],
-        "cold_parts": {k: cold.get(k) for k in _PARTS}, "warm_parts": {k: warm.get(k) for k in _PARTS},
-    }  # fmt: skip
+        "cold_process_s": cold["process_s"],
+        "warm_process_s": warm["process_s"],
+        "cold_stats": cold["stats"],
+        "warm_stats": warm["stats"],
+        "cold_parts": {k: cold.get(k) for k in _PARTS},
+        "warm_parts": {k: warm.get(k) for k in _PARTS},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="default")
     p.add_argument("--cache-dir", required=True)
     p.add_argument("--buckets", type=int, nargs="+", required=True)
-    p.add_argument("--probe", action="store_true",
-                   help="time compiler imports, cuBLAS and cuDNN init before the backend (apart from warmup_s)")  # fmt: skip
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="time compiler imports, cuBLAS and cuDNN init before the backend (apart from warmup_s)",
+    )
     args = p.parse_args(argv)
     args.weights = None if args.weights in ("none", "None") else args.weights
     print(json.dumps(_child(args)))

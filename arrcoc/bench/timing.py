@@ -13,15 +13,22 @@ import torch
 def summarize(ms: list[float]) -> dict[str, float]:
     a = np.asarray(ms, dtype=np.float64)
     return {
-        "p50_ms": float(np.percentile(a, 50)), "p90_ms": float(np.percentile(a, 90)),
-        "p95_ms": float(np.percentile(a, 95)), "p99_ms": float(np.percentile(a, 99)),
-        "mean_ms": float(a.mean()), "std_ms": float(a.std(ddof=1)) if a.size > 1 else 0.0,
-        "min_ms": float(a.min()), "iters": int(a.size),
-    }  # fmt: skip
+        "p50_ms": float(np.percentile(a, 50)),
+        "p90_ms": float(np.percentile(a, 90)),
+        "p95_ms": float(np.percentile(a, 95)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "mean_ms": float(a.mean()),
+        "std_ms": float(a.std(ddof=1)) if a.size > 1 else 0.0,
+        "min_ms": float(a.min()),
+        "iters": int(a.size),
+    }
 
 
 def time_interleaved(
-    calls: dict[str, Callable[[int], object]], iters: int, warmup: int, device: torch.device,
+    calls: dict[str, Callable[[int], object]],
+    iters: int,
+    warmup: int,
+    device: torch.device,
     tick: Callable[[], None] | None = None,
 ) -> dict[str, list[float]]:
     """Call every fn(i) once per iteration, in an order that rotates each iteration so that

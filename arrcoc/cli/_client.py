@@ -13,7 +13,9 @@ def executor(broker: str | None = None, token: str | None = None):
     from ..settings import get_settings
 
     s = get_settings()
-    update = {"broker_url": broker or s.queue_url} | ({"api_token": token.strip() or None} if token is not None else {})
+    update = {"broker_url": broker or s.queue_url} | (
+        {"api_token": token.strip() or None} if token is not None else {}
+    )
     return CeleryExecutor(s.model_copy(update=update))
 
 
@@ -84,8 +86,14 @@ def describe(st) -> str:
 PENDING_TIMEOUT_S = 300.0  # `submit batch/bench` without --timeout: how long a job may wait for a worker
 
 
-def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False, timeout: float | None = None,
-           owner: str | None = None):  # fmt: skip
+def follow(
+    ex,
+    job_id: str,
+    poll: float = 1.0,
+    quiet: bool = False,
+    timeout: float | None = None,
+    owner: str | None = None,
+):
     """Print progress until the job finishes; returns its final status. Gives up (a clear error; the
     job stays queued) after `timeout` seconds, or, without one, when no worker has picked the job
     up within PENDING_TIMEOUT_S."""
@@ -97,8 +105,10 @@ def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False, timeout: flo
     while True:
         waited = time.monotonic() - t0
         if timeout is not None and waited > timeout:
-            raise ServiceUnavailableError(f"{job_id} did not finish within {timeout:.0f} s; it goes on without"
-                                          f" this command: `arrcoc job status {job_id}`.")  # fmt: skip
+            raise ServiceUnavailableError(
+                f"{job_id} did not finish within {timeout:.0f} s; it goes on without"
+                f" this command: `arrcoc job status {job_id}`."
+            )
         try:
             st = ex.status(job_id, owner=owner)
             outage_since = None
@@ -120,7 +130,7 @@ def follow(ex, job_id: str, poll: float = 1.0, quiet: bool = False, timeout: flo
             raise ServiceUnavailableError(
                 f"{job_id} is still pending after {PENDING_TIMEOUT_S:.0f} s: no worker has picked it up. Is"
                 f" `arrcoc worker` running on this broker? The job stays queued: `arrcoc job status {job_id}`."
-            )  # fmt: skip
+            )
         time.sleep(poll)
 
 
@@ -131,10 +141,14 @@ def match_line(result) -> str:
     if result.match_score is None:
         return "  match score: not reported"
     if result.weak_match:
-        return (f"  match {result.match_score:.2f}: WEAK MATCH (below {WEAK_MATCH:.2f}): little here resembles the"
-                " query as this model knows it; the map still shows its best guesses, scaled to their own peak")
-    return (f"  match {result.match_score:.2f}: a match (how well the query matched this image, comparable"
-            f" across images; below {WEAK_MATCH:.2f} is weak)")  # fmt: skip
+        return (
+            f"  match {result.match_score:.2f}: WEAK MATCH (below {WEAK_MATCH:.2f}): little here resembles the"
+            " query as this model knows it; the map still shows its best guesses, scaled to their own peak"
+        )
+    return (
+        f"  match {result.match_score:.2f}: a match (how well the query matched this image, comparable"
+        f" across images; below {WEAK_MATCH:.2f} is weak)"
+    )
 
 
 def save_overlay(path: Path, source, result) -> None:

@@ -22,8 +22,12 @@ def add_parser(sub) -> None:
     p.add_argument("--variant", default=None, help="model variant (default: settings)")
     p.add_argument("--weights", default="default", help="weights file; 'none' for untrained")
     p.add_argument("--device", default=None, help="default: settings (auto)")
-    p.add_argument("--dtype", default=None, choices=DTYPES,
-                   help="auto: the variant's own on a GPU (CLIP: bfloat16), float32 on a CPU (default: settings)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=DTYPES,
+        help="auto: the variant's own on a GPU (CLIP: bfloat16), float32 on a CPU (default: settings)",
+    )
     p.add_argument("--buckets", nargs="+", type=int, default=None, help="default: settings")
     p.add_argument("--cache-dir", type=Path, default=None, help="default: settings (ARRCOC_CACHE_DIR)")
     p.add_argument("--processes", type=int, default=None, help="aot: parallel builds (default: per device)")
@@ -42,16 +46,28 @@ def run(args) -> int:
     variant = args.variant or settings.variant
     model = create_model(variant, None if args.weights == "none" else args.weights, device)
     cache_dir = args.cache_dir or settings.cache_dir
-    backend = create_backend(args.backend, model, device, tuple(args.buckets or settings.buckets),
-                             serving_dtype(args.dtype or settings.dtype, device, get_variant(variant).gpu_dtype, args.backend),
-                             cache_dir)  # fmt: skip
+    backend = create_backend(
+        args.backend,
+        model,
+        device,
+        tuple(args.buckets or settings.buckets),
+        serving_dtype(args.dtype or settings.dtype, device, get_variant(variant).gpu_dtype, args.backend),
+        cache_dir,
+    )
     if args.processes is not None and hasattr(backend, "processes"):
         backend.processes = args.processes
     t0 = time.perf_counter()
     backend.warmup()  # aot: builds what is missing or stale, then loads every package
-    summary = {"variant": variant, "backend": args.backend, "device": str(device), "buckets": list(backend.buckets),
-               "cache_dir": str(cache_dir), "seconds": round(time.perf_counter() - t0, 2),
-               "built": getattr(backend, "built", None), "stats": backend.stats}  # fmt: skip
+    summary = {
+        "variant": variant,
+        "backend": args.backend,
+        "device": str(device),
+        "buckets": list(backend.buckets),
+        "cache_dir": str(cache_dir),
+        "seconds": round(time.perf_counter() - t0, 2),
+        "built": getattr(backend, "built", None),
+        "stats": backend.stats,
+    }
     backend.close()
     print(json.dumps(summary, default=str))
     return 0

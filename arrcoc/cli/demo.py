@@ -11,10 +11,16 @@ from ..settings import DTYPES
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="start the Gradio demo (http://127.0.0.1:7860)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
-    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-                   help="interface to listen on (0.0.0.0 for every interface)")  # fmt: skip
-    p.add_argument("--dtype", choices=DTYPES,
-                   help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_DTYPE)")
+    p.add_argument(
+        "--host",
+        default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        help="interface to listen on (0.0.0.0 for every interface)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_DTYPE)",
+    )
     p.set_defaults(func=run)
 
 

@@ -13,17 +13,26 @@ def add_parser(sub) -> None:
     d = SelectionEvalConfig()
     p = sub.add_parser("eval", help="evaluations of the model's selection")
     which = p.add_subparsers(dest="evaluation", required=True)
-    s = which.add_parser("selection", help="ARR-COC's selected cells against random, uniform and each scorer alone, "
-                         "at equal tokens, on held-out synthetic scenes")  # fmt: skip
+    s = which.add_parser(
+        "selection",
+        help="ARR-COC's selected cells against random, uniform and each scorer alone, "
+        "at equal tokens, on held-out synthetic scenes",
+    )
     s.add_argument("--scenes", type=int, default=d.scenes, help="held-out scenes (~4 queries each)")
-    s.add_argument("--seed", type=int, default=d.seed, help="training seed; the scenes are its held-out split")
-    s.add_argument("--k", dest="ks", type=int, nargs="+", default=list(d.ks), help="cells selected (one column each)")
+    s.add_argument(
+        "--seed", type=int, default=d.seed, help="training seed; the scenes are its held-out split"
+    )
+    s.add_argument(
+        "--k", dest="ks", type=int, nargs="+", default=list(d.ks), help="cells selected (one column each)"
+    )
     s.add_argument("--patch", type=int, default=d.patch, help="the VLM's patch size in pixels")
     s.add_argument("--variant", default="arrcoc-texture")
     s.add_argument("--weights", default="default", help="weights file; 'none' for untrained")
     s.add_argument("--threads", type=int, default=2, help="CPU threads")
     s.add_argument("--json", dest="json_out", type=Path, help="write the report JSON here")
-    s.add_argument("--markdown", dest="md_out", type=Path, help="write the tables (markdown) here; always printed")
+    s.add_argument(
+        "--markdown", dest="md_out", type=Path, help="write the tables (markdown) here; always printed"
+    )
     s.set_defaults(func=run)
 
 
@@ -43,7 +52,7 @@ def run(args) -> int:
     torch.set_num_threads(max(1, args.threads))
     model = create_model(args.variant, None if args.weights == "none" else args.weights, torch.device("cpu"))
     if any(not 1 <= k <= model.config.grid**2 for k in args.ks):
-        raise InvalidInputError(f"--k must be between 1 and {model.config.grid ** 2} (the number of cells).")
+        raise InvalidInputError(f"--k must be between 1 and {model.config.grid**2} (the number of cells).")
     cfg = SelectionEvalConfig(scenes=args.scenes, seed=args.seed, ks=tuple(args.ks), patch=args.patch)
     tick = lambda done, total: print(f"\r  {done}/{total} scenes", end="", file=sys.stderr, flush=True)  # noqa: E731
     report = evaluate_selection(model, query_encoder_for(model), cfg, progress=tick)

@@ -17,14 +17,27 @@ def add_parser(sub) -> None:
     p.add_argument("--variant", default=None, help="model variant (default: settings)")
     p.add_argument("--weights", default="default", help="weights file; 'none' for untrained")
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="auto: bfloat16 for CLIP on a GPU, else float32 (default: settings, ARRCOC_DTYPE)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="auto: bfloat16 for CLIP on a GPU, else float32 (default: settings, ARRCOC_DTYPE)",
+    )
     p.add_argument("--k", type=int, default=None, help="cells to select (default 200)")
     p.add_argument("--token-budget", type=int, default=None)
     p.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
-    p.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here (captioned: query, match score, colour scale)")
-    p.add_argument("--foveated", dest="foveated_out", type=Path,
-                   help="write the foveated view (what a VLM would be given under the budgets) here, at the photo's size")
+    p.add_argument(
+        "--png",
+        dest="png_out",
+        type=Path,
+        help="write the heatmap overlay PNG here (captioned: query, match score, colour scale)",
+    )
+    p.add_argument(
+        "--foveated",
+        dest="foveated_out",
+        type=Path,
+        help="write the foveated view (what a VLM would be given under the budgets) here, at the photo's size",
+    )
     p.set_defaults(func=run)
 
 
@@ -34,16 +47,23 @@ def run(args) -> int:
     from ..settings import get_settings
     from ._client import check_output, match_line, read_input, save_overlay
 
-    data = read_input(args.image, "image file")  # a missing file or a folder: one line, before the model loads
+    data = read_input(
+        args.image, "image file"
+    )  # a missing file or a folder: one line, before the model loads
     check_output(args.json_out)
     check_output(args.png_out)
     check_output(args.foveated_out)
     settings = get_settings()
     weights = None if args.weights == "none" else args.weights
     pipe = RelevancePipeline(
-        args.variant or settings.variant, weights, args.backend, args.device,
-        buckets=(1,), cache_dir=settings.cache_dir, dtype=args.dtype or settings.dtype,
-    )  # fmt: skip
+        args.variant or settings.variant,
+        weights,
+        args.backend,
+        args.device,
+        buckets=(1,),
+        cache_dir=settings.cache_dir,
+        dtype=args.dtype or settings.dtype,
+    )
     pipe.warmup()
     controls = Controls(k=args.k, token_budget=args.token_budget)
     prepared = pipe.prepare(data, args.query, controls)
@@ -66,8 +86,12 @@ def run(args) -> int:
     if args.json_out is None or str(args.json_out) != "-":
         top = ", ".join(f"({i // result.grid},{i % result.grid})" for i in result.selected[:5])
         bal = " ".join(f"{n}={w:.2f}" for n, w in zip(doc["balance_names"], doc["balance"], strict=True))
-        print(f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]")
+        print(
+            f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]"
+        )
         print(match_line(result))
         print(f"  top cells (row,col): {top}   weights: {bal}")
-        print(f"  {result.k} cells, {doc['tokens_used']} tokens; model {result.timings_ms['model_ms']:.1f} ms (after one warm-up run)")
+        print(
+            f"  {result.k} cells, {doc['tokens_used']} tokens; model {result.timings_ms['model_ms']:.1f} ms (after one warm-up run)"
+        )
     return 0

@@ -12,10 +12,16 @@ def add_parser(sub) -> None:
     p = sub.add_parser("job", help="status, cancel or fetch a batch / benchmark job")
     p.add_argument("action", choices=("status", "cancel", "fetch"))
     p.add_argument("job_id")
-    p.add_argument("--out", "-o", type=Path, help="fetch: where to write (default ./<id>.zip, .parquet, .jsonl or .json)")
-    p.add_argument("--format", choices=("zip", "parquet", "jsonl"), default="zip",
-                   help="fetch, a batch job: the results zip (overlays, results.parquet, summary.csv), its"
-                        " results.parquet alone, or its rows as JSON lines (converted here from results.parquet)")
+    p.add_argument(
+        "--out", "-o", type=Path, help="fetch: where to write (default ./<id>.zip, .parquet, .jsonl or .json)"
+    )
+    p.add_argument(
+        "--format",
+        choices=("zip", "parquet", "jsonl"),
+        default="zip",
+        help="fetch, a batch job: the results zip (overlays, results.parquet, summary.csv), its"
+        " results.parquet alone, or its rows as JSON lines (converted here from results.parquet)",
+    )
     p.add_argument("--json", action="store_true", help="status: print JSON")
     p.add_argument("--broker", help="Redis URL (default ARRCOC_BROKER_URL or the local Redis)")
     p.add_argument("--token", help="the deployment's API token (default ARRCOC_API_TOKEN)")
@@ -36,8 +42,15 @@ def run(args) -> int:
         st = ex.status(args.job_id, owner=who)
         if args.action == "status":
             if args.json:
-                doc = {"job_id": st.job_id, "kind": st.kind.value, "state": st.state.value, "total": st.total,
-                       "done": st.done, "failed": st.failed, "message": st.message}  # fmt: skip
+                doc = {
+                    "job_id": st.job_id,
+                    "kind": st.kind.value,
+                    "state": st.state.value,
+                    "total": st.total,
+                    "done": st.done,
+                    "failed": st.failed,
+                    "message": st.message,
+                }
                 print(json.dumps(doc))
             else:
                 print(describe(st))

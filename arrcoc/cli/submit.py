@@ -11,8 +11,16 @@ from ..settings import BACKENDS, DEFAULT_BROKER_URL, DEFAULT_OVERLAY_KIND, OVERL
 from ._client import seconds
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-LOADTEST_QUERIES = ("the red mug", "a cat's face", "the sky", "text on a sign", "a person", "the rocket",
-                    "something shiny", "the table edge")  # fmt: skip
+LOADTEST_QUERIES = (
+    "the red mug",
+    "a cat's face",
+    "the sky",
+    "text on a sign",
+    "a person",
+    "the rocket",
+    "something shiny",
+    "the table edge",
+)
 
 
 def add_parser(sub) -> None:
@@ -28,8 +36,11 @@ def add_parser(sub) -> None:
     q.add_argument("--token-budget", type=int)
     q.add_argument("--json", dest="json_out", type=Path, help="write the result JSON here ('-': stdout)")
     q.add_argument("--png", dest="png_out", type=Path, help="write the heatmap overlay PNG here")
-    q.add_argument("--backend", choices=BACKENDS,
-                   help="one the workers serve (ARRCOC_BACKENDS); default their ARRCOC_BACKEND")  # fmt: skip
+    q.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="one the workers serve (ARRCOC_BACKENDS); default their ARRCOC_BACKEND",
+    )
     q.add_argument("--timeout", type=seconds, default=120.0, help="seconds to wait for the result")
     q.set_defaults(func=run_infer)
 
@@ -38,13 +49,21 @@ def add_parser(sub) -> None:
     b.add_argument("--query", "-q", help="the query for every image (or per-file queries in a manifest)")
     b.add_argument("--k", type=int)
     b.add_argument("--token-budget", type=int)
-    b.add_argument("--overlay", choices=OVERLAY_KINDS, default=DEFAULT_OVERLAY_KIND,
-                   help="what each overlay shows: the relevance map over the photo, or the foveated view (the photo"
-                        " as a vision-language model would see it under the result's token budgets)")  # fmt: skip
+    b.add_argument(
+        "--overlay",
+        choices=OVERLAY_KINDS,
+        default=DEFAULT_OVERLAY_KIND,
+        help="what each overlay shows: the relevance map over the photo, or the foveated view (the photo"
+        " as a vision-language model would see it under the result's token budgets)",
+    )
     b.add_argument("--out", "-o", type=Path, help="results zip (default ./<job id>.zip)")
     b.add_argument("--no-follow", action="store_true", help="print the job id and return")
-    b.add_argument("--timeout", type=seconds, help="give up following after this many seconds (default: 300 s"
-                   " while no worker picks the job up, no limit once it runs); the job goes on")  # fmt: skip
+    b.add_argument(
+        "--timeout",
+        type=seconds,
+        help="give up following after this many seconds (default: 300 s"
+        " while no worker picks the job up, no limit once it runs); the job goes on",
+    )
     b.set_defaults(func=run_batch)
 
     n = kinds.add_parser("bench", help="run the benchmark harness on a worker, device held exclusively")
@@ -65,8 +84,12 @@ def add_parser(sub) -> None:
     t.add_argument("--image", type=Path, default=EXAMPLES / "coffee.jpg")
     t.add_argument("--json", dest="json_out", type=Path)
     t.add_argument("--timeout", type=seconds, default=300.0)
-    t.add_argument("--processes", type=int, default=1,
-                   help="client processes the clients are spread over (one process's GIL caps its threads)")  # fmt: skip
+    t.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="client processes the clients are spread over (one process's GIL caps its threads)",
+    )
     t.set_defaults(func=run_loadtest)
 
 
@@ -95,8 +118,10 @@ def run_infer(args) -> int:
     if args.png_out is not None:
         save_overlay(args.png_out, args.image, result)
     if args.json_out is None:
-        print(f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]"
-              f" bucket {result.bucket}; {result.k} cells, {doc['tokens_used']} tokens")  # fmt: skip
+        print(
+            f"{args.image.name}: '{result.query}' [{result.variant} {result.weights_version} {result.backend}]"
+            f" bucket {result.bucket}; {result.k} cells, {doc['tokens_used']} tokens"
+        )
         print(match_line(result))
     return 0
 
@@ -133,8 +158,12 @@ def run_bench(args) -> int:
     try:
         buckets = tuple(int(b) for b in split(args.buckets))
     except ValueError:
-        raise InvalidInputError(f"--buckets takes whole numbers separated by commas, e.g. 1,8; got {args.buckets!r}.") from None
-    req = BenchRequest(split(args.variants), split(args.backends), buckets, args.iterations, args.warmup, args.device)
+        raise InvalidInputError(
+            f"--buckets takes whole numbers separated by commas, e.g. 1,8; got {args.buckets!r}."
+        ) from None
+    req = BenchRequest(
+        split(args.variants), split(args.backends), buckets, args.iterations, args.warmup, args.device
+    )
     check_output(args.out)
     ex = executor(args.broker, args.token)
     try:
@@ -161,8 +190,15 @@ def run_loadtest(args) -> int:
     from ._client import check_output, executor, read_input
 
     check_output(args.json_out)
-    report = run_load(functools.partial(executor, args.broker, args.token), read_input(args.image, "image file"), LOADTEST_QUERIES,
-                      args.clients, args.requests, args.timeout, args.processes)  # fmt: skip
+    report = run_load(
+        functools.partial(executor, args.broker, args.token),
+        read_input(args.image, "image file"),
+        LOADTEST_QUERIES,
+        args.clients,
+        args.requests,
+        args.timeout,
+        args.processes,
+    )
     text = json.dumps(report, indent=2)
     if args.json_out:
         args.json_out.write_text(text)

@@ -14,21 +14,36 @@ from ..settings import BACKENDS, DEFAULT_BROKER_URL, DTYPES
 def add_parser(sub) -> None:
     p = sub.add_parser("worker", help="start a Celery worker that serves the gpu and bench queues")
     p.add_argument("--device", help="cpu | cuda | cuda:N (default: settings, ARRCOC_DEVICE)")
-    p.add_argument("--devices",
-                   help="a worker group over several devices: all (every visible GPU) or a list such as cuda:0,cuda:1;"
-                        " one engine process (ARRCOC_ENGINE_PROCESSES) and --processes Celery processes per device"
-                        " (default: ARRCOC_DEVICES)")  # fmt: skip
-    p.add_argument("--backend", choices=BACKENDS, help="for interactive requests (default: settings, ARRCOC_BACKEND)")
-    p.add_argument("--dtype", choices=DTYPES,
-                   help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_DTYPE)")
+    p.add_argument(
+        "--devices",
+        help="a worker group over several devices: all (every visible GPU) or a list such as cuda:0,cuda:1;"
+        " one engine process (ARRCOC_ENGINE_PROCESSES) and --processes Celery processes per device"
+        " (default: ARRCOC_DEVICES)",
+    )
+    p.add_argument(
+        "--backend", choices=BACKENDS, help="for interactive requests (default: settings, ARRCOC_BACKEND)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_DTYPE)",
+    )
     p.add_argument("--queues", "-Q", help="comma-separated (default: the gpu and bench queues)")
-    p.add_argument("--pool", "-P", default="threads", choices=("threads", "solo", "prefork"),
-                   help="threads (default: needed for dynamic batching), solo, or prefork (one child)")  # fmt: skip
+    p.add_argument(
+        "--pool",
+        "-P",
+        default="threads",
+        choices=("threads", "solo", "prefork"),
+        help="threads (default: needed for dynamic batching), solo, or prefork (one child)",
+    )
     p.add_argument("--concurrency", "-c", type=int, help="threads (default: batch size + 4)")
-    p.add_argument("--processes", type=int,
-                   help="Celery processes per device feeding the group's engine processes (default:"
-                        " ARRCOC_WORKER_PROCESSES or 1, the engine inside the worker); several take more requests per"
-                        " second")  # fmt: skip
+    p.add_argument(
+        "--processes",
+        type=int,
+        help="Celery processes per device feeding the group's engine processes (default:"
+        " ARRCOC_WORKER_PROCESSES or 1, the engine inside the worker); several take more requests per"
+        " second",
+    )
     p.add_argument("--loglevel", "-l", default="info")
     p.add_argument("--hostname", "-n", default="arrcoc@%h")
     p.add_argument("--broker", help=f"Redis URL (default: ARRCOC_BROKER_URL or {DEFAULT_BROKER_URL})")
@@ -40,8 +55,12 @@ def worker_settings(args):
     from ..settings import Settings, get_settings
 
     s = get_settings()
-    overrides = {"device": args.device, "backend": args.backend, "dtype": args.dtype,
-                 "broker_url": args.broker or s.queue_url}
+    overrides = {
+        "device": args.device,
+        "backend": args.backend,
+        "dtype": args.dtype,
+        "broker_url": args.broker or s.queue_url,
+    }
     if args.devices:  # validated as ARRCOC_DEVICES is
         overrides["devices"] = Settings.model_validate(s.model_dump() | {"devices": args.devices}).devices
     return s.model_copy(update={k: v for k, v in overrides.items() if v})
@@ -52,8 +71,21 @@ def worker_argv(args, settings) -> list[str]:
 
     queues = args.queues or f"{settings.queue_gpu},{settings.queue_bench}"
     concurrency = args.concurrency or (1 if args.pool == "prefork" else worker_threads(settings))
-    return ["worker", "-P", args.pool, "-c", str(concurrency), "-Q", queues, "-l", args.loglevel,
-            "-n", args.hostname, "--without-mingle", "--without-gossip"]  # fmt: skip
+    return [
+        "worker",
+        "-P",
+        args.pool,
+        "-c",
+        str(concurrency),
+        "-Q",
+        queues,
+        "-l",
+        args.loglevel,
+        "-n",
+        args.hostname,
+        "--without-mingle",
+        "--without-gossip",
+    ]
 
 
 def run(args) -> int:
@@ -80,13 +112,20 @@ def _run_group(args, processes: int, settings) -> int:
     from worker.group import run_group
 
     if args.pool == "prefork":
-        raise SystemExit("--processes/--devices run threads-pool workers around engine processes; drop -P prefork")
+        raise SystemExit(
+            "--processes/--devices run threads-pool workers around engine processes; drop -P prefork"
+        )
     logging.basicConfig(level=args.loglevel.upper(), format="[%(asctime)s: %(levelname)s/group] %(message)s")
     # the group's members are new processes: this command's options reach them as options (the
     # Celery processes) and as their settings' environment (the engine process)
     front = ["-P", args.pool, "-l", args.loglevel]
-    for flag, value in (("-Q", args.queues), ("-c", args.concurrency), ("--device", args.device),
-                        ("--backend", args.backend), ("--broker", settings.broker_url)):  # fmt: skip
+    for flag, value in (
+        ("-Q", args.queues),
+        ("-c", args.concurrency),
+        ("--device", args.device),
+        ("--backend", args.backend),
+        ("--broker", settings.broker_url),
+    ):
         if value:
             front += [flag, str(value)]
     return run_group(processes, front, args.hostname, settings)

@@ -67,7 +67,11 @@ def batch_spec(lo: int, hi: int) -> str:
 
 
 def package_key(
-    model: nn.Module, batch: str | int, dtype: torch.dtype, device: torch.device, fingerprint: str | None = None
+    model: nn.Module,
+    batch: str | int,
+    dtype: torch.dtype,
+    device: torch.device,
+    fingerprint: str | None = None,
 ) -> dict[str, str]:
     """Every fact a package depends on, as strings (AOTInductor's metadata holds strings)."""
     return {
@@ -99,8 +103,14 @@ def read_key(path: Path) -> dict[str, str] | None:
         return None
 
 
-def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, device: torch.device, path: Path,
-                  key: dict[str, str]) -> float:  # fmt: skip
+def build_package(
+    model: nn.Module,
+    batch: tuple[int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+    path: Path,
+    key: dict[str, str],
+) -> float:
     """torch.export the forward for batch sizes lo..hi (one bucket when lo == hi; a dynamic
     batch dimension otherwise), AOTInductor-compile it to `path`; seconds taken.
 
@@ -120,7 +130,9 @@ def build_package(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, 
         program = torch.export.export(fn, args, dynamic_shapes=dynamic, strict=False)
         t_export = time.perf_counter()
         log.info("exported %s in %.1f s; compiling", path.name, t_export - t0)
-        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=_configs(key, device))
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(tmp), inductor_configs=_configs(key, device)
+        )
     os.replace(tmp, path)
     key_tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.json")
     key_tmp.write_text(json.dumps(key, indent=1))
@@ -144,8 +156,9 @@ def shared_runtime_cxx(candidates: tuple[str, ...] | None = None) -> str | None:
         if path is None:
             continue
         try:
-            found = subprocess.run([path, "-print-file-name=libstdc++.so"], capture_output=True, text=True,
-                                   timeout=30).stdout.strip()  # fmt: skip
+            found = subprocess.run(
+                [path, "-print-file-name=libstdc++.so"], capture_output=True, text=True, timeout=30
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             continue
         if os.path.isabs(found) and os.path.exists(found):
@@ -186,16 +199,22 @@ def load_runner(path: Path, device: torch.device, single_threaded: bool) -> Pack
     return PackageRunner(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", single_threaded, 1, index))
 
 
-def _build_in_child(model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, device: str, path: str,
-                    key: dict) -> float:  # fmt: skip
+def _build_in_child(
+    model: nn.Module, batch: tuple[int, int], dtype: torch.dtype, device: str, path: str, key: dict
+) -> float:
     if not logging.getLogger().handlers:  # a spawned process: say what it builds, and how long it took
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(processName)s %(name)s: %(message)s")
     configure_compile_caches(Path(path).parent.parent)  # same Inductor/Triton caches as the parent
     return build_package(model, batch, dtype, torch.device(device), Path(path), key)
 
 
-def build_packages(jobs: list[tuple[tuple[int, int], Path, dict]], model: nn.Module, dtype: torch.dtype,
-                   device: torch.device, processes: int = 1) -> dict[tuple[int, int], float]:  # fmt: skip
+def build_packages(
+    jobs: list[tuple[tuple[int, int], Path, dict]],
+    model: nn.Module,
+    dtype: torch.dtype,
+    device: torch.device,
+    processes: int = 1,
+) -> dict[tuple[int, int], float]:
     """Build [((lo, hi), path, key)]: one after another, or in `processes` fresh processes (each
     compiles one program; the C++ compile of a package is mostly single-threaded)."""
     processes = max(1, min(processes, len(jobs)))
@@ -221,7 +240,8 @@ def build_packages(jobs: list[tuple[tuple[int, int], Path, dict]], model: nn.Mod
     try:
         with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:
             futures = {
-                b: pool.submit(_build_in_child, cpu_model, b, dtype, str(device), str(p), k) for b, p, k in jobs
+                b: pool.submit(_build_in_child, cpu_model, b, dtype, str(device), str(p), k)
+                for b, p, k in jobs
             }
             return {b: f.result() for b, f in futures.items()}
     finally:
@@ -241,8 +261,15 @@ def default_build_processes(device: torch.device, missing: int) -> int:
 class AotBackend(Backend):
     name = "aot"
 
-    def __init__(self, *args, cuda_graphs: bool = True, build: bool = True, processes: int | None = None,
-                 dynamic_batch: bool = True, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        *args,
+        cuda_graphs: bool = True,
+        build: bool = True,
+        processes: int | None = None,
+        dynamic_batch: bool = True,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.dynamic_batch = dynamic_batch and len([b for b in self.buckets if b > 1]) > 1
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
@@ -267,9 +294,14 @@ class AotBackend(Backend):
 
     def keys(self) -> dict[tuple[int, int], dict[str, str]]:
         fingerprint = model_fingerprint(self.model)
-        return {r: package_key(self.model, batch_spec(*r), self.dtype, self.device, fingerprint) for r in self.programs()}
+        return {
+            r: package_key(self.model, batch_spec(*r), self.dtype, self.device, fingerprint)
+            for r in self.programs()
+        }
 
-    def stale(self, keys: dict | None = None) -> dict[tuple[int, int], tuple[Path, dict[str, str], list[str]]]:
+    def stale(
+        self, keys: dict | None = None
+    ) -> dict[tuple[int, int], tuple[Path, dict[str, str], list[str]]]:
         """(lo, hi) -> (path, expected key, why) for every package that is missing or out of date."""
         out = {}
         for bucket, key in (keys or self.keys()).items():
@@ -286,8 +318,10 @@ class AotBackend(Backend):
         if not todo:
             return {}
         configure_compile_caches(self.cache_dir)
-        log.info("building AOTInductor packages %s", "; ".join(
-            f"b{batch_spec(*r)}: {', '.join(w)}" for r, (_, _, w) in sorted(todo.items())))  # fmt: skip
+        log.info(
+            "building AOTInductor packages %s",
+            "; ".join(f"b{batch_spec(*r)}: {', '.join(w)}" for r, (_, _, w) in sorted(todo.items())),
+        )
         jobs = [(b, p, k) for b, (p, k, _) in sorted(todo.items(), reverse=True)]
         processes = self.processes or default_build_processes(self.device, len(jobs))
         times = build_packages(jobs, self.model, self.dtype, self.device, processes)
@@ -313,7 +347,9 @@ class AotBackend(Backend):
         except EngineError:
             raise
         except Exception as e:  # export or AOTInductor failed: say which backend, keep the cause
-            raise EngineError(f"Building the AOTInductor packages failed ({type(e).__name__}: {str(e)[:500]}).") from e
+            raise EngineError(
+                f"Building the AOTInductor packages failed ({type(e).__name__}: {str(e)[:500]})."
+            ) from e
         self.stats["build_s"] = time.perf_counter() - t0 if built else 0.0
         t1 = time.perf_counter()
         for r, served in self.programs().items():
@@ -326,18 +362,26 @@ class AotBackend(Backend):
             try:
                 st = self.graphs.capture(self.buckets)
             except RuntimeError as e:
-                raise EngineError(f"CUDA-graph capture over the AOTInductor runners failed: {str(e)[:500]}") from e
+                raise EngineError(
+                    f"CUDA-graph capture over the AOTInductor runners failed: {str(e)[:500]}"
+                ) from e
             self.stats["capture_s"], self.stats["capture_mem_mb"] = st.capture_s, st.memory_mb
         self.warmed = True
-        log.info("aot ready in %.1f s (built %s, load %.2f s)", self.stats["compile_s"], self.built or "none",
-                 self.stats["load_s"])  # fmt: skip
+        log.info(
+            "aot ready in %.1f s (built %s, load %.2f s)",
+            self.stats["compile_s"],
+            self.built or "none",
+            self.stats["load_s"],
+        )
 
     def _load(self, path: Path, key: dict[str, str]):
         try:
             runner = load_runner(path, self.device, single_threaded=self.use_graphs)
         except Exception as e:
-            raise EngineError(f"Could not load the AOTInductor package {path} ({e}); delete it and rebuild"
-                              " with `arrcoc compile --backend aot`.") from e  # fmt: skip
+            raise EngineError(
+                f"Could not load the AOTInductor package {path} ({e}); delete it and rebuild"
+                " with `arrcoc compile --backend aot`."
+            ) from e
         inner = json.loads(runner.get_metadata().get("arrcoc_key", "{}"))
         why = key_mismatch(key, inner)
         if why:
@@ -354,7 +398,9 @@ class AotBackend(Backend):
         bucket = inputs[0].shape[0]
         runner = self.runners.get(bucket)
         if runner is None:
-            raise EngineError(f"No AOTInductor package is loaded for bucket {bucket} (have {sorted(self.runners)}).")
+            raise EngineError(
+                f"No AOTInductor package is loaded for bucket {bucket} (have {sorted(self.runners)})."
+            )
         return tuple(runner(*inputs))
 
     @torch.inference_mode()

@@ -18,7 +18,12 @@ from .buckets import BucketTable
 if TYPE_CHECKING:
     from .cuda_graph import CudaGraphRunner
 
-FLOAT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+FLOAT_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -36,8 +41,9 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 FLOAT32_ONLY_BACKENDS = frozenset({"onnx"})
 
 
-def serving_dtype(setting: str | torch.dtype, device: torch.device, preferred: str = "float32",
-                  backend: str | None = None) -> torch.dtype:  # fmt: skip
+def serving_dtype(
+    setting: str | torch.dtype, device: torch.device, preferred: str = "float32", backend: str | None = None
+) -> torch.dtype:
     """The dtype an engine serves: the setting (float32, bfloat16), or for "auto" the variant's
     `preferred` dtype on a GPU (Variant.gpu_dtype) where the backend runs it, and float32 on a
     CPU, where bfloat16 has no tensor cores to gain from and is slower than float32 on most CPUs."""
@@ -64,11 +70,15 @@ class ForwardFn(nn.Module):
         return tuple(t.float() if t.is_floating_point() else t for t in out)
 
 
-def example_inputs(model: nn.Module, batch: int, device: torch.device, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+def example_inputs(
+    model: nn.Module, batch: int, device: torch.device, seed: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
     """Random, never-zero inputs of one batch size: uint8 images, unit queries, default controls."""
     cfg = model.config
     gen = torch.Generator().manual_seed(seed + batch)
-    images = torch.randint(1, 256, (batch, 3, cfg.image_size, cfg.image_size), dtype=torch.uint8, generator=gen)
+    images = torch.randint(
+        1, 256, (batch, 3, cfg.image_size, cfg.image_size), dtype=torch.uint8, generator=gen
+    )
     query = torch.nn.functional.normalize(torch.randn(batch, cfg.query_dim, generator=gen), dim=-1)
     return images.to(device), query.to(device), model.default_controls(batch, device)
 
@@ -126,8 +136,9 @@ class Backend(ABC):
         """As run(), the outputs on the host as numpy arrays."""
         return self.launch_host(images, query, controls)()
 
-    def launch_host(self, images: Tensor, query: Tensor, controls: Tensor | None = None
-                    ) -> Callable[[], ModelOutput]:  # fmt: skip
+    def launch_host(
+        self, images: Tensor, query: Tensor, controls: Tensor | None = None
+    ) -> Callable[[], ModelOutput]:
         """`run_host` in two steps: the batch started now, the returned function waits for its
         outputs on the host. A batch that one captured CUDA graph runs is queued on the device (its
         inputs copied straight from where they are into the graph's) and comes back in one copy
@@ -152,8 +163,9 @@ class Backend(ABC):
             return self.model.default_controls(batch, self.device)
         return controls.to(self.device, torch.float32) if move else controls
 
-    def _checked(self, images: Tensor, query: Tensor, controls: Tensor | None, move: bool = True
-                 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    def _checked(
+        self, images: Tensor, query: Tensor, controls: Tensor | None, move: bool = True
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """The inputs' shapes checked; with `move`, on the device (query and controls float32)."""
         cfg = self.model.config
         s = cfg.image_size

@@ -1,10 +1,10 @@
 """Where compiled artefacts live, so that a restarted process starts warm.
 
-    <cache_dir>/inductor   Inductor's FX-graph, AOTAutograd and kernel caches
-    <cache_dir>/triton     Triton's compiled kernels
-    <cache_dir>/onnx       exported ONNX files, keyed by variant, weights and versions
-    <cache_dir>/aot        AOTInductor packages, one per bucket (engine/aot.py)
-    <cache_dir>/compiled   portable compile-cache artefacts of the compiled backend
+<cache_dir>/inductor   Inductor's FX-graph, AOTAutograd and kernel caches
+<cache_dir>/triton     Triton's compiled kernels
+<cache_dir>/onnx       exported ONNX files, keyed by variant, weights and versions
+<cache_dir>/aot        AOTInductor packages, one per bucket (engine/aot.py)
+<cache_dir>/compiled   portable compile-cache artefacts of the compiled backend
 """
 
 from __future__ import annotations

@@ -59,8 +59,9 @@ def no_recompile():
 class CompiledBackend(Backend):
     name = "compiled"
 
-    def __init__(self, *args, cuda_graphs: bool = True, mode: str | None = None, dynamic_batch: bool = True,
-                 **kwargs):  # fmt: skip
+    def __init__(
+        self, *args, cuda_graphs: bool = True, mode: str | None = None, dynamic_batch: bool = True, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.mode = mode  # Inductor mode; None = default (our own CUDA graphs, not Inductor's)
@@ -85,8 +86,9 @@ class CompiledBackend(Backend):
             dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 256)
         self._eager = ForwardFn(self.model, self.device.type, self.dtype)
         # dynamic=None: specialised unless a tensor is marked dynamic (the shared batch dim below)
-        self._fn = torch.compile(self._eager, fullgraph=True, dynamic=None if self.dynamic_batch else False,
-                                 mode=self.mode)  # fmt: skip
+        self._fn = torch.compile(
+            self._eager, fullgraph=True, dynamic=None if self.dynamic_batch else False, mode=self.mode
+        )
         t_path = time.perf_counter()
         self.stats["setup_s"] = t_path - t_start  # cache config, compiler imports, the torch.compile wrapper
         artefacts = self._artefacts_path()
@@ -120,7 +122,9 @@ class CompiledBackend(Backend):
         self.stats["compile_s"] = time.perf_counter() - t0
         self.stats["first_call_s"] = first
         t_post = time.perf_counter()
-        self.phases = {k: v - before.get(k, 0.0) for k, v in _phase_totals().items() if v - before.get(k, 0.0) > 0.05}
+        self.phases = {
+            k: v - before.get(k, 0.0) for k, v in _phase_totals().items() if v - before.get(k, 0.0) > 0.05
+        }
         self.stats["compile_phases"] = self.phases
         self.stats["programs"] = float(compile_count() - compiles0)
         self.stats["artefacts_saved"] = float(not local and _save_artefacts(artefacts))
@@ -141,7 +145,12 @@ class CompiledBackend(Backend):
         known = ("setup_s", "fingerprint_s", "artefacts_load_s", "compile_s", "post_compile_s", "capture_s")
         self.stats["warmup_total_s"] = total
         self.stats["warmup_other_s"] = total - sum(self.stats.get(k, 0.0) for k in known)
-        log.info("compiled %s buckets %s in %.1f s", type(self.model).__name__, self.buckets, self.stats["compile_s"])
+        log.info(
+            "compiled %s buckets %s in %.1f s",
+            type(self.model).__name__,
+            self.buckets,
+            self.stats["compile_s"],
+        )
 
     def _compile_buckets(self) -> list[int]:
         """The buckets whose shapes are compiled: one per program (largest first)."""
@@ -182,8 +191,10 @@ class CompiledBackend(Backend):
         # only the buckets warmup ran are served: a CPU's dynamic program has no declared upper
         # bound (see _marked), so its guards alone would let another batch size through
         if inputs[0].shape[0] not in self.buckets:
-            raise EngineError(f"The compiled backend was asked for batch {inputs[0].shape[0]}, which is not one of the"
-                              f" buckets it compiled ({', '.join(map(str, self.buckets))})")  # fmt: skip
+            raise EngineError(
+                f"The compiled backend was asked for batch {inputs[0].shape[0]}, which is not one of the"
+                f" buckets it compiled ({', '.join(map(str, self.buckets))})"
+            )
         with no_recompile():
             return self._fn(*inputs)
 
@@ -198,7 +209,10 @@ class CompiledBackend(Backend):
             return self.graphs.replay(bucket, images, query, controls)
         n = images.shape[0]
         # inference tensors, as at warmup (Dynamo guards on it): pad_rows or a clone makes them
-        args = [pad_rows(t, bucket) if n < bucket or t.is_inference() else t.clone() for t in (images, query, controls)]
+        args = [
+            pad_rows(t, bucket) if n < bucket or t.is_inference() else t.clone()
+            for t in (images, query, controls)
+        ]
         out = self._guarded(*args)
         return out if n == bucket else tuple(t[:n].clone() for t in out)
 

@@ -73,7 +73,9 @@ class RowLayout:
     def unpack(self, packed: np.ndarray) -> list[np.ndarray]:
         """(n, row_bytes) uint8 on the host -> each output as an (n, ...) view of it, no copy."""
         n = packed.shape[0]
-        return [packed[:, f.offset : f.offset + f.nbytes].view(f.dtype).reshape(n, *f.shape) for f in self.fields]
+        return [
+            packed[:, f.offset : f.offset + f.nbytes].view(f.dtype).reshape(n, *f.shape) for f in self.fields
+        ]
 
 
 @dataclass
@@ -139,8 +141,11 @@ class CudaGraphRunner:
         self.frozen = True
         log.info(
             "captured %d CUDA graphs %s in %.2f s, %.1f MiB",
-            len(self.graphs), sorted(self.graphs), self.stats.capture_s, self.stats.memory_mb,
-        )  # fmt: skip
+            len(self.graphs),
+            sorted(self.graphs),
+            self.stats.capture_s,
+            self.stats.memory_mb,
+        )
         return self.stats
 
     def replay(self, bucket: int, *inputs: Tensor) -> tuple[Tensor, ...]:
@@ -176,7 +181,9 @@ class CudaGraphRunner:
         n = inputs[0].shape[0]
         for dst, src in zip(captured.inputs, inputs, strict=True):
             if dst.shape[1:] != src.shape[1:]:
-                raise EngineError(f"Input shape {tuple(src.shape)} does not fit the captured {tuple(dst.shape)}.")
+                raise EngineError(
+                    f"Input shape {tuple(src.shape)} does not fit the captured {tuple(dst.shape)}."
+                )
             dst[:n].copy_(src, non_blocking=True)
         captured.graph.replay()
         return captured
@@ -203,4 +210,3 @@ def replayer(fn: Callable[..., object], *inputs: Tensor, warm_iters: int = 2) ->
     with torch.cuda.graph(graph):
         fn(*inputs)
     return graph.replay
-

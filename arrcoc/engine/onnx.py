@@ -64,9 +64,16 @@ def export_onnx(model: torch.nn.Module, path: Path, device: torch.device, batch:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     with torch.inference_mode(False), torch.no_grad():
         program = torch.onnx.export(
-            fn, args, dynamo=True, opset_version=OPSET, input_names=list(INPUTS), output_names=list(OUTPUTS),
-            dynamic_shapes=dynamic, optimize=True, verbose=False,
-        )  # fmt: skip
+            fn,
+            args,
+            dynamo=True,
+            opset_version=OPSET,
+            input_names=list(INPUTS),
+            output_names=list(OUTPUTS),
+            dynamic_shapes=dynamic,
+            optimize=True,
+            verbose=False,
+        )
     program.save(str(tmp))
     os.replace(tmp, path)
     return time.perf_counter() - t0
@@ -83,8 +90,15 @@ def default_fusions(model: torch.nn.Module) -> Fusions:
 class OnnxBackend(Backend):
     name = "onnx"
 
-    def __init__(self, *args, cuda_graphs: bool = True, provider_options: dict[str, str] | None = None,
-                 disabled_optimizers: tuple[str, ...] = (), fusions: str | None = None, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        *args,
+        cuda_graphs: bool = True,
+        provider_options: dict[str, str] | None = None,
+        disabled_optimizers: tuple[str, ...] = (),
+        fusions: str | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         if self.dtype != torch.float32:
             raise EngineError("The onnx backend runs float32 only; use the compiled backend for bfloat16.")
@@ -92,7 +106,9 @@ class OnnxBackend(Backend):
         try:  # None: the model's default (default_fusions)
             self.fusions = Fusions(fusions) if fusions is not None else default_fusions(self.model)
         except ValueError:
-            raise EngineError(f"Unknown onnx fusions {fusions!r}; choose one of {[f.value for f in Fusions]}.") from None
+            raise EngineError(
+                f"Unknown onnx fusions {fusions!r}; choose one of {[f.value for f in Fusions]}."
+            ) from None
         self._fusions_asked = fusions is not None
         self.stats["fusions"] = self.fusions.value
         # CUDA provider options over PROVIDER_OPTIONS, and ORT graph rewrites to leave out
@@ -117,7 +133,9 @@ class OnnxBackend(Backend):
                 " onnxruntime-gpu (pip install 'arrcoc[gpu]') or run the onnx backend with --device cpu."
             )
         with torch.inference_mode():
-            full = ForwardFn(self.model, self.device.type, torch.float32)(*example_inputs(self.model, 1, self.device))
+            full = ForwardFn(self.model, self.device.type, torch.float32)(
+                *example_inputs(self.model, 1, self.device)
+            )
         self._constants = {f: full[ModelOutput._fields.index(f)][:1].clone() for f in CONSTANT_OUTPUTS}
         t0 = time.perf_counter()
         if self.device.type == "cuda":  # static shapes per bucket: nothing left to compute on the host
@@ -145,7 +163,9 @@ class OnnxBackend(Backend):
     def _exported(self, batch: int | None) -> Path:
         key = self._key = getattr(self, "_key", None) or model_fingerprint(self.model)
         shape = f"b{batch}" if batch else "dyn"
-        name = f"{getattr(self.model, 'variant_name', type(self.model).__name__)}-{key}-{shape}-op{OPSET}.onnx"
+        name = (
+            f"{getattr(self.model, 'variant_name', type(self.model).__name__)}-{key}-{shape}-op{OPSET}.onnx"
+        )
         root = (self.cache_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "arrcoc-cache") / "onnx"
         path = root / name
         if not path.is_file():
@@ -188,7 +208,9 @@ class OnnxBackend(Backend):
         t0 = time.perf_counter()
         try:
             sess = ort.InferenceSession(
-                str(self.onnx_paths[bucket]), self._options(bucket), providers=[("CUDAExecutionProvider", opts)],
+                str(self.onnx_paths[bucket]),
+                self._options(bucket),
+                providers=[("CUDAExecutionProvider", opts)],
                 **({"disabled_optimizers": self.disabled_optimizers} if self.disabled_optimizers else {}),
             )
         except Exception as e:
@@ -204,9 +226,13 @@ class OnnxBackend(Backend):
         outs = tuple(torch.empty_like(o) for o in outs)
         binding = sess.io_binding()
         for name, t in zip(INPUTS, ins, strict=True):
-            binding.bind_input(name, "cuda", self.device.index or 0, _NP[t.dtype], list(t.shape), t.data_ptr())
+            binding.bind_input(
+                name, "cuda", self.device.index or 0, _NP[t.dtype], list(t.shape), t.data_ptr()
+            )
         for name, t in zip(OUTPUTS, outs, strict=True):
-            binding.bind_output(name, "cuda", self.device.index or 0, _NP[t.dtype], list(t.shape), t.data_ptr())
+            binding.bind_output(
+                name, "cuda", self.device.index or 0, _NP[t.dtype], list(t.shape), t.data_ptr()
+            )
         self.sessions[bucket] = sess
         self.bindings[bucket] = (binding, ins, outs)
         torch.cuda.synchronize(self.device)
@@ -223,7 +249,10 @@ class OnnxBackend(Backend):
     def _run_bucket(self, bucket: int, images: Tensor, query: Tensor, controls: Tensor) -> tuple[Tensor, ...]:
         n = images.shape[0]
         if self.device.type != "cuda":
-            feeds = {k: pad_rows(v, bucket).cpu().numpy() for k, v in zip(INPUTS, (images, query, controls), strict=True)}
+            feeds = {
+                k: pad_rows(v, bucket).cpu().numpy()
+                for k, v in zip(INPUTS, (images, query, controls), strict=True)
+            }
             outs = self.sessions[0].run(list(OUTPUTS), feeds)
             return self._with_constants(tuple(torch.from_numpy(o[:n].copy()) for o in outs), n)
         if bucket not in self.bindings:
@@ -242,7 +271,8 @@ class OnnxBackend(Backend):
     def _with_constants(self, outs: tuple[Tensor, ...], n: int) -> tuple[Tensor, ...]:
         it = iter(outs)
         return tuple(
-            self._constants[f].expand(n, -1).clone() if f in self._constants else next(it) for f in ModelOutput._fields
+            self._constants[f].expand(n, -1).clone() if f in self._constants else next(it)
+            for f in ModelOutput._fields
         )
 
     def close(self) -> None:

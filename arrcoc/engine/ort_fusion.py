@@ -91,8 +91,11 @@ def _onnxscript_fusions(model, fusions: Fusions) -> dict[str, int]:
     from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_layer_normalization
 
     _pre_optimize(model)
-    counts = {"erf_gelu": fuse_erfgelu(model), "skip_layer_normalization": fuse_skip_layer_normalization(model),
-              "bias_gelu": fuse_bias_gelu(model)}  # fmt: skip
+    counts = {
+        "erf_gelu": fuse_erfgelu(model),
+        "skip_layer_normalization": fuse_skip_layer_normalization(model),
+        "bias_gelu": fuse_bias_gelu(model),
+    }
     optimize(model)
     return {k: v for k, v in counts.items() if v}
 

@@ -37,15 +37,24 @@ from ..train.data import hit_cells
 from ..train.scenes import CAPTION_KINDS, TEXT, SceneConfig, _Words, describe, make_scenes
 
 PSNR_CAP = 60.0  # dB: an exact reconstruction (MSE 0) counts as this, so a mean stays finite
-METHODS = ("ARR-COC (top)", "ARR-COC (diverse)", "information only", "perspectival only", "participatory only",
-           "random", "uniform downsampling")  # fmt: skip
+METHODS = (
+    "ARR-COC (top)",
+    "ARR-COC (diverse)",
+    "information only",
+    "perspectival only",
+    "participatory only",
+    "random",
+    "uniform downsampling",
+)
 TWO_OBJECTS = "two objects"
 
 
 @dataclass(frozen=True)
 class SelectionEvalConfig:
     scenes: int = 200  # held-out scenes (about 3 object captions + 1 two-object query each)
-    seed: int = 0  # the training seed: the scenes come from seed + EVAL_SEED_OFFSET, as `arrcoc train` evaluates
+    seed: int = (
+        0  # the training seed: the scenes come from seed + EVAL_SEED_OFFSET, as `arrcoc train` evaluates
+    )
     ks: tuple[int, ...] = (8, 32, 200)  # cells selected (the token counts follow); 200 is the default K
     patch: int = 16  # the VLM's patch size, pixels
     base_side: int = DEFAULT_BASE_SIDE  # pixels a side of an unselected cell
@@ -68,8 +77,11 @@ def _queries(scenes: list, rng_seed: int) -> _Queries:
         for text, t, kind in s.captions:
             if kind in CAPTION_KINDS and t >= 0:
                 q.scene.append(i), q.text.append(text), q.kind.append(kind), q.objects.append([t])
-        named = [(t, describe(s.objects, t, "colour_shape", words)) for t in range(len(s.objects))
-                 if s.objects[t].kind != TEXT]  # fmt: skip
+        named = [
+            (t, describe(s.objects, t, "colour_shape", words))
+            for t in range(len(s.objects))
+            if s.objects[t].kind != TEXT
+        ]
         named = [(t, d) for t, d in named if d is not None]
         if len(named) >= 2:
             pick = words.rng.choice(len(named), 2, replace=False)
@@ -121,7 +133,9 @@ def _psnr(mse: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate_selection(model, encoder, cfg: SelectionEvalConfig = SelectionEvalConfig(), progress=None) -> dict:
+def evaluate_selection(
+    model, encoder, cfg: SelectionEvalConfig = SelectionEvalConfig(), progress=None
+) -> dict:
     """The report: {"config", "data", "tokens", "results": {group: {method: {metric: value}}}, "seconds"}."""
     from ..train.run import EVAL_SEED_OFFSET
 
@@ -147,8 +161,12 @@ def evaluate_selection(model, encoder, cfg: SelectionEvalConfig = SelectionEvalC
     by_scene = np.asarray(queries.scene)
     for lo in range(0, len(scenes), cfg.batch):  # a chunk of scenes and all their queries
         chunk = scenes[lo : lo + cfg.batch]
-        images = torch.from_numpy(np.stack([s.image for s in chunk]).transpose(0, 3, 1, 2).copy())  # (n, 3, S, S)
-        texture, fixed = model.fixed_maps(images)  # once per scene: only the participatory map needs the query
+        images = torch.from_numpy(
+            np.stack([s.image for s in chunk]).transpose(0, 3, 1, 2).copy()
+        )  # (n, 3, S, S)
+        texture, fixed = model.fixed_maps(
+            images
+        )  # once per scene: only the participatory map needs the query
         base = foveate(images, torch.zeros(len(chunk), g, g), cfg.patch, cfg.base_side)  # nothing selected
         uniform = [uniform_view(images, t, cfg.patch) for t in tokens]
         qi = np.nonzero((by_scene >= lo) & (by_scene < lo + len(chunk)))[0]
@@ -168,8 +186,12 @@ def evaluate_selection(model, encoder, cfg: SelectionEvalConfig = SelectionEvalC
             got.setdefault("pointing", []).append(target.gather(1, order[:, :1]).squeeze(1).float())
             for k in ks:
                 chosen = torch.zeros(b, n_cells, dtype=torch.bool).scatter(1, order[:, :k], True)
-                got.setdefault(f"recall@{k}", []).append((chosen & target).sum(1) / target.sum(1).clamp_min(1))
-                found = torch.tensor([float((objs & chosen[i]).any(1).float().mean()) for i, objs in enumerate(per_object)])
+                got.setdefault(f"recall@{k}", []).append(
+                    (chosen & target).sum(1) / target.sum(1).clamp_min(1)
+                )
+                found = torch.tensor(
+                    [float((objs & chosen[i]).any(1).float().mean()) for i, objs in enumerate(per_object)]
+                )
                 got.setdefault(f"found@{k}", []).append(found)
                 got.setdefault(f"psnr@{k}", []).append(_psnr((err_cell * ~chosen).sum(1) / n_px))
         for k, view in zip(ks, uniform, strict=True):
@@ -177,9 +199,15 @@ def evaluate_selection(model, encoder, cfg: SelectionEvalConfig = SelectionEvalC
             rows["uniform downsampling"].setdefault(f"psnr@{k}", []).append(_psnr(mse))
         if progress is not None:
             progress(lo + len(chunk), len(scenes))
-    order_of = np.concatenate([np.nonzero((by_scene >= lo) & (by_scene < lo + cfg.batch))[0]
-                               for lo in range(0, len(scenes), cfg.batch)])  # fmt: skip
-    queries = _Queries(*([getattr(queries, f)[i] for i in order_of] for f in ("scene", "text", "kind", "objects")))
+    order_of = np.concatenate(
+        [
+            np.nonzero((by_scene >= lo) & (by_scene < lo + cfg.batch))[0]
+            for lo in range(0, len(scenes), cfg.batch)
+        ]
+    )
+    queries = _Queries(
+        *([getattr(queries, f)[i] for i in order_of] for f in ("scene", "text", "kind", "objects"))
+    )
     kinds = np.array(queries.kind)
     groups = {"object captions": kinds != TWO_OBJECTS, TWO_OBJECTS: kinds == TWO_OBJECTS}
     results: dict = {}
@@ -187,11 +215,18 @@ def evaluate_selection(model, encoder, cfg: SelectionEvalConfig = SelectionEvalC
         keep_t = torch.from_numpy(keep)
         results[group] = {"n": int(keep.sum())}
         for name, metrics in rows.items():
-            results[group][name] = {m: round(float(torch.cat(v)[keep_t].mean()), 4) for m, v in metrics.items()}
+            results[group][name] = {
+                m: round(float(torch.cat(v)[keep_t].mean()), 4) for m, v in metrics.items()
+            }
     return {
         "config": asdict(cfg),
-        "data": {"scenes": cfg.scenes, "scene_seed": seed, "queries": len(queries.text),
-                 "object_captions": int(groups["object captions"].sum()), "two_object_queries": int(groups[TWO_OBJECTS].sum())},  # fmt: skip
+        "data": {
+            "scenes": cfg.scenes,
+            "scene_seed": seed,
+            "queries": len(queries.text),
+            "object_captions": int(groups["object captions"].sum()),
+            "two_object_queries": int(groups[TWO_OBJECTS].sum()),
+        },
         "tokens": {str(k): round(t, 1) for k, t in zip(ks, tokens, strict=True)},
         "weights_version": getattr(model, "weights_version", "untrained"),
         "results": results,
@@ -202,17 +237,28 @@ def evaluate_selection(model, encoder, cfg: SelectionEvalConfig = SelectionEvalC
 def to_markdown(report: dict) -> str:
     """The report's tables: per query group, one row per method."""
     ks = [int(k) for k in report["tokens"]]
-    lines = [f"Held-out scenes: {report['data']['scenes']} (seed {report['data']['scene_seed']}), "
-             f"weights `{report['weights_version']}`, patch {report['config']['patch']} px; "
-             f"K cells cost " + ", ".join(f"K={k}: {report['tokens'][str(k)]} tokens" for k in ks) + "."]  # fmt: skip
+    lines = [
+        f"Held-out scenes: {report['data']['scenes']} (seed {report['data']['scene_seed']}), "
+        f"weights `{report['weights_version']}`, patch {report['config']['patch']} px; "
+        f"K cells cost " + ", ".join(f"K={k}: {report['tokens'][str(k)]} tokens" for k in ks) + "."
+    ]
     for group, res in report["results"].items():
         lines += ["", f"**{group}** ({res['n']} queries)", ""]
-        head = ["method", "pointing"] + [f"recall@{k}" for k in ks] + [f"found@{k}" for k in ks] + [f"PSNR@{k} dB" for k in ks]
+        head = (
+            ["method", "pointing"]
+            + [f"recall@{k}" for k in ks]
+            + [f"found@{k}" for k in ks]
+            + [f"PSNR@{k} dB" for k in ks]
+        )
         lines += ["| " + " | ".join(head) + " |", "| --- " + "| ---: " * (len(head) - 1) + "|"]
         for name in METHODS:
             m = res[name]
             cell = lambda key, fmt="{:.3f}", m=m: fmt.format(m[key]) if key in m else "—"  # noqa: E731
-            row = [name, cell("pointing")] + [cell(f"recall@{k}") for k in ks] + [cell(f"found@{k}") for k in ks]
+            row = (
+                [name, cell("pointing")]
+                + [cell(f"recall@{k}") for k in ks]
+                + [cell(f"found@{k}") for k in ks]
+            )
             row += [cell(f"psnr@{k}", "{:.2f}") for k in ks]
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"

@@ -43,8 +43,10 @@ def check_token(settings: Settings, kind: str, given: object) -> str | None:
             raise AccessDenied("That API token is not valid on this server.")
         return token_owner(given)
     if settings.token_required(kind):
-        raise AccessDenied(f"{kind.capitalize()} jobs on this server need the API token (ARRCOC_API_TOKEN):"
-                           " enter it in the token field, or send it in the X-Arrcoc-Token header.")  # fmt: skip
+        raise AccessDenied(
+            f"{kind.capitalize()} jobs on this server need the API token (ARRCOC_API_TOKEN):"
+            " enter it in the token field, or send it in the X-Arrcoc-Token header."
+        )
     return None
 
 
@@ -79,8 +81,10 @@ class RateLimiter:
                 q.popleft()
             if len(q) >= self.per_minute:
                 wait = 60 - (now - q[0])
-                raise AccessDenied(f"Too many {what} from this client ({self.per_minute} a minute); try again in"
-                                   f" {max(wait, 1):.0f} s.")  # fmt: skip
+                raise AccessDenied(
+                    f"Too many {what} from this client ({self.per_minute} a minute); try again in"
+                    f" {max(wait, 1):.0f} s."
+                )
             q.append(now)
 
     def _forget_idle(self, now: float) -> None:
@@ -113,6 +117,9 @@ def cli_owner(redis_client, settings: Settings) -> str | None:
     if want:
         have = hashlib.sha256(token.encode()).hexdigest() if token else ""
         if not hmac.compare_digest(have.encode(), want.encode()):
-            raise AccessDenied("This deployment requires its API token: set ARRCOC_API_TOKEN (or pass --token)."
-                               if not token else "ARRCOC_API_TOKEN does not match this deployment's token.")  # fmt: skip
+            raise AccessDenied(
+                "This deployment requires its API token: set ARRCOC_API_TOKEN (or pass --token)."
+                if not token
+                else "ARRCOC_API_TOKEN does not match this deployment's token."
+            )
     return token_owner(token) if token else None

@@ -34,13 +34,27 @@ from ..errors import (
 from ..result import RelevanceResult
 
 WIRE_VERSION = 1
-_ARRAYS = ("relevance", "information", "perspectival", "participatory", "balance", "tensions", "selected",
-           "budgets", "budget_map", "texture")  # fmt: skip
+_ARRAYS = (
+    "relevance",
+    "information",
+    "perspectival",
+    "participatory",
+    "balance",
+    "tensions",
+    "selected",
+    "budgets",
+    "budget_map",
+    "texture",
+)
 
 
 def _pack(a: np.ndarray) -> dict[str, Any]:
     a = np.ascontiguousarray(a)
-    return {"dtype": a.dtype.str, "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode("ascii")}
+    return {
+        "dtype": a.dtype.str,
+        "shape": list(a.shape),
+        "b64": base64.b64encode(a.tobytes()).decode("ascii"),
+    }
 
 
 def _unpack(d: dict[str, Any]) -> np.ndarray:
@@ -56,7 +70,9 @@ def _split(result: RelevanceResult) -> tuple[dict[str, Any], dict[str, np.ndarra
 
 
 def _joined(head: dict[str, Any], arrays: dict[str, np.ndarray]) -> RelevanceResult:
-    kwargs = {f.name: head[f.name] for f in fields(RelevanceResult) if f.name in head and f.name not in _ARRAYS}
+    kwargs = {
+        f.name: head[f.name] for f in fields(RelevanceResult) if f.name in head and f.name not in _ARRAYS
+    }
     return RelevanceResult(**kwargs | arrays | {"image_size": tuple(head["image_size"])})
 
 
@@ -113,8 +129,19 @@ def result_from_frame(frame: bytes) -> RelevanceResult:
 # Errors cross the queue as {"type": name, "message": text} and are raised again on the client.
 _ERRORS: dict[str, type[ArrcocError]] = {
     c.__name__: c
-    for c in (ArrcocError, InvalidInputError, ImageError, EngineError, JobError, JobCancelled, DeadlineExceeded,
-              ServiceUnavailableError, UnknownVariantError, WeightsError, AccessDenied)  # fmt: skip
+    for c in (
+        ArrcocError,
+        InvalidInputError,
+        ImageError,
+        EngineError,
+        JobError,
+        JobCancelled,
+        DeadlineExceeded,
+        ServiceUnavailableError,
+        UnknownVariantError,
+        WeightsError,
+        AccessDenied,
+    )
 }
 
 

@@ -48,15 +48,30 @@ class Dataset:
         return int(self.scene.shape[0])
 
     def to(self, device: torch.device) -> Dataset:
-        return Dataset(self.texture.to(device), self.fixed.to(device), self.scene.to(device), self.query.to(device),
-                       self.hit.to(device), self.part_hit.to(device), self.captions, self.meta)  # fmt: skip
+        return Dataset(
+            self.texture.to(device),
+            self.fixed.to(device),
+            self.scene.to(device),
+            self.query.to(device),
+            self.hit.to(device),
+            self.part_hit.to(device),
+            self.captions,
+            self.meta,
+        )
 
     def subset(self, rows: Tensor) -> Dataset:
         """These captions (the scene tensors are shared)."""
         keep = rows.tolist()
-        return Dataset(self.texture, self.fixed, self.scene[rows], self.query[rows], self.hit[rows],
-                       self.part_hit[rows], [self.captions[i] for i in keep],
-                       {k: [v[i] for i in keep] for k, v in self.meta.items()})  # fmt: skip
+        return Dataset(
+            self.texture,
+            self.fixed,
+            self.scene[rows],
+            self.query[rows],
+            self.hit[rows],
+            self.part_hit[rows],
+            [self.captions[i] for i in keep],
+            {k: [v[i] for i in keep] for k, v in self.meta.items()},
+        )
 
 
 def hit_cells(masks: np.ndarray, cell: int = 16) -> np.ndarray:
@@ -92,14 +107,18 @@ def map_target(fixed: Tensor, kinds: list[str]) -> Tensor:
     plain: the cells lowest in their mean (neither detailed nor salient)."""
     maps = {"detail": fixed[:, 0], "salience": fixed[:, 1], "plain": -fixed.mean(dim=1)}
     chosen = torch.stack([maps[k][i] for i, k in enumerate(kinds)]).flatten(1).float()
-    cut = torch.stack([torch.quantile(c, 1.0 - MAP_TARGET_SHARE[k]) for c, k in zip(chosen, kinds, strict=True)])
+    cut = torch.stack(
+        [torch.quantile(c, 1.0 - MAP_TARGET_SHARE[k]) for c, k in zip(chosen, kinds, strict=True)]
+    )
     return (chosen >= cut.view(-1, 1)).view(-1, *fixed.shape[-2:])
 
 
 _NO_OBJECT = {"colour": "-", "shape": "-", "position": "-", "size": "-"}
 
 
-def _chunk(args: tuple[int, int, SceneConfig]) -> tuple[np.ndarray, list[tuple[int, np.ndarray | None, np.ndarray, str, dict]]]:  # fmt: skip
+def _chunk(
+    args: tuple[int, int, SceneConfig],
+) -> tuple[np.ndarray, list[tuple[int, np.ndarray | None, np.ndarray, str, dict]]]:
     """Scenes of one chunk: (images (n, 3, S, S) uint8, [(scene in chunk, target cells, participatory
     target cells, caption, meta)]); the target is None where the scorer maps define it (map_target)."""
     n, seed, config = args
@@ -110,11 +129,19 @@ def _chunk(args: tuple[int, int, SceneConfig]) -> tuple[np.ndarray, list[tuple[i
         edges = edge_cells(s.masks)
         for text, t, kind in s.captions:
             if t == KNOWING_OBJECT:  # detail, salience, plain: the target comes from the maps
-                part = np.zeros_like(cells[0]) if kind != "plain" else None  # plain: the participatory scorer's job
+                part = (
+                    np.zeros_like(cells[0]) if kind != "plain" else None
+                )  # plain: the participatory scorer's job
                 rows.append((j, None, part, text, {"kind": kind, **_NO_OBJECT}))
                 continue
             o = s.objects[t]
-            meta = {"kind": kind, "colour": o.colour, "shape": o.kind, "position": " ".join(o.region), "size": o.size}
+            meta = {
+                "kind": kind,
+                "colour": o.colour,
+                "shape": o.kind,
+                "position": " ".join(o.region),
+                "size": o.size,
+            }
             # "the outline of X": the relevance map points at X's edge cells, the participatory map at X
             rows.append((j, edges[t] if kind == "edges" else cells[t], cells[t], text, meta))
     return np.stack([s.image for s in scenes]).transpose(0, 3, 1, 2), rows
@@ -133,12 +160,18 @@ def check_dataset(data: Dataset) -> None:
     empty = (~data.hit.flatten(1).any(dim=1)).nonzero().flatten()
     if len(empty):
         i = int(empty[0])
-        raise ValueError(f"{len(empty)} captions have no target cell, first {data.captions[i]!r} (scene {int(data.scene[i])})")
+        raise ValueError(
+            f"{len(empty)} captions have no target cell, first {data.captions[i]!r} (scene {int(data.scene[i])})"
+        )
 
 
 def cache_key(n: int, seed: int, config: SceneConfig, model_config: object) -> str:
     scene_spec = asdict(config)
-    for key in ("extra_phrasings", "knowing", "colour_regions"):  # options added later: when off, the data is what it was
+    for key in (
+        "extra_phrasings",
+        "knowing",
+        "colour_regions",
+    ):  # options added later: when off, the data is what it was
         if not scene_spec[key]:
             del scene_spec[key]
     spec = json.dumps([DATA_VERSION, n, seed, scene_spec, repr(model_config)], sort_keys=True)
@@ -146,8 +179,18 @@ def cache_key(n: int, seed: int, config: SceneConfig, model_config: object) -> s
 
 
 @torch.no_grad()
-def build_dataset(model, encoder, n: int, seed: int, config: SceneConfig, chunk: int = 32,
-                  cache_dir: Path | None = None, desc: str = "scenes", workers: int = 1, progress: bool = True) -> Dataset:  # fmt: skip
+def build_dataset(
+    model,
+    encoder,
+    n: int,
+    seed: int,
+    config: SceneConfig,
+    chunk: int = 32,
+    cache_dir: Path | None = None,
+    desc: str = "scenes",
+    workers: int = 1,
+    progress: bool = True,
+) -> Dataset:
     """Generate n scenes, compute their fixed maps and caption embeddings (cached on disk)."""
     path = None
     if cache_dir is not None:
@@ -155,7 +198,9 @@ def build_dataset(model, encoder, n: int, seed: int, config: SceneConfig, chunk:
         if path.is_file():
             return Dataset(**torch.load(path, weights_only=False))
     device = model.cell_of_pixel.device  # the fixed maps run wherever the model is (GPU if any)
-    seeds = [int(c.generate_state(1)[0]) for c in np.random.SeedSequence(seed).spawn((n + chunk - 1) // chunk)]
+    seeds = [
+        int(c.generate_state(1)[0]) for c in np.random.SeedSequence(seed).spawn((n + chunk - 1) // chunk)
+    ]
     jobs = [(min(chunk, n - i * chunk), sd, config) for i, sd in enumerate(seeds)]
     textures, fixed, scene_idx, hits, part_hits, captions = [], [], [], [], [], []
     meta: dict[str, list[str]] = {k: [] for k in ("kind", "colour", "shape", "position", "size")}
@@ -192,10 +237,15 @@ def build_dataset(model, encoder, n: int, seed: int, config: SceneConfig, chunk:
     vectors = encoder.encode(unique)  # frozen encoder: one pass over the distinct captions
     row = {c: i for i, c in enumerate(unique)}
     data = Dataset(
-        texture=torch.cat(textures), fixed=torch.cat(fixed), scene=torch.tensor(scene_idx),
-        query=vectors.cpu()[torch.tensor([row[c] for c in captions])], hit=torch.stack(hits),
-        part_hit=torch.stack(part_hits), captions=captions, meta=meta,
-    )  # fmt: skip
+        texture=torch.cat(textures),
+        fixed=torch.cat(fixed),
+        scene=torch.tensor(scene_idx),
+        query=vectors.cpu()[torch.tensor([row[c] for c in captions])],
+        hit=torch.stack(hits),
+        part_hit=torch.stack(part_hits),
+        captions=captions,
+        meta=meta,
+    )
     check_dataset(data)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

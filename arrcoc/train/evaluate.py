@@ -22,19 +22,23 @@ from .scenes import CAPTION_KINDS, KNOWING_KINDS, REGION
 CATEGORIES = ("kind", "colour", "shape", "position", "size")
 
 
-def balanced_from_fixed(model: nn.Module, texture: Tensor, fixed: Tensor, query: Tensor,
-                        detach_part: Tensor | None = None) -> tuple[Balanced, Tensor]:  # fmt: skip
+def balanced_from_fixed(
+    model: nn.Module, texture: Tensor, fixed: Tensor, query: Tensor, detach_part: Tensor | None = None
+) -> tuple[Balanced, Tensor]:
     """(the balancer's output, participatory (B, G, G)) from cached texture + fixed maps, with the
     default scales. detach_part (B,) bool: rows whose participatory map the balanced map may not train."""
     part = model.participatory(texture, query)
-    balanced_part = part if detach_part is None else torch.where(detach_part.view(-1, 1, 1), part.detach(), part)
+    balanced_part = (
+        part if detach_part is None else torch.where(detach_part.view(-1, 1, 1), part.detach(), part)
+    )
     maps = torch.cat((fixed, balanced_part.unsqueeze(1)), dim=1)
     scales = torch.ones(texture.shape[0], 3, device=texture.device, dtype=texture.dtype)
     return model.balancer(maps, query, scales), part
 
 
-def relevance_from_fixed(model: nn.Module, texture: Tensor, fixed: Tensor, query: Tensor,
-                         detach_part: Tensor | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+def relevance_from_fixed(
+    model: nn.Module, texture: Tensor, fixed: Tensor, query: Tensor, detach_part: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """(relevance (B, G, G), participatory (B, G, G)) from cached texture + fixed maps."""
     balanced, part = balanced_from_fixed(model, texture, fixed, query, detach_part)
     return balanced.relevance, part
@@ -51,7 +55,9 @@ def pointing_hits(model: nn.Module, data: Dataset, batch: int = 256) -> tuple[Te
         balanced, part = balanced_from_fixed(model, data.texture[scene], data.fixed[scene], data.query[sl])
         top = balanced.relevance.flatten(1).argmax(1, keepdim=True)
         hits.append(data.hit[sl].flatten(1).gather(1, top).squeeze(1))
-        part_hits.append(data.part_hit[sl].flatten(1).gather(1, part.flatten(1).argmax(1, keepdim=True)).squeeze(1))
+        part_hits.append(
+            data.part_hit[sl].flatten(1).gather(1, part.flatten(1).argmax(1, keepdim=True)).squeeze(1)
+        )
         weights.append(balanced.weights.float())
     return torch.cat(hits).cpu(), torch.cat(part_hits).cpu(), torch.cat(weights).cpu()
 
@@ -68,7 +74,11 @@ def summarise(hits: Tensor, data: Dataset) -> dict:
     objects = [k in CAPTION_KINDS for k in kinds]
     flags = hits.tolist()
     object_hits = [h for h, o in zip(flags, objects, strict=True) if o]
-    out: dict = {"overall": round(sum(object_hits) / max(1, len(object_hits)), 4), "n": len(object_hits), "by": {}}
+    out: dict = {
+        "overall": round(sum(object_hits) / max(1, len(object_hits)), 4),
+        "n": len(object_hits),
+        "by": {},
+    }
     for cat in CATEGORIES:
         groups: dict[str, list[bool]] = defaultdict(list)
         for value, h, o in zip(data.meta[cat], flags, objects, strict=True):
@@ -95,11 +105,22 @@ def balance_summary(weights: Tensor, kinds: list[str]) -> dict:
         largest = torch.bincount(w.argmax(1), minlength=3).float() / len(rows)
         out[g] = {"n": len(rows)}
         for j, name in enumerate(SCORER_NAMES):
-            out[g][name] = {"mean": round(float(w[:, j].mean()), 4), "std": round(float(w[:, j].std(unbiased=False)), 4),
-                            "p10": round(float(q[0, j]), 4), "p50": round(float(q[1, j]), 4),
-                            "p90": round(float(q[2, j]), 4)}  # fmt: skip
+            out[g][name] = {
+                "mean": round(float(w[:, j].mean()), 4),
+                "std": round(float(w[:, j].std(unbiased=False)), 4),
+                "p10": round(float(q[0, j]), 4),
+                "p50": round(float(q[1, j]), 4),
+                "p90": round(float(q[2, j]), 4),
+            }
         out[g]["largest"] = {name: round(float(largest[j]), 4) for j, name in enumerate(SCORER_NAMES)}
-    order = [*CAPTION_KINDS, "objects (all kinds)", REGION, *KNOWING_KINDS, "other ways (all kinds)", "all captions"]
+    order = [
+        *CAPTION_KINDS,
+        "objects (all kinds)",
+        REGION,
+        *KNOWING_KINDS,
+        "other ways (all kinds)",
+        "all captions",
+    ]
     return {g: out[g] for g in order if g in out}
 
 
@@ -108,6 +129,8 @@ def evaluate(model: nn.Module, data: Dataset) -> dict:
     hits, part_hits, weights = pointing_hits(model, data)
     result = summarise(hits, data)
     objects = torch.tensor([k in CAPTION_KINDS for k in data.meta["kind"]])
-    result["participatory_only"] = round(float(part_hits[objects].float().mean()), 4) if objects.any() else 0.0
+    result["participatory_only"] = (
+        round(float(part_hits[objects].float().mean()), 4) if objects.any() else 0.0
+    )
     result["balance"] = balance_summary(weights, data.meta["kind"])
     return result

@@ -16,9 +16,15 @@ from PIL import Image, ImageDraw
 
 # name -> RGB. Backgrounds are desaturated, so every one of these stands out from them.
 COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (214, 32, 32), "green": (34, 160, 52), "blue": (36, 72, 214), "yellow": (240, 214, 30),
-    "orange": (244, 128, 20), "purple": (128, 40, 170), "white": (248, 248, 248), "black": (14, 14, 14),
-}  # fmt: skip
+    "red": (214, 32, 32),
+    "green": (34, 160, 52),
+    "blue": (36, 72, 214),
+    "yellow": (240, 214, 30),
+    "orange": (244, 128, 20),
+    "purple": (128, 40, 170),
+    "white": (248, 248, 248),
+    "black": (14, 14, 14),
+}
 # No hexagon: at 16-px cells a hexagon and a circle of these sizes pool to the same texture.
 SHAPES = ("circle", "square", "triangle", "star", "diamond", "cross")
 TEXT = "text"  # the kind of a text-like mark (rows of glyph strokes)
@@ -37,31 +43,84 @@ SHAPE_WORDS = {  # "<noun> shape" appears in training for triangle and star, hel
     "cross": (["cross", "plus sign"], ["plus", "cross shape"]),
     TEXT: (["text", "writing", "words", "printed text", "caption"], ["label", "lettering"]),
 }
-SIZE_WORDS = {"small": (["small", "little"], ["tiny"]), "large": (["large", "big"], ["huge"]),
-              "medium": (["medium"], ["medium-sized"])}  # fmt: skip
+SIZE_WORDS = {
+    "small": (["small", "little"], ["tiny"]),
+    "large": (["large", "big"], ["huge"]),
+    "medium": (["medium"], ["medium-sized"]),
+}
 POSITION_WORDS = {  # (row, col) -> phrase after "in the" / "at the"
-    ("top", "left"): "top left", ("top", "centre"): "top", ("top", "right"): "top right",
-    ("middle", "left"): "left", ("middle", "centre"): "centre", ("middle", "right"): "right",
-    ("bottom", "left"): "bottom left", ("bottom", "centre"): "bottom", ("bottom", "right"): "bottom right",
-}  # fmt: skip
-RELATIONS = {"left of": (["left of", "to the left of"], ["on the left side of"]),
-             "right of": (["right of", "to the right of"], ["on the right side of"]),
-             "above": (["above"], ["over"]), "below": (["below", "under"], ["beneath"])}  # fmt: skip
+    ("top", "left"): "top left",
+    ("top", "centre"): "top",
+    ("top", "right"): "top right",
+    ("middle", "left"): "left",
+    ("middle", "centre"): "centre",
+    ("middle", "right"): "right",
+    ("bottom", "left"): "bottom left",
+    ("bottom", "centre"): "bottom",
+    ("bottom", "right"): "bottom right",
+}
+RELATIONS = {
+    "left of": (["left of", "to the left of"], ["on the left side of"]),
+    "right of": (["right of", "to the right of"], ["on the right side of"]),
+    "above": (["above"], ["over"]),
+    "below": (["below", "under"], ["beneath"]),
+}
 
 # Caption frames: {d} is the description ("the small red circle ..."). Held-out frames only at eval.
-TRAIN_FRAMES = ("{d}", "{d}", "{d}", "find {d}", "where is {d}", "look at {d}", "show me {d}", "select {d}",
-                "spot {d}", "focus on {d}", "{d} in the picture", "is there {d}?", "mark {d}", "where's {d}?",
-                "give me {d}", "the part of the image with {d}")  # fmt: skip
+TRAIN_FRAMES = (
+    "{d}",
+    "{d}",
+    "{d}",
+    "find {d}",
+    "where is {d}",
+    "look at {d}",
+    "show me {d}",
+    "select {d}",
+    "spot {d}",
+    "focus on {d}",
+    "{d} in the picture",
+    "is there {d}?",
+    "mark {d}",
+    "where's {d}?",
+    "give me {d}",
+    "the part of the image with {d}",
+)
 HELDOUT_FRAMES = ("point to {d}", "{d}, please", "can you locate {d}?", "highlight {d}", "I want {d}")
 # Extended training vocabulary (`SceneConfig.extra_phrasings`): more frames, synonyms and word
 # orders for paraphrase robustness. Training only, and none of it is a held-out phrasing (tested):
 # the held-out frames and synonyms above stay unseen.
-EXTRA_FRAMES = ("please find {d}", "can you find {d}?", "find me {d}", "where can I see {d}?", "where exactly is {d}?",
-                "show {d}", "pick {d}", "tap on {d}", "indicate {d}", "identify {d}", "I'm looking for {d}",
-                "look for {d}", "search for {d}", "{d}?", "{d}.", "show me where {d} is", "could you show me {d}?",
-                "help me find {d}", "I need {d}", "now find {d}", "which one is {d}?", "zoom in on {d}",
-                "attend to {d}", "get {d}", "go to {d}", "check out {d}", "there is {d} somewhere, find it",
-                "in this image, find {d}", "{d} — where is it?", "find {d} for me")  # fmt: skip
+EXTRA_FRAMES = (
+    "please find {d}",
+    "can you find {d}?",
+    "find me {d}",
+    "where can I see {d}?",
+    "where exactly is {d}?",
+    "show {d}",
+    "pick {d}",
+    "tap on {d}",
+    "indicate {d}",
+    "identify {d}",
+    "I'm looking for {d}",
+    "look for {d}",
+    "search for {d}",
+    "{d}?",
+    "{d}.",
+    "show me where {d} is",
+    "could you show me {d}?",
+    "help me find {d}",
+    "I need {d}",
+    "now find {d}",
+    "which one is {d}?",
+    "zoom in on {d}",
+    "attend to {d}",
+    "get {d}",
+    "go to {d}",
+    "check out {d}",
+    "there is {d} somewhere, find it",
+    "in this image, find {d}",
+    "{d} — where is it?",
+    "find {d} for me",
+)
 EXTRA_SHAPE_WORDS = {
     "circle": ["ball", "round object", "circle shape", "round blob", "circle figure", "orb"],
     "square": ["rectangle", "cube", "square tile", "four-sided figure", "quadrilateral", "square figure"],
@@ -72,13 +131,17 @@ EXTRA_SHAPE_WORDS = {
     "cross": ["plus symbol", "cross figure", "cross symbol", "plus mark"],
     TEXT: ["script", "characters", "text block", "paragraph", "written words", "inscription", "typed text"],
 }
-EXTRA_SIZE_WORDS = {"small": ["smaller", "mini", "petite", "small-sized"],
-                    "large": ["larger", "giant", "bigger", "massive", "enormous", "large-sized"],
-                    "medium": ["mid-sized"]}  # fmt: skip
-EXTRA_RELATIONS = {"left of": ["just left of", "located left of", "at the left of", "leftward of"],
-                   "right of": ["just right of", "located right of", "at the right of", "rightward of"],
-                   "above": ["higher than", "up from", "further up than", "on top of"],
-                   "below": ["lower than", "down from", "further down than"]}  # fmt: skip
+EXTRA_SIZE_WORDS = {
+    "small": ["smaller", "mini", "petite", "small-sized"],
+    "large": ["larger", "giant", "bigger", "massive", "enormous", "large-sized"],
+    "medium": ["mid-sized"],
+}
+EXTRA_RELATIONS = {
+    "left of": ["just left of", "located left of", "at the left of", "leftward of"],
+    "right of": ["just right of", "located right of", "at the right of", "rightward of"],
+    "above": ["higher than", "up from", "further up than", "on top of"],
+    "below": ["lower than", "down from", "further down than"],
+}
 EXTRA_POSITION_WORDS = {  # alternatives to POSITION_WORDS' phrase, with their own preposition
     ("top", "left"): ["in the upper left", "in the top-left corner", "at the upper left"],
     ("top", "centre"): ["at the top middle", "near the top", "up top"],
@@ -91,10 +154,23 @@ EXTRA_POSITION_WORDS = {  # alternatives to POSITION_WORDS' phrase, with their o
     ("bottom", "right"): ["in the lower right", "in the bottom-right corner", "at the lower right"],
 }
 EXTRA_NOUNS = ["item", "figure", "piece", "mark"]  # "the red item", "the red figure", ...
-EXTRA_SUPERLATIVES = {"largest": ["the biggest object", "the largest item", "the largest figure",
-                                  "the most massive shape", "the shape that is largest", "the biggest item"],
-                      "smallest": ["the smallest item", "the smallest figure", "the littlest object",
-                                   "the shape that is smallest", "the most petite shape"]}  # fmt: skip
+EXTRA_SUPERLATIVES = {
+    "largest": [
+        "the biggest object",
+        "the largest item",
+        "the largest figure",
+        "the most massive shape",
+        "the shape that is largest",
+        "the biggest item",
+    ],
+    "smallest": [
+        "the smallest item",
+        "the smallest figure",
+        "the littlest object",
+        "the shape that is smallest",
+        "the most petite shape",
+    ],
+}
 CAPTION_KINDS = ("colour_shape", "shape", "colour", "size", "position", "superlative", "relation", "text")
 
 # Captions for the other two ways of knowing (`SceneConfig.knowing`). Their targets are not an
@@ -105,22 +181,63 @@ CAPTION_KINDS = ("colour_shape", "shape", "colour", "size", "position", "superla
 # edges). (training phrasings, held-out phrasings); the held-out ones are for evaluation only.
 KNOWING_KINDS = ("detail", "salience", "plain", "edges")
 KNOWING_WORDS = {
-    "detail": (["the most detailed part", "the most detailed area", "the busiest region", "the area with the most detail",
-                "the most intricate part", "the most complex region", "where the fine detail is",
-                "the busiest part of the image", "the most textured area", "the region with the finest detail"],
-               ["the most elaborate region", "the part with the richest detail", "the most cluttered spot"]),
-    "salience": (["what stands out", "the most striking part", "the most eye-catching area", "the most salient region",
-                  "the strongest contrast", "what catches the eye", "the most prominent edges", "the sharpest edges",
-                  "the most noticeable part", "the highest-contrast area"],
-                 ["whatever pops out", "the most conspicuous region", "what draws attention"]),
-    "plain": (["the plain area", "the empty background", "the flattest region", "a blank spot", "the smoothest part",
-               "the most uniform area", "somewhere featureless", "an empty patch", "the quietest region",
-               "the least detailed part"],
-              ["a bare spot", "the dullest area", "the calmest region"]),
-    "edges": (["the edges of {d}", "the outline of {d}", "the border of {d}", "the contour of {d}", "the edge of {d}",
-               "the outer edge of {d}"],
-              ["the rim of {d}", "the boundary of {d}", "the perimeter of {d}"]),
-}  # fmt: skip
+    "detail": (
+        [
+            "the most detailed part",
+            "the most detailed area",
+            "the busiest region",
+            "the area with the most detail",
+            "the most intricate part",
+            "the most complex region",
+            "where the fine detail is",
+            "the busiest part of the image",
+            "the most textured area",
+            "the region with the finest detail",
+        ],
+        ["the most elaborate region", "the part with the richest detail", "the most cluttered spot"],
+    ),
+    "salience": (
+        [
+            "what stands out",
+            "the most striking part",
+            "the most eye-catching area",
+            "the most salient region",
+            "the strongest contrast",
+            "what catches the eye",
+            "the most prominent edges",
+            "the sharpest edges",
+            "the most noticeable part",
+            "the highest-contrast area",
+        ],
+        ["whatever pops out", "the most conspicuous region", "what draws attention"],
+    ),
+    "plain": (
+        [
+            "the plain area",
+            "the empty background",
+            "the flattest region",
+            "a blank spot",
+            "the smoothest part",
+            "the most uniform area",
+            "somewhere featureless",
+            "an empty patch",
+            "the quietest region",
+            "the least detailed part",
+        ],
+        ["a bare spot", "the dullest area", "the calmest region"],
+    ),
+    "edges": (
+        [
+            "the edges of {d}",
+            "the outline of {d}",
+            "the border of {d}",
+            "the contour of {d}",
+            "the edge of {d}",
+            "the outer edge of {d}",
+        ],
+        ["the rim of {d}", "the boundary of {d}", "the perimeter of {d}"],
+    ),
+}
 KNOWING_OBJECT = -1  # the object index of a caption whose target comes from the scorer maps
 
 # Large areas of one colour (`SceneConfig.colour_regions`): the whole background or one side of a
@@ -128,8 +245,10 @@ KNOWING_OBJECT = -1  # the object index of a caption whose target comes from the
 # Photos have such areas (a dusk sky, a wall); desaturated backgrounds alone teach the model that a
 # colour word always means a small object. Their captions have their own kind: not an object caption.
 REGION = "region"
-REGION_NOUNS = {"background": ["background", "one", "area", "part"],
-                "side": ["area", "region", "part", "one", "side", "half"]}  # fmt: skip
+REGION_NOUNS = {
+    "background": ["background", "one", "area", "part"],
+    "side": ["area", "region", "part", "one", "side", "half"],
+}
 REGION_COVER = (0.3, 0.7)  # share of the image that a one-sided region takes (before objects cover some)
 # brightness range of a region's colour: a dark blue or green is still blue or green, a dark yellow
 # or orange is brown, a dark white is grey
@@ -181,10 +300,15 @@ class Scene:
 
 def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
     if kind == "square":
-        pts = [(math.cos(a), math.sin(a)) for a in np.linspace(math.pi / 4, 2 * math.pi + math.pi / 4, 4, endpoint=False)]
+        pts = [
+            (math.cos(a), math.sin(a))
+            for a in np.linspace(math.pi / 4, 2 * math.pi + math.pi / 4, 4, endpoint=False)
+        ]
         pts = [(x * 1.0, y * 1.0) for x, y in pts]
     elif kind == "triangle":
-        pts = [(math.cos(a), math.sin(a)) for a in np.linspace(-math.pi / 2, 1.5 * math.pi, 3, endpoint=False)]
+        pts = [
+            (math.cos(a), math.sin(a)) for a in np.linspace(-math.pi / 2, 1.5 * math.pi, 3, endpoint=False)
+        ]
     elif kind == "diamond":
         pts = [(0.0, -1.0), (0.7, 0.0), (0.0, 1.0), (-0.7, 0.0)]
     elif kind == "hexagon":
@@ -197,7 +321,20 @@ def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> list[tu
             pts.append((rr * math.cos(a), rr * math.sin(a)))
     elif kind == "cross":
         t = 0.34
-        pts = [(-t, -1), (t, -1), (t, -t), (1, -t), (1, t), (t, t), (t, 1), (-t, 1), (-t, t), (-1, t), (-1, -t), (-t, -t)]
+        pts = [
+            (-t, -1),
+            (t, -1),
+            (t, -t),
+            (1, -t),
+            (1, t),
+            (t, t),
+            (t, 1),
+            (-t, 1),
+            (-t, t),
+            (-1, t),
+            (-1, -t),
+            (-t, -t),
+        ]
     else:
         raise ValueError(kind)
     ca, sa = math.cos(angle), math.sin(angle)
@@ -221,7 +358,9 @@ def _background(rng: np.random.Generator, s: int) -> np.ndarray:
     elif style == 3:
         period = rng.uniform(12, 48)
         a = rng.uniform(0, math.pi)
-        field_ = np.sign(np.sin((np.cos(a) * xx + np.sin(a) * yy) * s * 2 * math.pi / period)) * rng.uniform(8, 22)
+        field_ = np.sign(np.sin((np.cos(a) * xx + np.sin(a) * yy) * s * 2 * math.pi / period)) * rng.uniform(
+            8, 22
+        )
     else:
         period = int(rng.integers(24, 80))
         iy, ix = np.mgrid[0:s, 0:s]
@@ -259,8 +398,9 @@ def _draw_text(draw: ImageDraw.ImageDraw, rng: np.random.Generator, cx: float, c
             x += w + rng.uniform(2, 5) + (rng.uniform(5, 9) if rng.random() < 0.2 else 0)
 
 
-def _colour_region(rng: np.random.Generator, objs: list[SceneObject],
-                   s: int) -> tuple[str, str, np.ndarray, np.ndarray] | None:  # fmt: skip
+def _colour_region(
+    rng: np.random.Generator, objs: list[SceneObject], s: int
+) -> tuple[str, str, np.ndarray, np.ndarray] | None:
     """A large area in a colour no object has: (colour, style, mask (S, S) bool, fill (S, S, 3) float),
     or None when the objects take every colour. The fill is shaded by a gradient, like a sky."""
     free = [c for c in COLOURS if all(o.colour != c for o in objs)]
@@ -292,7 +432,9 @@ def _region(cx: float, cy: float, s: int) -> tuple[str, str]:
 # ----------------------------------------------------------------------------- layout
 
 
-def _place(rng: np.random.Generator, objs: list[SceneObject], r: float, s: int, want=None) -> tuple[float, float] | None:
+def _place(
+    rng: np.random.Generator, objs: list[SceneObject], r: float, s: int, want=None
+) -> tuple[float, float] | None:
     """A centre for a new object of radius r that overlaps no other (None if none found)."""
     for _ in range(200):
         cx, cy = rng.uniform(r + 4, s - r - 4, size=2)
@@ -320,7 +462,11 @@ def _new_object(rng, objs, s, kind=None, colour=None, size=None, want=None) -> S
 # ----------------------------------------------------------------------------- captions
 
 
-_EXTRA_TABLES = {id(SHAPE_WORDS): EXTRA_SHAPE_WORDS, id(SIZE_WORDS): EXTRA_SIZE_WORDS, id(RELATIONS): EXTRA_RELATIONS}
+_EXTRA_TABLES = {
+    id(SHAPE_WORDS): EXTRA_SHAPE_WORDS,
+    id(SIZE_WORDS): EXTRA_SIZE_WORDS,
+    id(RELATIONS): EXTRA_RELATIONS,
+}
 
 
 class _Words:
@@ -344,7 +490,11 @@ class _Words:
             frames = TRAIN_FRAMES + EXTRA_FRAMES
             superlative = d.split(" ")[1].endswith("est") or d.startswith(("the most ", "the shape that"))
             if not superlative and self.rng.random() < 0.3:  # article variety: "a red circle", "red circle"
-                d = ("a " + d[4:]) if d.startswith("the ") and self.rng.random() < 0.5 else d.removeprefix("the ")
+                d = (
+                    ("a " + d[4:])
+                    if d.startswith("the ") and self.rng.random() < 0.5
+                    else d.removeprefix("the ")
+                )
         return frames[self.rng.integers(len(frames))].format(d=d)
 
     def choose(self, options: list[str]) -> str:
@@ -354,8 +504,15 @@ class _Words:
         """'red circle'; extended: also 'circle that is red', 'red-coloured circle', 'circle in red'."""
         shape = self.shape(o)
         if self.extended and self.rng.random() < 0.35:
-            return self.choose([f"{shape} that is {colour}", f"{colour}-coloured {shape}", f"{colour} coloured {shape}",
-                                f"{shape} in {colour}", f"{colour}ish {shape}" if colour != "white" else f"white {shape}"])  # fmt: skip
+            return self.choose(
+                [
+                    f"{shape} that is {colour}",
+                    f"{colour}-coloured {shape}",
+                    f"{colour} coloured {shape}",
+                    f"{shape} in {colour}",
+                    f"{colour}ish {shape}" if colour != "white" else f"white {shape}",
+                ]
+            )
         return f"{colour} {shape}"
 
     def shape(self, o: SceneObject) -> str:
@@ -395,8 +552,14 @@ def describe(objs: list[SceneObject], t: int, kind: str, words: _Words) -> str |
         if words.extended:
             noun = words.choose(["shape", "object", "one", *EXTRA_NOUNS])
             if words.rng.random() < 0.25:
-                return words.choose([f"the {noun} that is {o.colour}", f"the {o.colour}-coloured {noun}",
-                                     f"the {noun} coloured {o.colour}", f"the one in {o.colour}"])  # fmt: skip
+                return words.choose(
+                    [
+                        f"the {noun} that is {o.colour}",
+                        f"the {o.colour}-coloured {noun}",
+                        f"the {noun} coloured {o.colour}",
+                        f"the one in {o.colour}",
+                    ]
+                )
         return f"the {o.colour} {noun}"
     if kind == "size" and o.size != "medium":
         same = [x for x in objs if x.kind == o.kind and x.colour == o.colour]
@@ -414,15 +577,29 @@ def describe(objs: list[SceneObject], t: int, kind: str, words: _Words) -> str |
         areas = sorted(x.area for x in shapes)
         if o.area == areas[-1] and areas[-1] > 1.6 * areas[-2]:
             if words.extended:
-                return words.choose(["the largest shape", "the biggest shape", "the largest object",
-                                     *EXTRA_SUPERLATIVES["largest"]])  # fmt: skip
-            return ("the largest shape", "the biggest shape", "the largest object")[words.rng.integers(3)] \
-                if not words.heldout else ("the biggest one", "the largest thing")[words.rng.integers(2)]
+                return words.choose(
+                    [
+                        "the largest shape",
+                        "the biggest shape",
+                        "the largest object",
+                        *EXTRA_SUPERLATIVES["largest"],
+                    ]
+                )
+            return (
+                ("the largest shape", "the biggest shape", "the largest object")[words.rng.integers(3)]
+                if not words.heldout
+                else ("the biggest one", "the largest thing")[words.rng.integers(2)]
+            )
         if o.area == areas[0] and areas[1] > 1.6 * areas[0]:
             if words.extended:
-                return words.choose(["the smallest shape", "the smallest object", *EXTRA_SUPERLATIVES["smallest"]])
-            return ("the smallest shape", "the smallest object")[words.rng.integers(2)] \
-                if not words.heldout else ("the tiniest shape", "the smallest thing")[words.rng.integers(2)]
+                return words.choose(
+                    ["the smallest shape", "the smallest object", *EXTRA_SUPERLATIVES["smallest"]]
+                )
+            return (
+                ("the smallest shape", "the smallest object")[words.rng.integers(2)]
+                if not words.heldout
+                else ("the tiniest shape", "the smallest thing")[words.rng.integers(2)]
+            )
     if kind == "relation":
         return _relation(objs, t, words)
     return None
@@ -436,7 +613,9 @@ def _relation(objs: list[SceneObject], t: int, words: _Words) -> str | None:
         dx, dy = o.cx - anchor.cx, o.cy - anchor.cy
         rel = ("left of" if dx < 0 else "right of") if abs(dx) > abs(dy) else ("above" if dy < 0 else "below")
         # unique: no other object of the target's look stands in the same relation to the anchor
-        rivals = [x for i, x in enumerate(objs) if i not in (t, a) and x.kind == o.kind and x.colour == o.colour]
+        rivals = [
+            x for i, x in enumerate(objs) if i not in (t, a) and x.kind == o.kind and x.colour == o.colour
+        ]
         if any(_relation_of(x, anchor) == rel for x in rivals):
             continue
         if words.extended:
@@ -491,9 +670,13 @@ def _design(rng: np.random.Generator, kind: str, s: int) -> list[SceneObject]:
     return objs
 
 
-def make_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig(),
-               aux: np.random.Generator | None = None, knowing: np.random.Generator | None = None,
-               regions: np.random.Generator | None = None) -> Scene:  # fmt: skip
+def make_scene(
+    rng: np.random.Generator,
+    config: SceneConfig = SceneConfig(),
+    aux: np.random.Generator | None = None,
+    knowing: np.random.Generator | None = None,
+    regions: np.random.Generator | None = None,
+) -> Scene:
     """One scene with up to `captions_per_scene` captions, each naming one object uniquely.
 
     With config.extra_phrasings (training only) each captioned object gets that many more
@@ -602,8 +785,12 @@ def _new_object_and_add(rng, objs, s) -> None:
         objs.append(o)
 
 
-def render(rng: np.random.Generator, objs: list[SceneObject], s: int,
-           under: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def render(
+    rng: np.random.Generator,
+    objs: list[SceneObject],
+    s: int,
+    under: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Draw the objects over a background: (image (S, S, 3) uint8, masks (n, S, S) bool).
 
     A text mark's mask is the box around its strokes: "the text" names the block, not the ink.
@@ -613,7 +800,9 @@ def render(rng: np.random.Generator, objs: list[SceneObject], s: int,
     canvas = _background(rng, s)
     if under is not None:
         mask, fill = under
-        canvas = np.where(mask[..., None], np.clip(fill + 0.3 * (canvas - canvas.mean((0, 1))), 0, 255), canvas)
+        canvas = np.where(
+            mask[..., None], np.clip(fill + 0.3 * (canvas - canvas.mean((0, 1))), 0, 255), canvas
+        )
     masks = np.zeros((len(objs), s, s), dtype=bool)
     for i, o in enumerate(objs):
         ink_img = Image.new("L", (s, s), 0)

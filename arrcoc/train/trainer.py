@@ -90,7 +90,9 @@ def make_step(model: nn.Module, cfg: TrainConfig, device: torch.device):
     return torch.compile(loss_fn, fullgraph=True) if use_cuda and cfg.compile else loss_fn
 
 
-def train(model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = True, budget_s: float = 0.0) -> dict:
+def train(
+    model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = True, budget_s: float = 0.0
+) -> dict:
     """Train in place; return a log {"losses": [...], "seconds": s, "steps_run": n}. Seeded and
     reproducible; budget_s > 0: at most about this many seconds (fewer steps, shorter schedule)."""
     device = torch.device(cfg.device)
@@ -106,8 +108,10 @@ def train(model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = Tr
     data = data.to(device)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     total = [cfg.steps]  # the time limit may shorten it, and the schedule with it
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup)
-                                              * 0.5 * (1 + np.cos(np.pi * min(s, total[0]) / total[0])))  # fmt: skip
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + np.cos(np.pi * min(s, total[0]) / total[0])),
+    )
     gen = torch.Generator().manual_seed(cfg.seed)
     step_fn = make_step(model, cfg, device)
     losses: list[float] = []
@@ -146,10 +150,17 @@ def train(model: nn.Module, data: Dataset, cfg: TrainConfig, progress: bool = Tr
         p.requires_grad_(False)
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:  # never save weights that diverged
-        raise FloatingPointError(f"training diverged ({len(bad)} non-finite parameters, {bad[:3]} ...);"
-                                 " try a lower --lr or --no-bf16")  # fmt: skip
-    return {"losses": losses, "seconds": round(time.perf_counter() - t0, 1), "config": asdict(cfg),
-            "steps_run": total[0], "steps_skipped": int(skipped)}  # fmt: skip
+        raise FloatingPointError(
+            f"training diverged ({len(bad)} non-finite parameters, {bad[:3]} ...);"
+            " try a lower --lr or --no-bf16"
+        )
+    return {
+        "losses": losses,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "config": asdict(cfg),
+        "steps_run": total[0],
+        "steps_skipped": int(skipped),
+    }
 
 
 def _drop_nonfinite_step(params: list[nn.Parameter], grad_norm: Tensor) -> Tensor:

@@ -30,7 +30,8 @@ MODEL_NOTES = {
 MODEL_NOTES["arrcoc-clip-b16-448"] = MODEL_NOTES["arrcoc-clip-b16"].replace("14×14", "28×28")
 MODEL_NOTES["arrcoc-clip-b16-maskclip"] = MODEL_NOTES["arrcoc-clip-b16"].replace(
     "NACLIP's training-free dense patch features (neighbourhood attention in the last block)",
-    "MaskCLIP's dense patch features (the last block's value path)")
+    "MaskCLIP's dense patch features (the last block's value path)",
+)
 
 
 def serving_variant(settings: Settings | None = None) -> Variant:
@@ -52,7 +53,9 @@ def pointing_game(variant: Variant) -> float | None:
     """The bundled weights' held-out pointing game, read from their training report beside them."""
     path = default_weights_path(variant.name)
     try:
-        report = json.loads(path.with_name(path.name.removesuffix(".safetensors") + ".report.json").read_text())
+        report = json.loads(
+            path.with_name(path.name.removesuffix(".safetensors") + ".report.json").read_text()
+        )
         return float(report["accuracy"]["trained"]["overall"])
     except (AttributeError, OSError, ValueError, KeyError, TypeError):
         return None
@@ -60,8 +63,12 @@ def pointing_game(variant: Variant) -> float | None:
 
 def model_note(variant: Variant) -> str:
     score = pointing_game(variant)
-    pointing = (f" Its pointing game, **{score:.3f}**, is measured on held-out **synthetic** scenes, not on photos "
-                "(the training report is beside its weights)." if score is not None else "")  # fmt: skip
+    pointing = (
+        f" Its pointing game, **{score:.3f}**, is measured on held-out **synthetic** scenes, not on photos "
+        "(the training report is beside its weights)."
+        if score is not None
+        else ""
+    )
     what = MODEL_NOTES.get(variant.name, f"{variant.description}.").replace("{pointing}", pointing)
     c = variant.config
     return (

@@ -23,7 +23,9 @@ from ..errors import user_error
 from ..guard import owner_of
 from ..inputs import photo_input, query_text, read_image
 
-API_OVERLAY_SIDE = 2048  # /infer's overlay: the photo's own size, unless a big JPEG reduces to about this while decoding
+API_OVERLAY_SIDE = (
+    2048  # /infer's overlay: the photo's own size, unless a big JPEG reduces to about this while decoding
+)
 
 
 def api_infer(image_path: str | None, query: str) -> tuple[dict[str, Any], Any]:
@@ -38,7 +40,9 @@ def api_infer_foveated(image_path: str | None, query: str) -> tuple[dict[str, An
     return _infer(image_path, query, lambda photo, result: foveated_image(photo, result.budget_map))
 
 
-def _infer(image_path: str | None, query: str, picture: Callable[[Any, Any], Any]) -> tuple[dict[str, Any], Any]:
+def _infer(
+    image_path: str | None, query: str, picture: Callable[[Any, Any], Any]
+) -> tuple[dict[str, Any], Any]:
     """One request's result as JSON and `picture(photo, result)`, errors in the page's words."""
     try:
         data = read_image(image_path)
@@ -48,11 +52,22 @@ def _infer(image_path: str | None, query: str, picture: Callable[[Any, Any], Any
         raise user_error(e) from e
 
 
-def api_batch_submit(zip_path: str | None, manifest_path: str | None, query: str,
-                     overlay_kind: str = DEFAULT_OVERLAY_KIND, request: gr.Request = None) -> dict[str, Any]:  # fmt: skip
+def api_batch_submit(
+    zip_path: str | None,
+    manifest_path: str | None,
+    query: str,
+    overlay_kind: str = DEFAULT_OVERLAY_KIND,
+    request: gr.Request = None,
+) -> dict[str, Any]:
     try:
-        job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls(), owner=owner_of(request, None, "batch"),
-                                   overlay_kind=overlay_kind)  # fmt: skip
+        job_id = jobs.submit_batch(
+            zip_path,
+            manifest_path,
+            query,
+            Controls(),
+            owner=owner_of(request, None, "batch"),
+            overlay_kind=overlay_kind,
+        )
         return jobs.status_doc(jobs.job_status(job_id, owner_of(request, None, "batch")))
     except Exception as e:
         raise user_error(e) from e
@@ -75,8 +90,14 @@ def api_batch_cancel(job_id: str, request: gr.Request = None) -> dict[str, Any]:
         raise user_error(e) from e
 
 
-def api_bench_submit(variant: str, backends: list[str], buckets: list[str], iterations: float, device: str,
-                     request: gr.Request = None) -> dict[str, Any]:  # fmt: skip
+def api_bench_submit(
+    variant: str,
+    backends: list[str],
+    buckets: list[str],
+    iterations: float,
+    device: str,
+    request: gr.Request = None,
+) -> dict[str, Any]:
     try:
         owner = owner_of(request, None, "bench")
         job_id = jobs.submit_bench(variant, backends, buckets, iterations, device, owner=owner)
@@ -103,11 +124,19 @@ def build_api(settings: Settings) -> None:
     """Every API endpoint, on hidden components."""
     with gr.Row(visible=False):
         image, query = photo_input(label="image"), gr.Textbox(label="query")
-        doc, picture, button = gr.JSON(label="result"), gr.Image(type="pil", format="png", label="overlay"), gr.Button()
+        doc, picture, button = (
+            gr.JSON(label="result"),
+            gr.Image(type="pil", format="png", label="overlay"),
+            gr.Button(),
+        )
         zip_in, manifest = gr.File(label="images (.zip)"), gr.File(label="manifest (.csv/.jsonl), optional")
         batch_query, job = gr.Textbox(label="query for every image"), gr.Textbox(label="job id")
         overlay_kind = gr.Radio(list(OVERLAY_KINDS), value=DEFAULT_OVERLAY_KIND, label="overlays")
-        status, results, files = gr.JSON(label="status"), gr.File(label="results (.zip)"), gr.File(file_count="multiple")
+        status, results, files = (
+            gr.JSON(label="status"),
+            gr.File(label="results (.zip)"),
+            gr.File(file_count="multiple"),
+        )
         variant = gr.Textbox(label="variant", value=settings.variant)
         backends = gr.CheckboxGroup(list(BACKENDS), label="backends")
         buckets = gr.CheckboxGroup([str(b) for b in settings.buckets], label="batch buckets")
@@ -115,29 +144,64 @@ def build_api(settings: Settings) -> None:
         device = gr.Radio(["auto", "cpu", "cuda"], value="auto", label="device")
         foveated, fov_button = gr.Image(type="pil", format="png", label="foveated view"), gr.Button()
         buttons = [gr.Button() for _ in range(5)]
-    button.click(api_infer, [image, query], [doc, picture], api_name="infer",
-                 api_description="One photo and a query with default controls -> (the result as JSON, the same keys as "
-                                 "`arrcoc infer --json`, including match_score and weak_match; the relevance overlay PNG).")  # fmt: skip
-    fov_button.click(api_infer_foveated, [image, query], [doc, foveated], api_name="infer_foveated",
-                     api_description="One photo and a query with default controls -> (the result as JSON, as /infer "
-                                     "gives it, with selected_boxes: the selected cells in the photo's pixels and their "
-                                     "tokens; the foveated view PNG at the photo's size: what a vision-language model "
-                                     "would be given under the budgets, each selected cell as sharp as its tokens "
-                                     "afford, the rest at a low base resolution; see arrcoc.foveate).")  # fmt: skip
-    buttons[0].click(api_batch_submit, [zip_in, manifest, batch_query, overlay_kind], status, api_name="batch_submit",
-                     api_description="Submit a batch job: (images .zip, optional manifest .csv/.jsonl with file,query, "
-                                     "query for every image, optional overlays: relevance (the map over each photo, the "
-                                     "default) or foveated (each photo under its token budgets)) -> the job's status as "
-                                     "JSON: job_id, state, counts.")  # fmt: skip
-    buttons[1].click(api_batch_status, job, [status, results], api_name="batch_status",
-                     api_description="A batch job's status as JSON (state, counts, progress, message; when finished, one "
-                                     "entry per item with file, query, match score, top cell as row and column, or the "
-                                     "reason it failed) and the results .zip once it is ready.")  # fmt: skip
-    buttons[2].click(api_batch_cancel, job, status, api_name="batch_cancel",
-                     api_description="Cancel a batch job by id -> its status as JSON.")
-    buttons[3].click(api_bench_submit, [variant, backends, buckets, iters, device], status, api_name="bench_submit",
-                     api_description="Submit a benchmark job: (variant, backends, batch buckets, timed iterations, "
-                                     "device) -> the job's status as JSON: job_id, state.")  # fmt: skip
-    buttons[4].click(api_bench_status, job, [status, files], api_name="bench_status",
-                     api_description="A benchmark job's status as JSON (state, message; when done, env and one result "
-                                     "row per backend and bucket) and the report's files (JSON, CSV).")  # fmt: skip
+    button.click(
+        api_infer,
+        [image, query],
+        [doc, picture],
+        api_name="infer",
+        api_description="One photo and a query with default controls -> (the result as JSON, the same keys as "
+        "`arrcoc infer --json`, including match_score and weak_match; the relevance overlay PNG).",
+    )
+    fov_button.click(
+        api_infer_foveated,
+        [image, query],
+        [doc, foveated],
+        api_name="infer_foveated",
+        api_description="One photo and a query with default controls -> (the result as JSON, as /infer "
+        "gives it, with selected_boxes: the selected cells in the photo's pixels and their "
+        "tokens; the foveated view PNG at the photo's size: what a vision-language model "
+        "would be given under the budgets, each selected cell as sharp as its tokens "
+        "afford, the rest at a low base resolution; see arrcoc.foveate).",
+    )
+    buttons[0].click(
+        api_batch_submit,
+        [zip_in, manifest, batch_query, overlay_kind],
+        status,
+        api_name="batch_submit",
+        api_description="Submit a batch job: (images .zip, optional manifest .csv/.jsonl with file,query, "
+        "query for every image, optional overlays: relevance (the map over each photo, the "
+        "default) or foveated (each photo under its token budgets)) -> the job's status as "
+        "JSON: job_id, state, counts.",
+    )
+    buttons[1].click(
+        api_batch_status,
+        job,
+        [status, results],
+        api_name="batch_status",
+        api_description="A batch job's status as JSON (state, counts, progress, message; when finished, one "
+        "entry per item with file, query, match score, top cell as row and column, or the "
+        "reason it failed) and the results .zip once it is ready.",
+    )
+    buttons[2].click(
+        api_batch_cancel,
+        job,
+        status,
+        api_name="batch_cancel",
+        api_description="Cancel a batch job by id -> its status as JSON.",
+    )
+    buttons[3].click(
+        api_bench_submit,
+        [variant, backends, buckets, iters, device],
+        status,
+        api_name="bench_submit",
+        api_description="Submit a benchmark job: (variant, backends, batch buckets, timed iterations, "
+        "device) -> the job's status as JSON: job_id, state.",
+    )
+    buttons[4].click(
+        api_bench_status,
+        job,
+        [status, files],
+        api_name="bench_status",
+        api_description="A benchmark job's status as JSON (state, message; when done, env and one result "
+        "row per backend and bucket) and the report's files (JSON, CSV).",
+    )

@@ -21,23 +21,42 @@ from ..page import caption as _caption
 from ..page import mb as _mb
 
 
-def batch_submit(zip_path: str | None, manifest_path: str | None, query: str, token: str | None = None,
-                 overlay_kind: str | None = None, request: gr.Request = None) -> tuple[str, str, str, gr.Timer]:  # fmt: skip
+def batch_submit(
+    zip_path: str | None,
+    manifest_path: str | None,
+    query: str,
+    token: str | None = None,
+    overlay_kind: str | None = None,
+    request: gr.Request = None,
+) -> tuple[str, str, str, gr.Timer]:
     try:
         owner = owner_of(request, token, "batch")  # the job is bound to this token, browser or session
-        job_id = jobs.submit_batch(zip_path, manifest_path, query, Controls(), owner=owner, overlay_kind=overlay_kind)
+        job_id = jobs.submit_batch(
+            zip_path, manifest_path, query, Controls(), owner=owner, overlay_kind=overlay_kind
+        )
     except Exception as e:
         raise user_error(e) from e
     # the status line says it too; the toast goes before the gallery appears under it
     gr.Info(f"Batch job {job_id} submitted.", duration=4)
-    return job_id, f"batch job `{job_id}` submitted", jobs.progress_html(None, "queued"), gr.Timer(active=True)
+    return (
+        job_id,
+        f"batch job `{job_id}` submitted",
+        jobs.progress_html(None, "queued"),
+        gr.Timer(active=True),
+    )
 
 
 def batch_poll(job_id: str, token: str | None = None, request: gr.Request = None) -> tuple:
     """The page's poll: status, bar, results file, gallery, failures, timer."""
     keep = (gr.skip(), gr.skip())
     if not job_id or (isinstance(job_id, str) and not job_id.strip()):
-        return ("Submit a batch or paste a job id.", jobs.progress_html(None), None, *keep, gr.Timer(active=False))
+        return (
+            "Submit a batch or paste a job id.",
+            jobs.progress_html(None),
+            None,
+            *keep,
+            gr.Timer(active=False),
+        )
     try:
         owner = owner_of(request, token, "batch")
         st = jobs.job_status(job_id, owner)
@@ -45,7 +64,13 @@ def batch_poll(job_id: str, token: str | None = None, request: gr.Request = None
     except Exception as e:
         return (f"**Error:** {friendly(e)}", jobs.progress_html(None), None, *keep, gr.Timer(active=False))
     shown = batchview.gallery(file) if file else ("", batchview.failures_markdown([], st))
-    return (jobs.status_markdown(st), jobs.progress_html(st), file, *shown, gr.Timer(active=not st.state.finished))
+    return (
+        jobs.status_markdown(st),
+        jobs.progress_html(st),
+        file,
+        *shown,
+        gr.Timer(active=not st.state.finished),
+    )
 
 
 def batch_cancel(job_id: str, token: str | None = None, request: gr.Request = None) -> str:
@@ -58,42 +83,79 @@ def batch_cancel(job_id: str, token: str | None = None, request: gr.Request = No
 
 def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
     with gr.Tab("Batch", id="batch"):
-        _caption(f"Many images, one query (or a manifest with a query per file). Zips up to {_mb(settings.max_image_bytes)} "
-                 "here (larger: `arrcoc submit`). Jobs keep running if you close the page: keep the job id (it is also in "
-                 "the address bar) to come back to it.")  # fmt: skip
+        _caption(
+            f"Many images, one query (or a manifest with a query per file). Zips up to {_mb(settings.max_image_bytes)} "
+            "here (larger: `arrcoc submit`). Jobs keep running if you close the page: keep the job id (it is also in "
+            "the address bar) to come back to it."
+        )
         with gr.Row():
             with gr.Column():
                 zip_in = gr.File(label="images (.zip)", file_types=[".zip"], elem_id="batch-zip")
                 names = " or ".join(MANIFEST_NAMES)
-                manifest = gr.File(label=f"manifest (optional: .csv or .jsonl with file,query; or {names} inside the zip)",
-                                   file_types=[Path(n).suffix for n in MANIFEST_NAMES])  # fmt: skip
-                query = gr.Textbox(label="query for every image", placeholder="e.g. the red one", elem_id="batch-query")
-                overlay_kind = gr.Radio(list(OVERLAY_KINDS), value=DEFAULT_OVERLAY_KIND, label="overlays",
-                                        info="relevance: the map over each photo; foveated: each photo as a "
-                                             "vision-language model would be given it under its token budgets",
-                                        elem_id="batch-overlay")  # fmt: skip
-                token = gr.Textbox(label="API token", type="password", visible=settings.token_required("batch"),
-                                   elem_id="batch-token")  # fmt: skip
+                manifest = gr.File(
+                    label=f"manifest (optional: .csv or .jsonl with file,query; or {names} inside the zip)",
+                    file_types=[Path(n).suffix for n in MANIFEST_NAMES],
+                )
+                query = gr.Textbox(
+                    label="query for every image", placeholder="e.g. the red one", elem_id="batch-query"
+                )
+                overlay_kind = gr.Radio(
+                    list(OVERLAY_KINDS),
+                    value=DEFAULT_OVERLAY_KIND,
+                    label="overlays",
+                    info="relevance: the map over each photo; foveated: each photo as a "
+                    "vision-language model would be given it under its token budgets",
+                    elem_id="batch-overlay",
+                )
+                token = gr.Textbox(
+                    label="API token",
+                    type="password",
+                    visible=settings.token_required("batch"),
+                    elem_id="batch-token",
+                )
                 submit = gr.Button("Submit batch", variant="primary", elem_id="batch-submit")
             with gr.Column():
                 with gr.Row():
-                    job = gr.Textbox(label="job id", placeholder="paste a job id to see it again", elem_id="batch-job", scale=3)
+                    job = gr.Textbox(
+                        label="job id",
+                        placeholder="paste a job id to see it again",
+                        elem_id="batch-job",
+                        scale=3,
+                    )
                     show = gr.Button("Show job", scale=1)
                     cancel = gr.Button("Cancel", variant="stop", scale=1)
                 bar = gr.HTML(jobs.progress_html(None), elem_id="batch-progress")
                 status = gr.Markdown("No job yet.", elem_id="batch-status")
-                file = gr.File(label="results (.zip: overlays, results.parquet, summary.csv)", interactive=False, elem_id="batch-results")
-        gr.Markdown("**Results**: each overlay with its file, query, match score and most relevant cell; failed items "
-                    "are listed under it with their reason.", elem_classes="arr-caption")  # fmt: skip
+                file = gr.File(
+                    label="results (.zip: overlays, results.parquet, summary.csv)",
+                    interactive=False,
+                    elem_id="batch-results",
+                )
+        gr.Markdown(
+            "**Results**: each overlay with its file, query, match score and most relevant cell; failed items "
+            "are listed under it with their reason.",
+            elem_classes="arr-caption",
+        )
         gallery = gr.HTML(elem_id="batch-gallery")
         failures = gr.Markdown(elem_id="batch-failures")
         timer = gr.Timer(1.0, active=False)
 
     # the page's own events (api_name page_*): the API's endpoints are demo/tabs/api.py's, in JSON
-    submit.click(batch_submit, [zip_in, manifest, query, token, overlay_kind], [job, status, bar, timer], api_name="page_batch_submit",
-                 **PRIVATE).then(None, job, None, js=PUSH_JOB_JS, **PRIVATE)  # fmt: skip
-    gr.on([show.click, job.submit, timer.tick], batch_poll, [job, token], [status, bar, file, gallery, failures, timer],
-          show_progress="hidden", **PRIVATE)  # fmt: skip
+    submit.click(
+        batch_submit,
+        [zip_in, manifest, query, token, overlay_kind],
+        [job, status, bar, timer],
+        api_name="page_batch_submit",
+        **PRIVATE,
+    ).then(None, job, None, js=PUSH_JOB_JS, **PRIVATE)
+    gr.on(
+        [show.click, job.submit, timer.tick],
+        batch_poll,
+        [job, token],
+        [status, bar, file, gallery, failures, timer],
+        show_progress="hidden",
+        **PRIVATE,
+    )
     show.click(None, job, None, js=PUSH_JOB_JS, **PRIVATE)
     cancel.click(batch_cancel, [job, token], status, api_name="page_batch_cancel", **PRIVATE)
     return job, timer

@@ -22,8 +22,14 @@ from ..page import PRIVATE, PUSH_JOB_JS
 
 JOB_PREFIX = "job:"  # a stored-reports choice that names a job's report rather than a file
 # the table's columns as the page shows them (the downloads keep the report's own names)
-SHORT_COLUMNS = {"throughput_per_s": "img/s", "speedup_vs_eager": "× eager", "max_abs_diff": "max |Δ| vs eager",
-                 "topk_agreement": "top-K agree", "compile_s": "compile s", "capture_s": "capture s"}  # fmt: skip
+SHORT_COLUMNS = {
+    "throughput_per_s": "img/s",
+    "speedup_vs_eager": "× eager",
+    "max_abs_diff": "max |Δ| vs eager",
+    "topk_agreement": "top-K agree",
+    "compile_s": "compile s",
+    "capture_s": "capture s",
+}
 
 
 @lru_cache(maxsize=1)
@@ -46,7 +52,9 @@ def default_job(settings: Settings) -> tuple[list[str], list[str], int]:
     """(backends, buckets, iterations) a first click runs: on a CPU a comparison that takes seconds
     (eager against ONNX Runtime, single images against a small batch); on a GPU the served backends."""
     on_cpu = not settings.broker_url and local_gpu() is None
-    backends = ["eager"] + (["onnx"] if importlib.util.find_spec("onnxruntime") is not None and "onnx" in BACKENDS else [])
+    backends = ["eager"] + (
+        ["onnx"] if importlib.util.find_spec("onnxruntime") is not None and "onnx" in BACKENDS else []
+    )
     if not on_cpu:
         backends = list(dict.fromkeys(["eager", *settings.backends]))
     small = [b for b in settings.buckets if b <= 8]
@@ -59,16 +67,28 @@ def gpu_note(settings: Settings) -> str:
         return "Benchmarks run on a GPU worker of the queue (this page does not see its device)."
     if local_gpu():
         return f"GPU: **{local_gpu()}**."
-    return ("**No GPU on this server**: benchmarks run on the CPU. The `cuda` device is unavailable and "
-            "`compiled` runs without CUDA graphs (compiling on CPU takes a while).")  # fmt: skip
+    return (
+        "**No GPU on this server**: benchmarks run on the CPU. The `cuda` device is unavailable and "
+        "`compiled` runs without CUDA graphs (compiling on CPU takes a while)."
+    )
 
 
-def bench_submit(variant: str, backends: list[str], buckets: list[str], iterations: float, device: str,
-                 token: str | None = None, request: gr.Request = None) -> tuple[str, str, gr.Timer]:  # fmt: skip
+def bench_submit(
+    variant: str,
+    backends: list[str],
+    buckets: list[str],
+    iterations: float,
+    device: str,
+    token: str | None = None,
+    request: gr.Request = None,
+) -> tuple[str, str, gr.Timer]:
     try:
         if device == "cuda" and not get_settings().broker_url and local_gpu() is None:
-            raise gr.Error("No GPU is visible on this server: choose the cpu (or auto) device.", title="GPU only",
-                           print_exception=False)  # fmt: skip
+            raise gr.Error(
+                "No GPU is visible on this server: choose the cpu (or auto) device.",
+                title="GPU only",
+                print_exception=False,
+            )
         owner = owner_of(request, token, "bench")  # ARRCOC_TOKEN_SCOPE=bench: token holders only
         job_id = jobs.submit_bench(variant, backends, buckets, iterations, device, owner=owner)
     except gr.Error:
@@ -87,7 +107,13 @@ def report_outputs(report: dict[str, Any] | None, source: str, empty: str = "") 
     df = reports.report_frame(report)
     files = reports.report_files(report, Path(source.split()[-1]).stem or "report") if report else None
     title = reports.report_markdown(report, source) if report or not empty else empty
-    return (title, gr.Column(visible=report is not None), display_frame(report), *charts.report_figures(df), files)
+    return (
+        title,
+        gr.Column(visible=report is not None),
+        display_frame(report),
+        *charts.report_figures(df),
+        files,
+    )
 
 
 def stored_choices(job_id: str = "") -> list[tuple[str, str]]:
@@ -114,7 +140,12 @@ def bench_poll(job_id: str, token: str | None = None, request: gr.Request = None
     except Exception as e:
         return (f"**Error:** {friendly(e)}", gr.Timer(active=False), *keep)
     chosen = gr.Dropdown(choices=stored_choices(st.job_id), value=JOB_PREFIX + st.job_id)
-    return (jobs.status_markdown(st), gr.Timer(active=False), chosen, *report_outputs(report, f"job {st.job_id}"))
+    return (
+        jobs.status_markdown(st),
+        gr.Timer(active=False),
+        chosen,
+        *report_outputs(report, f"job {st.job_id}"),
+    )
 
 
 def load_matching_report() -> tuple:
@@ -125,10 +156,15 @@ def load_matching_report() -> tuple:
     choices = stored_choices()
     if report is None:
         others = "Pick one in the list above to see it (measured elsewhere), or run" if choices else "Run"
-        empty = (f"**No stored report matches this server** ({server.words()}). {others} a benchmark "
-                 "to measure this machine.")  # fmt: skip
+        empty = (
+            f"**No stored report matches this server** ({server.words()}). {others} a benchmark "
+            "to measure this machine."
+        )
         return (gr.Dropdown(choices=choices, value=None), *report_outputs(None, "", empty))
-    return (gr.Dropdown(choices=choices, value=name), *report_outputs(report, f"Stored report: benchmarks/{name}"))
+    return (
+        gr.Dropdown(choices=choices, value=name),
+        *report_outputs(report, f"Stored report: benchmarks/{name}"),
+    )
 
 
 def show_stored_report(name: str | None, token: str | None = None, request: gr.Request = None) -> tuple:
@@ -151,22 +187,40 @@ def build_bench_tab(settings: Settings) -> tuple:
         with gr.Row():
             with gr.Column():
                 variant = gr.Dropdown(list_variants(), value=settings.variant, label="variant")
-                backends = gr.CheckboxGroup(list(BACKENDS), value=backends0, label="backends", elem_id="bench-backends")
-                buckets = gr.CheckboxGroup([str(b) for b in settings.buckets], value=buckets0, label="batch buckets",
-                                           elem_id="bench-buckets")  # fmt: skip
+                backends = gr.CheckboxGroup(
+                    list(BACKENDS), value=backends0, label="backends", elem_id="bench-backends"
+                )
+                buckets = gr.CheckboxGroup(
+                    [str(b) for b in settings.buckets],
+                    value=buckets0,
+                    label="batch buckets",
+                    elem_id="bench-buckets",
+                )
                 iters = gr.Slider(1, 300, value=iters0, step=1, label="timed iterations")
                 cuda_label = "cuda" if settings.broker_url or local_gpu() else "cuda (no GPU here)"
-                device = gr.Radio([("auto", "auto"), ("cpu", "cpu"), (cuda_label, "cuda")], value="auto", label="device")
-                token = gr.Textbox(label="API token", type="password", visible=settings.token_required("bench"),
-                                   elem_id="bench-token")  # fmt: skip
+                device = gr.Radio(
+                    [("auto", "auto"), ("cpu", "cpu"), (cuda_label, "cuda")], value="auto", label="device"
+                )
+                token = gr.Textbox(
+                    label="API token",
+                    type="password",
+                    visible=settings.token_required("bench"),
+                    elem_id="bench-token",
+                )
                 submit = gr.Button("Run benchmark", variant="primary", elem_id="bench-submit")
             with gr.Column():
-                job = gr.Textbox(label="benchmark job id", placeholder="paste a benchmark job id to see it again",
-                                 elem_id="bench-job")  # fmt: skip
+                job = gr.Textbox(
+                    label="benchmark job id",
+                    placeholder="paste a benchmark job id to see it again",
+                    elem_id="bench-job",
+                )
                 status = gr.Markdown("No benchmark job yet.", elem_id="bench-status")
                 # in view on load, beside the job's controls: which report the charts below show
-                stored = gr.Dropdown([], label="report shown below: stored (benchmarks/*.json, newest first) or this "
-                                     "page's job", elem_id="bench-stored")  # fmt: skip
+                stored = gr.Dropdown(
+                    [],
+                    label="report shown below: stored (benchmarks/*.json, newest first) or this page's job",
+                    elem_id="bench-stored",
+                )
                 title = gr.Markdown(elem_id="bench-report-title")
         with gr.Column(visible=False) as results:
             table = gr.DataFrame(label="results", interactive=False, elem_id="bench-table", wrap=True)
@@ -178,9 +232,20 @@ def build_bench_tab(settings: Settings) -> tuple:
         timer = gr.Timer(2.0, active=False)
 
     out = [title, results, table, lat, speed, parity, files]
-    submit.click(bench_submit, [variant, backends, buckets, iters, device, token], [job, status, timer],
-                 api_name="page_bench_submit", **PRIVATE).then(None, job, None, js=PUSH_JOB_JS, **PRIVATE)  # fmt: skip
-    gr.on([timer.tick, job.submit], bench_poll, [job, token], [status, timer, stored, *out], show_progress="hidden",
-          **PRIVATE)  # fmt: skip
+    submit.click(
+        bench_submit,
+        [variant, backends, buckets, iters, device, token],
+        [job, status, timer],
+        api_name="page_bench_submit",
+        **PRIVATE,
+    ).then(None, job, None, js=PUSH_JOB_JS, **PRIVATE)
+    gr.on(
+        [timer.tick, job.submit],
+        bench_poll,
+        [job, token],
+        [status, timer, stored, *out],
+        show_progress="hidden",
+        **PRIVATE,
+    )
     stored.input(show_stored_report, [stored, token], out, **PRIVATE)
     return job, timer, stored, out

@@ -44,10 +44,14 @@ EXAMPLES_NOTE = (
     "what is there, not where). **LIMIT**: a giraffe is not in the photo, yet the map still has a bright peak — only "
     "the weak match score tells you. Photos: scikit-image (public domain); shapes: a synthetic scene like the training data."
 )
-API_OVERLAY_SIDE = 2048  # /infer's overlay: the photo's own size, unless a big JPEG reduces to about this while decoding
+API_OVERLAY_SIDE = (
+    2048  # /infer's overlay: the photo's own size, unless a big JPEG reduces to about this while decoding
+)
 # closes the error toasts a new photo makes stale ("Upload a photo first"); returns no inputs
-CLOSE_ERRORS_JS = ("() => { document.querySelectorAll('.toast-body.error .toast-close, "
-                   "[data-testid=toast-body].error [data-testid=toast-close]').forEach(b => b.click()); return []; }")
+CLOSE_ERRORS_JS = (
+    "() => { document.querySelectorAll('.toast-body.error .toast-close, "
+    "[data-testid=toast-body].error [data-testid=toast-close]').forEach(b => b.click()); return []; }"
+)
 SERVER_DEFAULT = "server default"  # the backend dropdown's first choice: sends None (ARRCOC_BACKEND)
 BACKEND_LABELS = {
     "eager": "eager (PyTorch)",
@@ -68,22 +72,34 @@ def progress_note(backend: str | None) -> str:
     if service.is_ready(name):
         return f"Running the model ({name})"
     if name in ("compiled", "aot"):
-        return (f"First use of `{name}` on this server: compiling the model (one program for single images, one for batches) "
-                "(about a minute on a CPU; later runs take milliseconds)")  # fmt: skip
+        return (
+            f"First use of `{name}` on this server: compiling the model (one program for single images, one for batches) "
+            "(about a minute on a CPU; later runs take milliseconds)"
+        )
     return "Loading the model and the query encoder (first run on this server only)"
 
 
 def run_model(
-    image_path: str | None, query: str, s_info: float, s_persp: float, s_part: float, k: float,
-    budget: float, backend: str, scale: str = "sqrt", progress: gr.Progress = gr.Progress(),
-) -> tuple:  # fmt: skip
+    image_path: str | None,
+    query: str,
+    s_info: float,
+    s_persp: float,
+    s_part: float,
+    k: float,
+    budget: float,
+    backend: str,
+    scale: str = "sqrt",
+    progress: gr.Progress = gr.Progress(),
+) -> tuple:
     """Run the model once; store the run; return the match score, the overview and the run."""
     try:
         progress(0.05, desc="Reading the photo")
         data = read_image(image_path)
         text = query_text(query)
         controls = controls_from(s_info, s_persp, s_part, k, budget)  # numbers only, never converted
-        image = views.display_image(load_image(data, side=views.DISPLAY_SIDE))  # a big JPEG is reduced while decoding
+        image = views.display_image(
+            load_image(data, side=views.DISPLAY_SIDE)
+        )  # a big JPEG is reduced while decoding
         chosen = _backend(backend)
         progress(0.25, desc=progress_note(chosen))
         result = service.infer(data, text, controls, chosen)
@@ -94,7 +110,9 @@ def run_model(
     return (match, match, *views.overview(run), run, "Drawing the other views below…")
 
 
-def run_without_query(run: Run | None, image_path: str | None, s_info: float, s_persp: float, backend: str) -> Run | None:
+def run_without_query(
+    run: Run | None, image_path: str | None, s_info: float, s_persp: float, backend: str
+) -> Run | None:
     """The same photo with the participatory scorer off (query impact); one more model call."""
     if run is None:
         return None
@@ -113,7 +131,14 @@ def run_without_query(run: Run | None, image_path: str | None, s_info: float, s_
 def new_photo() -> tuple:
     """Another photo (or an example) was chosen: the results beside it belonged to the last one."""
     waiting = views.match_html(None)
-    return (waiting, waiting, None, None, None, "A new photo: type a query (or keep this one) and press **Run**.")
+    return (
+        waiting,
+        waiting,
+        None,
+        None,
+        None,
+        "A new photo: type a query (or keep this one) and press **Run**.",
+    )
 
 
 def set_scale(run: Run | None, scale: str) -> tuple:
@@ -147,7 +172,6 @@ def render_impact(run: Run | None) -> tuple:
     return (*views.impact_view(run), ready)
 
 
-
 @dataclass
 class InferenceTab:
     image: gr.Image
@@ -163,25 +187,53 @@ def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
     """The photo, the query, Run, the examples and the controls (the left column)."""
     c = variant.config
     image = photo_input(label="Photo", sources=["upload", "clipboard"], height=300, elem_id="photo")
-    _caption(f"JPEG, PNG, WebP, … up to {_mb(settings.max_image_bytes)}. Any size: large photos are scaled down, and the "
-             f"model sees every photo at {c.image_size}×{c.image_size}.")  # fmt: skip
-    query = gr.Textbox(label="Query", placeholder="what should the model look for? e.g. the red one", elem_id="query", max_lines=4,
-                       info=f"up to {settings.max_query_chars} characters; colours, positions and text work best")  # fmt: skip
+    _caption(
+        f"JPEG, PNG, WebP, … up to {_mb(settings.max_image_bytes)}. Any size: large photos are scaled down, and the "
+        f"model sees every photo at {c.image_size}×{c.image_size}."
+    )
+    query = gr.Textbox(
+        label="Query",
+        placeholder="what should the model look for? e.g. the red one",
+        elem_id="query",
+        max_lines=4,
+        info=f"up to {settings.max_query_chars} characters; colours, positions and text work best",
+    )
     run = gr.Button("Run", variant="primary", elem_id="run")
-    gr.Examples([[str(EXAMPLES_DIR / f), q] for f, q, _ in EXAMPLES], [image, query], elem_id="examples",
-                example_labels=[label for _, _, label in EXAMPLES], examples_per_page=len(EXAMPLES), label="Examples")
+    gr.Examples(
+        [[str(EXAMPLES_DIR / f), q] for f, q, _ in EXAMPLES],
+        [image, query],
+        elem_id="examples",
+        example_labels=[label for _, _, label in EXAMPLES],
+        examples_per_page=len(EXAMPLES),
+        label="Examples",
+    )
     _caption(EXAMPLES_NOTE)
     with gr.Accordion("Controls", open=False):
         with gr.Row():
-            scales = [gr.Slider(0, 3, value=1.0, step=0.05, label=f"{n} scale") for n in ("information", "perspectival", "participatory")]
+            scales = [
+                gr.Slider(0, 3, value=1.0, step=0.05, label=f"{n} scale")
+                for n in ("information", "perspectival", "participatory")
+            ]
         with gr.Row():
-            k = gr.Slider(1, c.grid * c.grid, value=c.k, step=1, label=f"K (cells kept, of {c.grid * c.grid})")
-            budget = gr.Slider(MIN_CELL_TOKENS * 16, MAX_CELL_TOKENS * c.grid * c.grid, value=c.token_budget, step=256,
-                               label="token budget", info=f"≥ {MIN_CELL_TOKENS} × K")  # fmt: skip
+            k = gr.Slider(
+                1, c.grid * c.grid, value=c.k, step=1, label=f"K (cells kept, of {c.grid * c.grid})"
+            )
+            budget = gr.Slider(
+                MIN_CELL_TOKENS * 16,
+                MAX_CELL_TOKENS * c.grid * c.grid,
+                value=c.token_budget,
+                step=256,
+                label="token budget",
+                info=f"≥ {MIN_CELL_TOKENS} × K",
+            )
         default = SERVER_DEFAULT if settings.broker_url else f"{SERVER_DEFAULT} ({service.served_backend()})"
-        backend = gr.Dropdown([(default, SERVER_DEFAULT), *((BACKEND_LABELS.get(b, b), b) for b in BACKENDS)],
-                              value=SERVER_DEFAULT, label="backend", elem_id="backend",
-                              info="the engine that runs the model; the Benchmark tab compares them")  # fmt: skip
+        backend = gr.Dropdown(
+            [(default, SERVER_DEFAULT), *((BACKEND_LABELS.get(b, b), b) for b in BACKENDS)],
+            value=SERVER_DEFAULT,
+            label="backend",
+            elem_id="backend",
+            info="the engine that runs the model; the Benchmark tab compares them",
+        )
     return InferenceTab(image, query, run, scales, k, budget, backend)
 
 
@@ -205,23 +257,32 @@ def build_inference_tab(settings: Settings, variant: Variant) -> tuple[Inference
 def wire_inference(inp: InferenceTab, v: Views) -> None:
     state = gr.State(None)
     ran = inp.run.click(
-        run_model, [inp.image, inp.query, *inp.scales, inp.k, inp.budget, inp.backend, v.scale],
-        [*v.match, *v.overview, state, v.status], api_name="run", concurrency_limit=2, scroll_to_output=True,
+        run_model,
+        [inp.image, inp.query, *inp.scales, inp.k, inp.budget, inp.backend, v.scale],
+        [*v.match, *v.overview, state, v.status],
+        api_name="run",
+        concurrency_limit=2,
+        scroll_to_output=True,
         show_progress_on=[v.match[0], v.overview[1]],
         api_description="Run the model on one photo and query with the page's controls: (photo, query, information "
-                        "scale, perspectival scale, participatory scale, K, token budget, backend or 'server default', "
-                        "colour scale) -> the match score, the photo, the relevance map, the selected cells and a summary.",
-    )  # fmt: skip
+        "scale, perspectival scale, participatory scale, K, token budget, backend or 'server default', "
+        "colour scale) -> the match score, the photo, the relevance map, the selected cells and a summary.",
+    )
     inp.query.submit(lambda: None, None, None, js="() => document.querySelector('#run').click()", **PRIVATE)
-    inp.image.change(new_photo, None, [*v.match, *v.overview], show_progress="hidden", js=CLOSE_ERRORS_JS,
-                     **PRIVATE)  # no stale results (or "Upload a photo first") beside it
+    inp.image.change(
+        new_photo, None, [*v.match, *v.overview], show_progress="hidden", js=CLOSE_ERRORS_JS, **PRIVATE
+    )  # no stale results (or "Upload a photo first") beside it
     ran.success(render_views, [state, v.map, v.opacity], v.rest, **PRIVATE).then(
         run_without_query, [state, inp.image, *inp.scales[:2], inp.backend], state, **PRIVATE
     ).then(render_impact, state, [*v.impact, v.status], **PRIVATE)
-    v.scale.change(set_scale, [state, v.scale], [state, v.overview[1], *v.impact[:2]], show_progress="hidden", **PRIVATE).then(
-        render_views, [state, v.map, v.opacity], v.rest, show_progress="hidden", **PRIVATE
+    v.scale.change(
+        set_scale, [state, v.scale], [state, v.overview[1], *v.impact[:2]], show_progress="hidden", **PRIVATE
+    ).then(render_views, [state, v.map, v.opacity], v.rest, show_progress="hidden", **PRIVATE)
+    gr.on(
+        [v.map.change, v.opacity.change],
+        views.overlay_view,
+        [state, v.map, v.opacity],
+        v.overlay,
+        show_progress="hidden",
+        **PRIVATE,
     )
-    gr.on([v.map.change, v.opacity.change], views.overlay_view, [state, v.map, v.opacity], v.overlay,
-          show_progress="hidden", **PRIVATE)  # fmt: skip
-
-

@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 
 
 def _unavailable(e: BaseException, what: str) -> ServiceUnavailableError:
-    return ServiceUnavailableError(f"{what}: the queue did not answer ({type(e).__name__}: {e}). "
-                                   "Check that Redis and a worker are running, then retry.")  # fmt: skip
+    return ServiceUnavailableError(
+        f"{what}: the queue did not answer ({type(e).__name__}: {e}). "
+        "Check that Redis and a worker are running, then retry."
+    )
 
 
 class CeleryExecutor(Executor):
@@ -44,14 +46,27 @@ class CeleryExecutor(Executor):
 
         try:
             # argsrepr: Celery's generic saferepr of the arguments costs more than the rest of the message
-            return self.app.send_task(name, args=args, queue=queue, priority=priority, argsrepr=repr(args),
-                                      kwargsrepr="{}", **options)  # fmt: skip
+            return self.app.send_task(
+                name,
+                args=args,
+                queue=queue,
+                priority=priority,
+                argsrepr=repr(args),
+                kwargsrepr="{}",
+                **options,
+            )
         except (OperationalError, ConnectionError, OSError) as e:
             raise _unavailable(e, "Could not queue the work") from e
 
     # -- interactive ---------------------------------------------------------------------------
-    def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0,
-              backend: str | None = None) -> RelevanceResult:  # fmt: skip
+    def infer(
+        self,
+        image: bytes,
+        query: str,
+        controls: Controls | None = None,
+        timeout: float = 60.0,
+        backend: str | None = None,
+    ) -> RelevanceResult:
         import redis
 
         s = self.settings
@@ -71,8 +86,15 @@ class CeleryExecutor(Executor):
         reply_to = f"{s.redis_prefix}:reply:{task_id}"
         # the answer comes on our own reply list, not Celery's result backend: one blocking pop in
         # place of subscribe, get, unsubscribe and forget, and the arrays raw, not in base64
-        self._send(TASK_INFER, [key, text, controls.to_wire(), deadline, backend, reply_to], s.queue_gpu,
-                   PRIORITY_INFER, expires=timeout, task_id=task_id, ignore_result=True)  # fmt: skip
+        self._send(
+            TASK_INFER,
+            [key, text, controls.to_wire(), deadline, backend, reply_to],
+            s.queue_gpu,
+            PRIORITY_INFER,
+            expires=timeout,
+            task_id=task_id,
+            ignore_result=True,
+        )
         frame = self._wait_reply(reply_to, deadline, timeout)
         return result_from_frame(frame)
 
@@ -93,17 +115,26 @@ class CeleryExecutor(Executor):
         )
 
     # -- jobs --------------------------------------------------------------------------------
-    def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None,
-                     owner: str | None = None, overlay_kind: str | None = None) -> str:  # fmt: skip
+    def submit_batch(
+        self,
+        archive: bytes,
+        query: str | None = None,
+        controls: Controls | None = None,
+        owner: str | None = None,
+        overlay_kind: str | None = None,
+    ) -> str:
         self._check_types(archive, controls)
         # the kind is kept with the job (its record), so the chunk tasks' arguments stay as they were
-        job_id, chunks = batch.create_batch_job(bytes(archive), query, controls, self.settings, self.store, owner,
-                                                overlay_kind)  # fmt: skip
+        job_id, chunks = batch.create_batch_job(
+            bytes(archive), query, controls, self.settings, self.store, owner, overlay_kind
+        )
         try:
             # a job's later chunks queue behind every job's first ones (Redis serves lower numbers
             # first): a small job submitted after a big one starts after the big one's first chunk
             for k, (start, stop) in enumerate(chunks):
-                self._send(TASK_CHUNK, [job_id, start, stop], self.settings.queue_gpu, PRIORITY_CHUNK + min(k, 3))
+                self._send(
+                    TASK_CHUNK, [job_id, start, stop], self.settings.queue_gpu, PRIORITY_CHUNK + min(k, 3)
+                )
         except ServiceUnavailableError as e:
             self.store.set_state(job_id, JobState.FAILED, str(e))
             raise

@@ -45,7 +45,11 @@ class Executor(ABC):
 
     @abstractmethod
     def submit_batch(
-        self, archive: bytes, query: str | None = None, controls: Controls | None = None, owner: str | None = None,
+        self,
+        archive: bytes,
+        query: str | None = None,
+        controls: Controls | None = None,
+        owner: str | None = None,
         overlay_kind: str | None = None,
     ) -> str:
         """A zip of images (one query for all) or a zip with manifest.csv/.jsonl (file,query).
@@ -85,7 +89,9 @@ class Executor(ABC):
     def _check_types(image: object, controls: object) -> None:
         """Strict types at the boundary: encoded image bytes and a Controls (or None)."""
         if not isinstance(image, bytes | bytearray | memoryview):
-            raise InvalidInputError(f"The image must be encoded bytes (a PNG, JPEG, ... file), got {type(image).__name__}.")
+            raise InvalidInputError(
+                f"The image must be encoded bytes (a PNG, JPEG, ... file), got {type(image).__name__}."
+            )
         if controls is not None and not isinstance(controls, Controls):
             raise InvalidInputError(f"The controls must be a Controls, got {type(controls).__name__}.")
 

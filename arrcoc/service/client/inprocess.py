@@ -105,22 +105,37 @@ class InProcessExecutor(Executor):
         self._jobs = FairScheduler(self.settings.job_slice_s)
         # expired jobs' files go on time, and those of jobs nobody can fetch (a restart forgot them) early
         store = self.store
-        self.reaper = Reaper(self.settings, [lambda: sweep_unreachable(self.settings, store, in_memory=True)]).start()
+        self.reaper = Reaper(
+            self.settings, [lambda: sweep_unreachable(self.settings, store, in_memory=True)]
+        ).start()
 
     def warmup(self) -> None:
         """Build and warm the engine now instead of on the first request."""
         self.runtime.warm()
 
-    def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0,
-              backend: str | None = None) -> RelevanceResult:  # fmt: skip
+    def infer(
+        self,
+        image: bytes,
+        query: str,
+        controls: Controls | None = None,
+        timeout: float = 60.0,
+        backend: str | None = None,
+    ) -> RelevanceResult:
         self._check_types(image, controls)
         return self.runtime.infer(bytes(image), query, controls or Controls(), timeout, backend)
 
-    def submit_batch(self, archive: bytes, query: str | None = None, controls: Controls | None = None,
-                     owner: str | None = None, overlay_kind: str | None = None) -> str:  # fmt: skip
+    def submit_batch(
+        self,
+        archive: bytes,
+        query: str | None = None,
+        controls: Controls | None = None,
+        owner: str | None = None,
+        overlay_kind: str | None = None,
+    ) -> str:
         self._check_types(archive, controls)
-        job_id, chunks = batch.create_batch_job(bytes(archive), query, controls, self.settings, self.store, owner,
-                                                overlay_kind)  # fmt: skip
+        job_id, chunks = batch.create_batch_job(
+            bytes(archive), query, controls, self.settings, self.store, owner, overlay_kind
+        )
         total = chunks[-1][1] if chunks else 0
         self._jobs.add(owner or "", lambda yield_now: self._run_batch(job_id, total, yield_now))
         return job_id
@@ -131,8 +146,9 @@ class InProcessExecutor(Executor):
         redelivery, which a job thread does not have, and each chunk's pipeline fills and drains anew."""
         try:
             if total:
-                ran = batch.run_chunk(job_id, 0, total, self.runtime, self.store, self.settings,
-                                      yield_now=yield_now)  # fmt: skip
+                ran = batch.run_chunk(
+                    job_id, 0, total, self.runtime, self.store, self.settings, yield_now=yield_now
+                )
                 if ran.get("yielded"):
                     return False
             batch.maybe_finalize(job_id, self.store, self.settings)
@@ -143,7 +159,9 @@ class InProcessExecutor(Executor):
                 batch.maybe_finalize(job_id, self.store, self.settings)
             except Exception as again:  # noqa: BLE001 -- e.g. the disk is still full: the job still ends
                 log.warning("batch job %s: could not finish its results (%s)", job_id, again)
-            self.store.set_state(job_id, JobState.FAILED, reason_for(e), expect=(JobState.PENDING, JobState.RUNNING))
+            self.store.set_state(
+                job_id, JobState.FAILED, reason_for(e), expect=(JobState.PENDING, JobState.RUNNING)
+            )
         release(job_dir(self.settings, job_id))  # over: its inputs go, its reservation shrinks to its results
         return True
 

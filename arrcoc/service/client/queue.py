@@ -40,8 +40,11 @@ def queue_config(settings: Settings) -> dict[str, Any]:
         "accept_content": ["json"],
         "result_accept_content": ["json"],
         "task_default_queue": settings.queue_gpu,
-        "task_routes": {TASK_INFER: {"queue": settings.queue_gpu}, TASK_CHUNK: {"queue": settings.queue_gpu},
-                        TASK_BENCH: {"queue": settings.queue_bench}},  # fmt: skip
+        "task_routes": {
+            TASK_INFER: {"queue": settings.queue_gpu},
+            TASK_CHUNK: {"queue": settings.queue_gpu},
+            TASK_BENCH: {"queue": settings.queue_bench},
+        },
         "result_expires": settings.result_expires_s,
         "result_extended": False,
         # no STARTED state and no task-sent event: each is one more Redis write per message, and
@@ -63,8 +66,12 @@ def queue_config(settings: Settings) -> dict[str, Any]:
             "priority_steps": list(range(10)),
             "queue_order_strategy": "priority",
         },
-        "task_publish_retry_policy": {"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5,
-                                      "interval_max": 1.0},  # fmt: skip
+        "task_publish_retry_policy": {
+            "max_retries": 3,
+            "interval_start": 0.2,
+            "interval_step": 0.5,
+            "interval_max": 1.0,
+        },
         "redis_socket_timeout": timeout,
         "redis_socket_connect_timeout": timeout,
         "redis_retry_on_timeout": False,

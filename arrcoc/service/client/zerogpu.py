@@ -76,8 +76,9 @@ def _gpu_runtime() -> Runtime:
 
 
 @GPU(duration=INFER_S)
-def gpu_infer(image: bytes, query: str, controls: Controls, timeout: float,
-              backend: str | None) -> RelevanceResult | ArrcocError:  # fmt: skip
+def gpu_infer(
+    image: bytes, query: str, controls: Controls, timeout: float, backend: str | None
+) -> RelevanceResult | ArrcocError:
     """One request on the GPU's Runtime. A user's error comes back as a value: the platform would
     turn a raised one into a generic "GPU task aborted", losing what to fix."""
     try:
@@ -98,9 +99,15 @@ def build_packages() -> dict[str, Any]:
         built = _build_aot(s, runtime)
     runtime.warm()
     pipe = runtime.pipeline
-    return {"variant": s.variant, "backend": pipe.backend.name, "device": str(pipe.device),
-            "dtype": str(pipe.backend.dtype).removeprefix("torch."), "built": built,
-            "cache_dir": str(s.cache_dir), "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    return {
+        "variant": s.variant,
+        "backend": pipe.backend.name,
+        "device": str(pipe.device),
+        "dtype": str(pipe.backend.dtype).removeprefix("torch."),
+        "built": built,
+        "cache_dir": str(s.cache_dir),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def _build_aot(s: Settings, runtime: Runtime) -> list[str]:
@@ -143,8 +150,14 @@ class SpacesExecutor(InProcessExecutor):
     def warmup(self) -> None:
         self.prepare()
 
-    def infer(self, image: bytes, query: str, controls: Controls | None = None, timeout: float = 60.0,
-              backend: str | None = None) -> RelevanceResult:  # fmt: skip
+    def infer(
+        self,
+        image: bytes,
+        query: str,
+        controls: Controls | None = None,
+        timeout: float = 60.0,
+        backend: str | None = None,
+    ) -> RelevanceResult:
         self._check_types(image, controls)
         got = gpu_infer(bytes(image), query, controls or Controls(), timeout, backend)
         if isinstance(got, ArrcocError):

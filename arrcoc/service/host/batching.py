@@ -65,9 +65,16 @@ def _at_once(run_batch: RunBatch) -> LaunchBatch:
 
 
 class DynamicBatcher:
-    def __init__(self, run_batch: RunBatch, max_batch: int = 32, max_delay_s: float = 0.005, name: str = "batcher",
-                 idle_wait: bool = False, prepare_batch: PrepareBatch | None = None,
-                 launch_batch: LaunchBatch | None = None):  # fmt: skip
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        max_batch: int = 32,
+        max_delay_s: float = 0.005,
+        name: str = "batcher",
+        idle_wait: bool = False,
+        prepare_batch: PrepareBatch | None = None,
+        launch_batch: LaunchBatch | None = None,
+    ):
         assert max_batch >= 1 and max_delay_s >= 0
         self.run_batch = run_batch
         self.prepare_batch = prepare_batch
@@ -151,7 +158,9 @@ class DynamicBatcher:
             if req.future.set_running_or_notify_cancel() is False:
                 continue
             if req.deadline is not None and now > req.deadline:
-                req.future.set_exception(DeadlineExceeded("The request waited too long in the queue; try again."))
+                req.future.set_exception(
+                    DeadlineExceeded("The request waited too long in the queue; try again.")
+                )
             else:
                 live.append(req)
         if live:
@@ -204,7 +213,9 @@ class DynamicBatcher:
         """Wait for a launched batch and hand its results out."""
         self._hand_out(live, self._call(lambda _: wait(), live, []))
 
-    def _launch(self, live: list[_Request], items: list[Any]) -> tuple[list[_Request], Callable[[], Sequence[Any]]]:
+    def _launch(
+        self, live: list[_Request], items: list[Any]
+    ) -> tuple[list[_Request], Callable[[], Sequence[Any]]]:
         try:
             return live, self.launch_batch(items)
         except BaseException as e:  # noqa: BLE001 -- every caller of the batch hears why

@@ -12,13 +12,20 @@ from ..jobs.types import BenchRequest
 from .interface import Progress
 
 
-def run_benchmark(request: BenchRequest, settings: Settings, progress: Progress | None = None) -> dict[str, Any]:
+def run_benchmark(
+    request: BenchRequest, settings: Settings, progress: Progress | None = None
+) -> dict[str, Any]:
     """The harness's report for `request`; options the harness does not know are ignored."""
     known = {f.name for f in fields(BenchConfig)}
-    kwargs = {"variants": tuple(request.variants), "backends": tuple(request.backends),
-              "buckets": tuple(int(b) for b in request.buckets), "iters": request.iterations,
-              "warmup_iters": request.warmup, "device": request.device,
-              "dtype": "float32" if settings.dtype == "auto" else settings.dtype,  # options may name one
-              "weights": settings.weights or "default"}  # fmt: skip
+    kwargs = {
+        "variants": tuple(request.variants),
+        "backends": tuple(request.backends),
+        "buckets": tuple(int(b) for b in request.buckets),
+        "iters": request.iterations,
+        "warmup_iters": request.warmup,
+        "device": request.device,
+        "dtype": "float32" if settings.dtype == "auto" else settings.dtype,  # options may name one
+        "weights": settings.weights or "default",
+    }
     kwargs.update({k: v for k, v in request.options.items() if k in known})
     return run_harness(BenchConfig(**{k: v for k, v in kwargs.items() if k in known}), progress=progress)

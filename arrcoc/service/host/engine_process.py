@@ -81,7 +81,10 @@ class EngineServer:
         self._authkey = authkey
         self.group = tuple(group) or (address,)  # every engine process on this device, in order
         self._served_lock = threading.Lock()
-        self.served = {"requests": 0, "items": 0}  # what this process has answered (the health check shows it)
+        self.served = {
+            "requests": 0,
+            "items": 0,
+        }  # what this process has answered (the health check shows it)
         self.listener = Listener(address, family="AF_UNIX", authkey=authkey)
 
     def serve_forever(self) -> None:
@@ -133,14 +136,23 @@ class EngineServer:
             "served": dict(self.served),
         }
 
-    def _op_infer(self, peer: _Peer, image: Any, query: str, controls: Controls, timeout: float,
-                  backend: str | None) -> RelevanceResult:  # fmt: skip
+    def _op_infer(
+        self, peer: _Peer, image: Any, query: str, controls: Controls, timeout: float, backend: str | None
+    ) -> RelevanceResult:
         result = self.runtime.infer(image, query, controls, timeout, backend)
         self._count(1)
         return result
 
-    def _op_process(self, peer: _Peer, images: list[bytes], queries: list[str], controls: Controls,
-                    overlay: str, backend: str | None, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
+    def _op_process(
+        self,
+        peer: _Peer,
+        images: list[bytes],
+        queries: list[str],
+        controls: Controls,
+        overlay: str,
+        backend: str | None,
+        kind: str = DEFAULT_OVERLAY_KIND,
+    ) -> ProcessedBatch:
         processed = self.runtime.process(images, queries, controls, overlay, backend, kind)
         self._count(len(images))
         return processed
@@ -180,8 +192,9 @@ class EngineServer:
         Each other process's note of its hold (as Runtime.exclusive's) lands in `notes` on release."""
         with contextlib.ExitStack() as held:
             for address in self.group:
-                held.enter_context(self.runtime.device_lock if address == self.address
-                                   else self._peer_held(address, notes))  # fmt: skip
+                held.enter_context(
+                    self.runtime.device_lock if address == self.address else self._peer_held(address, notes)
+                )
             yield
 
     @contextlib.contextmanager
@@ -275,7 +288,9 @@ class EngineClient(EngineHost):
             other = self._pick(items, avoid=route)
             if other is None:
                 raise
-            log.warning("the engine process at %s is not answering; its call goes to %s", route.address, other.address)
+            log.warning(
+                "the engine process at %s is not answering; its call goes to %s", route.address, other.address
+            )
             try:
                 return self._call(other, msg, timeout)
             except EngineUnavailableError:
@@ -286,13 +301,17 @@ class EngineClient(EngineHost):
         finally:
             self._release(route, items)
 
-    def _call(self, route: _Route, msg: tuple, timeout: float | None = None, on_progress: Progress | None = None) -> Any:
+    def _call(
+        self, route: _Route, msg: tuple, timeout: float | None = None, on_progress: Progress | None = None
+    ) -> Any:
         try:
             conn = self._conn(route)
             _send(conn, msg)
             while True:
                 if not conn.poll(timeout):
-                    raise DeadlineExceeded(f"No result within {timeout:.0f} s; the engine is busy. Try again.")
+                    raise DeadlineExceeded(
+                        f"No result within {timeout:.0f} s; the engine is busy. Try again."
+                    )
                 kind, *payload = _recv(conn)
                 if kind != "progress":
                     break
@@ -307,14 +326,17 @@ class EngineClient(EngineHost):
             self._drop(route)
             if isinstance(e, ArrcocError):  # DeadlineExceeded is a TimeoutError, hence an OSError
                 raise
-            raise EngineUnavailableError(f"The engine process is not answering ({type(e).__name__}); it is being"
-                                         " started again. Try again.") from None  # fmt: skip
+            raise EngineUnavailableError(
+                f"The engine process is not answering ({type(e).__name__}); it is being"
+                " started again. Try again."
+            ) from None
         except BaseException:  # a reply may still come: this connection is out of step now
             self._drop(route)
             raise
         if kind == "err":
             raise error_from_wire(payload[0])
         return payload[0]
+
     @property
     def info(self) -> dict[str, Any]:
         if self._info is None:
@@ -333,8 +355,13 @@ class EngineClient(EngineHost):
         return out
 
     def warm(self) -> None:
-        log.info("engine process %s on %s serves this worker (max batch %d; %d engine(s) in its pool)",
-                 self.info["pid"], self.info["device"], self.max_batch, len(self._routes))  # fmt: skip
+        log.info(
+            "engine process %s on %s serves this worker (max batch %d; %d engine(s) in its pool)",
+            self.info["pid"],
+            self.info["device"],
+            self.max_batch,
+            len(self._routes),
+        )
 
     @property
     def max_batch(self) -> int:
@@ -356,14 +383,26 @@ class EngineClient(EngineHost):
         # the engine keeps the deadline; the extra second is for the reply to arrive
         result = self._routed(("infer", image, query, controls, timeout, backend), 1, timeout=timeout + 1.0)
         # the round trip: batching delay + engine + the socket both ways (model_ms is the engine's part)
-        return dataclasses.replace(result, timings_ms=result.timings_ms | {"engine_wall_ms": (time.perf_counter() - t0) * 1e3})
+        return dataclasses.replace(
+            result, timings_ms=result.timings_ms | {"engine_wall_ms": (time.perf_counter() - t0) * 1e3}
+        )
 
-    def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
-                backend: str | None = None, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
-        return self._routed(("process", list(images), list(queries), controls, overlay, backend, kind), len(images))
+    def process(
+        self,
+        images: Sequence[bytes],
+        queries: Sequence[str],
+        controls: Controls,
+        overlay: str,
+        backend: str | None = None,
+        kind: str = DEFAULT_OVERLAY_KIND,
+    ) -> ProcessedBatch:
+        return self._routed(
+            ("process", list(images), list(queries), controls, overlay, backend, kind), len(images)
+        )
 
-    def benchmark(self, request: BenchRequest, progress: Progress | None = None
-                  ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    def benchmark(
+        self, request: BenchRequest, progress: Progress | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """On the least-loaded engine, holding its device (not retried elsewhere: a benchmark job
         that loses its engine is redelivered as a whole)."""
         route = self._pick(0)
@@ -383,8 +422,10 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/engine] %(message)s")
     settings = get_settings()
     if not settings.engine_socket or not settings.engine_authkey:
-        print("ARRCOC_ENGINE_SOCKET and ARRCOC_ENGINE_AUTHKEY must be set (arrcoc worker --processes N sets them)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "ARRCOC_ENGINE_SOCKET and ARRCOC_ENGINE_AUTHKEY must be set (arrcoc worker --processes N sets them)",
+            file=sys.stderr,
+        )
         return 2
     # the batch threads launch kernels and build results holding the GIL between waits; a
     # connection thread that takes the GIL meanwhile may keep it for the switch interval
@@ -392,8 +433,9 @@ def main() -> int:
     runtime = Runtime(settings)
     runtime.warm()
     # listening only once warm: a client that connects is served at once
-    server = EngineServer(runtime, settings.engine_socket, bytes.fromhex(settings.engine_authkey),
-                          settings.engine_group)  # fmt: skip
+    server = EngineServer(
+        runtime, settings.engine_socket, bytes.fromhex(settings.engine_authkey), settings.engine_group
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # out of accept(), through the finally below
     log.info("engine process %d listening on %s", os.getpid(), settings.engine_socket)
     try:

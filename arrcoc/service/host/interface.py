@@ -65,22 +65,53 @@ class StepOutputs:
         ran = [p for p in parts if p.ok.any()]
         like = ran[0] if ran else parts[0]
         grid, k = like.relevance.shape[-1], like.selected.shape[1]
-        same = [p if (p.relevance.shape[-1], p.selected.shape[1]) == (grid, k) else cls.failed(len(p), grid, k)
-                for p in parts]  # fmt: skip
+        same = [
+            p if (p.relevance.shape[-1], p.selected.shape[1]) == (grid, k) else cls.failed(len(p), grid, k)
+            for p in parts
+        ]
         arrays = {f: np.concatenate([getattr(p, f) for p in same]) for f in _ARRAY_FIELDS}
-        return cls(**arrays, token_budget=like.token_budget, variant=like.variant,
-                   weights_version=like.weights_version, backend=like.backend)  # fmt: skip
+        return cls(
+            **arrays,
+            token_budget=like.token_budget,
+            variant=like.variant,
+            weights_version=like.weights_version,
+            backend=like.backend,
+        )
 
     @classmethod
     def failed(cls, n: int, grid: int = 1, k: int = 1) -> StepOutputs:
         """n items none of which ran."""
         maps = np.zeros((n, grid, grid), np.float32)
         pair = np.zeros((n, 3), np.float32)
-        return cls(np.zeros(n, bool), maps, maps, maps, maps, maps, np.zeros((n, k), np.int32), np.zeros((n, k), np.int32),
-                   pair, pair, np.zeros(n, np.float32), np.zeros((n, 2), np.int32), np.zeros(n, np.int32), 0)  # fmt: skip
+        return cls(
+            np.zeros(n, bool),
+            maps,
+            maps,
+            maps,
+            maps,
+            maps,
+            np.zeros((n, k), np.int32),
+            np.zeros((n, k), np.int32),
+            pair,
+            pair,
+            np.zeros(n, np.float32),
+            np.zeros((n, 2), np.int32),
+            np.zeros(n, np.int32),
+            0,
+        )
 
 
-_ARRAY_FIELDS = ("ok", *MAPS, "selected", "budgets", "balance", "tensions", "match_score", "image_size", "bucket")
+_ARRAY_FIELDS = (
+    "ok",
+    *MAPS,
+    "selected",
+    "budgets",
+    "balance",
+    "tensions",
+    "match_score",
+    "image_size",
+    "bucket",
+)
 
 
 @dataclass(frozen=True)
@@ -102,14 +133,25 @@ class ProcessedBatch:
         if not o.ok[i]:
             return None
         return RelevanceResult(
-            variant=o.variant, weights_version=o.weights_version, backend=o.backend, query="",
-            relevance=o.relevance[i], information=o.information[i], perspectival=o.perspectival[i],
-            participatory=o.participatory[i], balance=o.balance[i], tensions=o.tensions[i],
-            selected=o.selected[i].astype(np.int64), budgets=o.budgets[i].astype(np.int64),
-            budget_map=o.budget_map[i], texture=np.empty(0, np.float32),
-            image_size=(int(o.image_size[i, 0]), int(o.image_size[i, 1])), token_budget=o.token_budget,
-            bucket=int(o.bucket[i]), match_score=float(o.match_score[i]),
-        )  # fmt: skip
+            variant=o.variant,
+            weights_version=o.weights_version,
+            backend=o.backend,
+            query="",
+            relevance=o.relevance[i],
+            information=o.information[i],
+            perspectival=o.perspectival[i],
+            participatory=o.participatory[i],
+            balance=o.balance[i],
+            tensions=o.tensions[i],
+            selected=o.selected[i].astype(np.int64),
+            budgets=o.budgets[i].astype(np.int64),
+            budget_map=o.budget_map[i],
+            texture=np.empty(0, np.float32),
+            image_size=(int(o.image_size[i, 0]), int(o.image_size[i, 1])),
+            token_budget=o.token_budget,
+            bucket=int(o.bucket[i]),
+            match_score=float(o.match_score[i]),
+        )
 
 
 class EngineHost(ABC):
@@ -133,20 +175,30 @@ class EngineHost(ABC):
         """Whether the engine computes on this machine's CPU cores (no accelerator)."""
 
     @abstractmethod
-    def infer(self, image: ImageLike, query: str, controls: Controls, timeout: float,
-              backend: str | None = None) -> RelevanceResult:  # fmt: skip
+    def infer(
+        self, image: ImageLike, query: str, controls: Controls, timeout: float, backend: str | None = None
+    ) -> RelevanceResult:
         """One interactive request through the dynamic batcher; waits at most `timeout` s."""
 
     @abstractmethod
-    def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
-                backend: str | None = None, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
+    def process(
+        self,
+        images: Sequence[bytes],
+        queries: Sequence[str],
+        controls: Controls,
+        overlay: str,
+        backend: str | None = None,
+        kind: str = DEFAULT_OVERLAY_KIND,
+    ) -> ProcessedBatch:
         """A batch job's step, bytes to results: decoded together on the engine's path, run in as
         few engine calls as the buckets allow, overlays drawn and encoded together (`overlay`:
         jpeg, png or none; `kind`: what they show, arrcoc.settings.OVERLAY_KINDS). Results as
         columns over the items, in order; a bad item fails alone."""
 
     @abstractmethod
-    def benchmark(self, request: BenchRequest, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def benchmark(
+        self, request: BenchRequest, progress: Progress | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The benchmark harness's report, with the device held throughout, and what waited."""
 
     @abstractmethod

@@ -92,19 +92,37 @@ class Runtime(EngineHost):
         first = next(iter(self._pipelines.values()), None)
         if first is None:
             pipe = RelevancePipeline(
-                s.variant, s.weights or "default", backend, s.device,
-                limits=image_limits(s), buckets=buckets, cache_dir=s.cache_dir, dtype=s.dtype,
-                query_source=s.query_encoder, query_cache_size=s.query_cache_size, max_query_chars=s.max_query_chars,
-            )  # fmt: skip
+                s.variant,
+                s.weights or "default",
+                backend,
+                s.device,
+                limits=image_limits(s),
+                buckets=buckets,
+                cache_dir=s.cache_dir,
+                dtype=s.dtype,
+                query_source=s.query_encoder,
+                query_cache_size=s.query_cache_size,
+                max_query_chars=s.max_query_chars,
+            )
         else:  # another backend over the same model and query encoder
             dtype = serving_dtype(s.dtype, first.device, first.variant.gpu_dtype, backend)
             engine = create_backend(backend, first.model, first.device, buckets, dtype, s.cache_dir)
-            pipe = RelevancePipeline(s.variant, backend=engine, device=str(first.device),
-                                     query_encoder=first.encoder, limits=image_limits(s))  # fmt: skip
+            pipe = RelevancePipeline(
+                s.variant,
+                backend=engine,
+                device=str(first.device),
+                query_encoder=first.encoder,
+                limits=image_limits(s),
+            )
         pipe.warmup()
         pipe.encoder.encode("warm up")  # load the query encoder now, not on the first request
-        log.info("engine %s/%s on %s ready in %.1f s", s.variant, pipe.backend.name, pipe.device,
-                 time.perf_counter() - t0)  # fmt: skip
+        log.info(
+            "engine %s/%s on %s ready in %.1f s",
+            s.variant,
+            pipe.backend.name,
+            pipe.device,
+            time.perf_counter() - t0,
+        )
         return pipe
 
     @property
@@ -147,19 +165,23 @@ class Runtime(EngineHost):
         """Check and resize one request in the caller's thread (see RelevancePipeline.prepare)."""
         return self.pipeline.prepare(image, query, controls)
 
-    def run_batch(self, items: Sequence[PreparedRequest], backend: str | None = None) -> list[RelevanceResult | Exception]:
+    def run_batch(
+        self, items: Sequence[PreparedRequest], backend: str | None = None
+    ) -> list[RelevanceResult | Exception]:
         """Prepared requests -> one result or one error per item."""
         return self.launch_batch(items, backend)()
 
-    def launch_batch(self, items: Sequence[PreparedRequest], backend: str | None = None
-                     ) -> Callable[[], list[RelevanceResult | Exception]]:  # fmt: skip
+    def launch_batch(
+        self, items: Sequence[PreparedRequest], backend: str | None = None
+    ) -> Callable[[], list[RelevanceResult | Exception]]:
         """`run_batch` in two steps: the engine call started now, the returned function waits for
         it. The device is held from one to the other (call the function, on this thread)."""
         launched = self._launch(items, backend)
         return lambda: [r if isinstance(r, Exception) else r() for r in launched()]
 
-    def _launch(self, items: Sequence[PreparedRequest], backend: str | None
-                ) -> Callable[[], list[ItemResult | Exception]]:  # fmt: skip
+    def _launch(
+        self, items: Sequence[PreparedRequest], backend: str | None
+    ) -> Callable[[], list[ItemResult | Exception]]:
         """`launch_batch` with each item's result left unbuilt: the interactive batcher hands it to
         the request's own thread, which builds it (arrcoc.pipeline.BatchResults)."""
         pipe = self.pipeline_for(backend)
@@ -188,7 +210,9 @@ class Runtime(EngineHost):
         return wait
 
     @staticmethod
-    def _one_by_one(pipe: RelevancePipeline, items: Sequence[PreparedRequest]) -> list[ItemResult | Exception]:
+    def _one_by_one(
+        pipe: RelevancePipeline, items: Sequence[PreparedRequest]
+    ) -> list[ItemResult | Exception]:
         out: list[ItemResult | Exception] = []
         for item in items:
             try:
@@ -198,40 +222,75 @@ class Runtime(EngineHost):
         return out
 
     # -- batch jobs: bytes to results and overlays, on the engine's device ---------------------
-    def process(self, images: Sequence[bytes], queries: Sequence[str], controls: Controls, overlay: str,
-                backend: str | None = None, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
+    def process(
+        self,
+        images: Sequence[bytes],
+        queries: Sequence[str],
+        controls: Controls,
+        overlay: str,
+        backend: str | None = None,
+        kind: str = DEFAULT_OVERLAY_KIND,
+    ) -> ProcessedBatch:
         pipe = self.pipeline_for(backend)
         # on a GPU each calling thread works on a stream of its own, so that calls in flight
         # together (a batch job's pipeline, a worker group's processes) overlap: one's overlays
         # encode while the next decodes; the stage times are this stream's, waited for
         stream = self._thread_stream(pipe.device)
         with on_stream(stream) if stream is not None else contextlib.nullcontext():
-            return self._process(pipe, images, queries, controls, overlay, check_overlay_kind(kind), backend,
-                                 stream.synchronize if stream is not None else (lambda: None))  # fmt: skip
+            return self._process(
+                pipe,
+                images,
+                queries,
+                controls,
+                overlay,
+                check_overlay_kind(kind),
+                backend,
+                stream.synchronize if stream is not None else (lambda: None),
+            )
 
-    def _process(self, pipe: RelevancePipeline, images: Sequence[bytes], queries: Sequence[str], controls: Controls,
-                 overlay: str, kind: str, backend: str | None, sync) -> ProcessedBatch:  # fmt: skip
+    def _process(
+        self,
+        pipe: RelevancePipeline,
+        images: Sequence[bytes],
+        queries: Sequence[str],
+        controls: Controls,
+        overlay: str,
+        kind: str,
+        backend: str | None,
+        sync,
+    ) -> ProcessedBatch:
         t0 = time.perf_counter()
-        prepared = pipe.prepare_many(images, queries, controls, None if overlay == "none" else self.settings.overlay_max_side)
+        prepared = pipe.prepare_many(
+            images, queries, controls, None if overlay == "none" else self.settings.overlay_max_side
+        )
         sync()  # the stage times below are the device's too
         t1 = time.perf_counter()
         errors = [error_to_wire(p)["message"] if isinstance(p, ArrcocError) else None for p in prepared]
-        outputs = self._run_step(pipe, [None if isinstance(p, ArrcocError) else p[0] for p in prepared], errors)
+        outputs = self._run_step(
+            pipe, [None if isinstance(p, ArrcocError) else p[0] for p in prepared], errors
+        )
         t2 = time.perf_counter()
         pictures: list[bytes | None] = [None] * len(prepared)
         done = np.flatnonzero(outputs.ok)
         if overlay != "none" and len(done):
             maps = outputs.budget_map if kind == "foveated" else outputs.relevance
-            encoded = overlays.encode([prepared[i][1] for i in done], maps[done], overlay, pipe.decoder.pool,
-                                      self.settings.overlay_jpeg_quality, kind)  # fmt: skip
+            encoded = overlays.encode(
+                [prepared[i][1] for i in done],
+                maps[done],
+                overlay,
+                pipe.decoder.pool,
+                self.settings.overlay_jpeg_quality,
+                kind,
+            )
             for i, data in zip(done, encoded, strict=True):
                 pictures[i] = data
         t3 = time.perf_counter()
         stage_ms = {"decode": (t1 - t0) * 1e3, "engine": (t2 - t1) * 1e3, "render_encode": (t3 - t2) * 1e3}
         return ProcessedBatch(outputs, errors, pictures, stage_ms)
 
-    def _run_step(self, pipe: RelevancePipeline, requests: list[PreparedRequest | None], errors: list[str | None]
-                  ) -> StepOutputs:  # fmt: skip
+    def _run_step(
+        self, pipe: RelevancePipeline, requests: list[PreparedRequest | None], errors: list[str | None]
+    ) -> StepOutputs:
         """A step's decoded requests (None where an item already failed) in one engine call, its
         outputs as columns; an item the engine refuses fails alone (`errors` gets its message)."""
         ok = [i for i, r in enumerate(requests) if r is not None]
@@ -262,8 +321,13 @@ class Runtime(EngineHost):
                     run = lambda items: self._launch(items, name)()  # noqa: E731
                     launch = lambda items: self._launch(items, name)  # noqa: E731
                     batcher = self._batchers[name] = DynamicBatcher(
-                        run, size, self.settings.batch_max_delay_ms / 1e3, f"arrcoc-batcher-{name}",
-                        self.settings.batch_idle_wait, self._decode_ahead(name), launch,
+                        run,
+                        size,
+                        self.settings.batch_max_delay_ms / 1e3,
+                        f"arrcoc-batcher-{name}",
+                        self.settings.batch_idle_wait,
+                        self._decode_ahead(name),
+                        launch,
                     )
         return batcher
 
@@ -319,7 +383,11 @@ class Runtime(EngineHost):
         """On a GPU, copy the pixels to the device as the request arrives (in the caller's thread),
         so the batch thread stacks them there instead of copying 0.8 MB per image while the batch
         waits."""
-        if request.pixels is None or request.pixels.is_cuda or self.pipeline_for(backend).device.type != "cuda":
+        if (
+            request.pixels is None
+            or request.pixels.is_cuda
+            or self.pipeline_for(backend).device.type != "cuda"
+        ):
             return request
         return dataclasses.replace(request, pixels=self.copy_to_device(request.pixels, backend))
 
@@ -413,6 +481,18 @@ def step_outputs(n: int, ran: list[tuple[list[int], BatchResults]]) -> StepOutpu
         size[at] = [r.size for r in batch.requests]
         bucket[at] = batch.shared["bucket"]
     s = first.shared
-    return StepOutputs(ok=ok, selected=selected, budgets=budgets, balance=balance, tensions=tensions, match_score=match,
-                       image_size=size, bucket=bucket, token_budget=int(c.token_budget), variant=s["variant"],
-                       weights_version=s["weights_version"], backend=s["backend"], **maps)  # fmt: skip
+    return StepOutputs(
+        ok=ok,
+        selected=selected,
+        budgets=budgets,
+        balance=balance,
+        tensions=tensions,
+        match_score=match,
+        image_size=size,
+        bucket=bucket,
+        token_budget=int(c.token_budget),
+        variant=s["variant"],
+        weights_version=s["weights_version"],
+        backend=s["backend"],
+        **maps,
+    )

@@ -47,8 +47,14 @@ class Item:
     length: int = -1  # -1: to the end of the file
 
     def to_json(self) -> dict:
-        return {"index": self.index, "file": self.file, "query": self.query, "path": self.path,
-                "offset": self.offset, "length": self.length}  # fmt: skip
+        return {
+            "index": self.index,
+            "file": self.file,
+            "query": self.query,
+            "path": self.path,
+            "offset": self.offset,
+            "length": self.length,
+        }
 
     def read(self, job_dir: Path, opened: dict[str, Any]) -> bytes:
         """Its bytes; `opened` keeps the packs a caller reads from open (a step's items share one)."""
@@ -129,15 +135,17 @@ def open_archive(archive: bytes, settings: Settings) -> zipfile.ZipFile:
     if declared is not None:  # none: zipfile says what is wrong below
         entries, cd_size = declared
         if entries > settings.max_archive_entries:
-            raise InvalidInputError(f"The zip has {entries} entries; the limit is {settings.max_archive_entries}."
-                                    " Split it into several jobs.")  # fmt: skip
+            raise InvalidInputError(
+                f"The zip has {entries} entries; the limit is {settings.max_archive_entries}."
+                " Split it into several jobs."
+            )
         if cd_size > settings.max_archive_entries * CENTRAL_BYTES_PER_ENTRY:
             raise InvalidInputError(
                 f"The zip's list of entries (its central directory) is {cd_size / 1e6:.1f} MB; the limit is"
                 f" {settings.max_archive_entries * CENTRAL_BYTES_PER_ENTRY / 1e6:.1f} MB (names of about"
                 f" {CENTRAL_BYTES_PER_ENTRY} bytes for each of {settings.max_archive_entries} entries)."
                 " Use shorter names or split the job."
-            )  # fmt: skip
+            )
     try:
         zf = zipfile.ZipFile(io.BytesIO(archive))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
@@ -159,13 +167,17 @@ def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInf
     (folders and junk such as __MACOSX/ and dot files left out)."""
     infos = zf.infolist()
     if len(infos) > settings.max_archive_entries:
-        raise InvalidInputError(f"The zip has {len(infos)} entries; the limit is {settings.max_archive_entries}."
-                                " Split it into several jobs.")  # fmt: skip
+        raise InvalidInputError(
+            f"The zip has {len(infos)} entries; the limit is {settings.max_archive_entries}."
+            " Split it into several jobs."
+        )
     files = [i for i in infos if not i.is_dir() and not _is_junk(i.filename)]
     unsafe = [i.filename for i in files if _clean(i.filename) is None]
     if unsafe:
-        raise InvalidInputError(f"Some zip entries have unsafe paths (absolute or with '..'): {_listing(unsafe)};"
-                                " rebuild the zip with plain relative names.")  # fmt: skip
+        raise InvalidInputError(
+            f"Some zip entries have unsafe paths (absolute or with '..'): {_listing(unsafe)};"
+            " rebuild the zip with plain relative names."
+        )
     by_name: dict[str, zipfile.ZipInfo] = {}
     dups: list[str] = []
     for info in files:
@@ -174,34 +186,51 @@ def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInf
             dups.append(name)
         by_name[name] = info
     if dups:
-        raise InvalidInputError(f"The zip holds several entries named {_listing(sorted(set(dups)))}; each item"
-                                " needs its own name. Rename them and upload again.")  # fmt: skip
+        raise InvalidInputError(
+            f"The zip holds several entries named {_listing(sorted(set(dups)))}; each item"
+            " needs its own name. Rename them and upload again."
+        )
     encrypted = [i.filename for i in files if i.flag_bits & 0x1]
     if encrypted:
-        raise InvalidInputError(f"Some zip entries are encrypted: {_listing(encrypted)}; upload an unencrypted zip.")
+        raise InvalidInputError(
+            f"Some zip entries are encrypted: {_listing(encrypted)}; upload an unencrypted zip."
+        )
     # a manifest is text (repetitive, compresses well): it is bounded by its own size limit instead
     manifests = {i.filename for i in files if posixpath.basename(i.filename).lower() in MANIFEST_NAMES}
-    bombs = [i for i in files if i.filename not in manifests and i.file_size > 4096
-             and i.file_size > settings.max_archive_ratio * max(i.compress_size, 1)]  # fmt: skip
+    bombs = [
+        i
+        for i in files
+        if i.filename not in manifests
+        and i.file_size > 4096
+        and i.file_size > settings.max_archive_ratio * max(i.compress_size, 1)
+    ]
     if bombs:
         worst = max(bombs, key=lambda i: i.file_size / max(i.compress_size, 1))
         raise InvalidInputError(
             f"{len(bombs)} zip entries expand more than {settings.max_archive_ratio}x (the worst, {worst.filename!r},"
             f" {worst.file_size / max(worst.compress_size, 1):.0f}x to {worst.file_size / 1e6:.1f} MB): this looks"
             " like a zip bomb and was refused."
-        )  # fmt: skip
-    big = [i.filename for i in files if i.filename not in manifests and i.file_size > settings.max_image_bytes]
+        )
+    big = [
+        i.filename for i in files if i.filename not in manifests and i.file_size > settings.max_image_bytes
+    ]
     if big:
-        raise InvalidInputError(f"Some zip entries are larger than {settings.max_image_bytes / 1e6:.0f} MB:"
-                                f" {_listing(big)}. Downscale those images.")  # fmt: skip
+        raise InvalidInputError(
+            f"Some zip entries are larger than {settings.max_image_bytes / 1e6:.0f} MB:"
+            f" {_listing(big)}. Downscale those images."
+        )
     long = [n for n in manifests if zf.getinfo(n).file_size > settings.max_manifest_bytes]
     if long:
-        raise InvalidInputError(f"The manifest {long[0]!r} is larger than {settings.max_manifest_bytes / 1e6:.0f} MB;"
-                                " split the job.")  # fmt: skip
+        raise InvalidInputError(
+            f"The manifest {long[0]!r} is larger than {settings.max_manifest_bytes / 1e6:.0f} MB;"
+            " split the job."
+        )
     total = sum(i.file_size for i in files)
     if total > settings.max_unpacked_bytes:
-        raise InvalidInputError(f"The zip expands to {total / 1e9:.2f} GB; the limit is"
-                                f" {settings.max_unpacked_bytes / 1e9:.2f} GB. Split it into several jobs.")  # fmt: skip
+        raise InvalidInputError(
+            f"The zip expands to {total / 1e9:.2f} GB; the limit is"
+            f" {settings.max_unpacked_bytes / 1e9:.2f} GB. Split it into several jobs."
+        )
     return by_name
 
 
@@ -217,8 +246,10 @@ class _Budget:
             written += len(chunk)
             self.left -= len(chunk)
             if written > limit or self.left < 0:
-                raise InvalidInputError(f"The zip entry {name!r} expands past what the zip declares; refused"
-                                        " (a corrupt or hostile zip).")  # fmt: skip
+                raise InvalidInputError(
+                    f"The zip entry {name!r} expands past what the zip declares; refused"
+                    " (a corrupt or hostile zip)."
+                )
             dst.write(chunk)
         return written
 
@@ -229,7 +260,9 @@ def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes
         with zf.open(info) as src:
             _Budget(limit).copy(src, buf, info.filename, limit)
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
-        raise InvalidInputError(f"The zip entry {info.filename!r} is corrupt or encrypted ({e}); rebuild the zip.") from e
+        raise InvalidInputError(
+            f"The zip entry {info.filename!r} is corrupt or encrypted ({e}); rebuild the zip."
+        ) from e
     return buf.getvalue()
 
 
@@ -244,7 +277,9 @@ def decode_manifest(raw: bytes, name: str) -> str:
         ) from None
 
 
-def parse_manifest(raw: str, name: str, default_query: str | None, max_query_chars: int) -> list[tuple[str, str]]:
+def parse_manifest(
+    raw: str, name: str, default_query: str | None, max_query_chars: int
+) -> list[tuple[str, str]]:
     """Rows (file, query) of a manifest (CSV with a file,query header, or JSONL); files and queries
     must be text. `max_query_chars` is kept for callers; queries are checked per item when they run."""
     rows: list[object] = []
@@ -254,7 +289,9 @@ def parse_manifest(raw: str, name: str, default_query: str | None, max_query_cha
                 try:
                     rows.append(json.loads(line))
                 except (json.JSONDecodeError, RecursionError) as e:
-                    raise InvalidInputError(f"{name} line {n} is not JSON ({e}); write one object per line.") from None
+                    raise InvalidInputError(
+                        f"{name} line {n} is not JSON ({e}); write one object per line."
+                    ) from None
     else:
         reader = csv.DictReader(io.StringIO(raw, newline=""))
         try:
@@ -262,8 +299,10 @@ def parse_manifest(raw: str, name: str, default_query: str | None, max_query_cha
                 raise InvalidInputError(f"{name} needs a header row with the columns file,query.")
             rows = list(reader)
         except csv.Error as e:
-            raise InvalidInputError(f"{name} line {reader.line_num} cannot be read as CSV ({e}); a field may be"
-                                    f" too long (the limit is {csv.field_size_limit()} characters).") from None  # fmt: skip
+            raise InvalidInputError(
+                f"{name} line {reader.line_num} cannot be read as CSV ({e}); a field may be"
+                f" too long (the limit is {csv.field_size_limit()} characters)."
+            ) from None
     out = []
     for n, row in enumerate(rows, 1):
         if not isinstance(row, dict):
@@ -272,17 +311,27 @@ def parse_manifest(raw: str, name: str, default_query: str | None, max_query_cha
         if not isinstance(file, str) or not file.strip():
             raise InvalidInputError(f"{name} row {n} has no 'file' (a text value).")
         if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in file):  # no zip entry is named so
-            raise InvalidInputError(f"{name} row {n}: the file name {ascii(file.strip())} holds a control character"
-                                    " or a lone surrogate (not valid UTF-8); name the file as the zip does.")  # fmt: skip
+            raise InvalidInputError(
+                f"{name} row {n}: the file name {ascii(file.strip())} holds a control character"
+                " or a lone surrogate (not valid UTF-8); name the file as the zip does."
+            )
         if query is None or (isinstance(query, str) and not query.strip()):
             if not default_query:
-                raise InvalidInputError(f"{name} row {n} ({file.strip()!r}) has no query, and no default query was given.")
+                raise InvalidInputError(
+                    f"{name} row {n} ({file.strip()!r}) has no query, and no default query was given."
+                )
             query = default_query
         if not isinstance(query, str):  # a number or a list is not turned into text
-            raise InvalidInputError(f"{name} row {n} ({file.strip()!r}): the query must be text, got {type(query).__name__}.")
-        if any(unicodedata.category(ch) == "Cs" for ch in query):  # not text the tokenizer (or a row) can hold
-            raise InvalidInputError(f"{name} row {n} ({file.strip()!r}): the query {ascii(query)} holds a lone surrogate,"
-                                    " which is not valid UTF-8 text; fix the manifest.")  # fmt: skip
+            raise InvalidInputError(
+                f"{name} row {n} ({file.strip()!r}): the query must be text, got {type(query).__name__}."
+            )
+        if any(
+            unicodedata.category(ch) == "Cs" for ch in query
+        ):  # not text the tokenizer (or a row) can hold
+            raise InvalidInputError(
+                f"{name} row {n} ({file.strip()!r}): the query {ascii(query)} holds a lone surrogate,"
+                " which is not valid UTF-8 text; fix the manifest."
+            )
         # a query the model refuses (too long, control characters) fails its item only, with the reason
         out.append((file.strip(), query.strip()))
     if not out:
@@ -309,7 +358,9 @@ def _corrupt(view: memoryview, spans: list[tuple[str, tuple[int, int, int]]]) ->
     return [name for name, (start, length, crc) in spans if zlib.crc32(view[start : start + length]) != crc]
 
 
-def _write_archive(archive: bytes, view: memoryview, spans: dict[str, tuple[int, int, int]], path: Path) -> None:
+def _write_archive(
+    archive: bytes, view: memoryview, spans: dict[str, tuple[int, int, int]], path: Path
+) -> None:
     """The archive written to `path` while its stored entries' CRCs are checked on a few threads
     (both let go of the GIL); a corrupt or truncated entry refuses the zip, as a copied one does,
     and the file goes."""
@@ -321,11 +372,15 @@ def _write_archive(archive: bytes, view: memoryview, spans: dict[str, tuple[int,
         corrupt = [name for check in checks for name in check.result()]
     if corrupt:
         path.unlink()
-        raise InvalidInputError(f"Some zip entries are corrupt (their checksums do not match): {_listing(corrupt)};"
-                                " rebuild the zip.")  # fmt: skip
+        raise InvalidInputError(
+            f"Some zip entries are corrupt (their checksums do not match): {_listing(corrupt)};"
+            " rebuild the zip."
+        )
 
 
-def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings, owner: str | None = None) -> list[Item]:
+def unpack(
+    archive: bytes, query: str | None, job_dir: Path, settings: Settings, owner: str | None = None
+) -> list[Item]:
     """Check the zip, write its items under job_dir/inputs and job_dir/items.jsonl; return them.
     Stored entries stay where they are in the archive, written once (ARCHIVE); compressed ones
     are decompressed into packs. Disk: at most the archive plus its declared expansion, both
@@ -338,7 +393,9 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings,
         query = None
     manifests = sorted(n for n in by_name if posixpath.basename(n).lower() in MANIFEST_NAMES)
     if len(manifests) > 1:
-        raise InvalidInputError(f"The zip holds {len(manifests)} manifests ({_listing(manifests)}); keep one.")
+        raise InvalidInputError(
+            f"The zip holds {len(manifests)} manifests ({_listing(manifests)}); keep one."
+        )
     if manifests:
         manifest = manifests[0]
         raw = decode_manifest(_read_entry(zf, by_name[manifest], settings.max_manifest_bytes), manifest)
@@ -346,11 +403,15 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings,
         pairs = [(_clean(f) or f, q) for f, q in pairs]  # as the zip's entries are named in by_name
         missing = [f for f, _ in pairs if f not in by_name]
         if missing:
-            raise InvalidInputError(f"The manifest names files the zip lacks: {', '.join(missing[:5])}"
-                                    + (f" and {len(missing) - 5} more." if len(missing) > 5 else "."))  # fmt: skip
+            raise InvalidInputError(
+                f"The manifest names files the zip lacks: {', '.join(missing[:5])}"
+                + (f" and {len(missing) - 5} more." if len(missing) > 5 else ".")
+            )
     else:
         if not query:
-            raise InvalidInputError("Give a query for all images, or put a manifest.csv (file,query) in the zip.")
+            raise InvalidInputError(
+                "Give a query for all images, or put a manifest.csv (file,query) in the zip."
+            )
         names = sorted(n for n in by_name if posixpath.splitext(n)[1].lower() in IMAGE_EXTENSIONS)
         pairs = [(n, query) for n in names]
     if not pairs:
@@ -359,9 +420,13 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings,
         )
     named = {name for name, _ in pairs} | set(manifests)
     skipped = sorted(n for n in by_name if n not in named)
-    why = "not named in the manifest" if manifests else f"not an image ({', '.join(sorted(IMAGE_EXTENSIONS))})"
+    why = (
+        "not named in the manifest" if manifests else f"not an image ({', '.join(sorted(IMAGE_EXTENSIONS))})"
+    )
     if len(pairs) > settings.max_batch_items:
-        raise InvalidInputError(f"The zip has {len(pairs)} items; the limit is {settings.max_batch_items} per job.")
+        raise InvalidInputError(
+            f"The zip has {len(pairs)} items; the limit is {settings.max_batch_items} per job."
+        )
     view = memoryview(archive)
     spans: dict[str, tuple[int, int, int]] = {}  # stored entries, read in place: offset, length, CRC
     for name in dict.fromkeys(name for name, _ in pairs):  # once each
@@ -372,8 +437,11 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings,
     # what the job may write, reserved before a byte is written: the archive (when entries are read
     # in place from it), each decompressed file at its declared size (extraction stops there), results
     unique = dict.fromkeys(name for name, _ in pairs)
-    need = ((len(archive) if spans else 0) + sum(by_name[n].file_size for n in unique if n not in spans)
-            + results_estimate(len(pairs), settings))  # fmt: skip
+    need = (
+        (len(archive) if spans else 0)
+        + sum(by_name[n].file_size for n in unique if n not in spans)
+        + results_estimate(len(pairs), settings)
+    )
     reserve(settings, job_dir, owner, need)
     try:
         items = _extract(archive, zf, view, by_name, spans, pairs, job_dir, settings)
@@ -387,15 +455,24 @@ def unpack(archive: bytes, query: str | None, job_dir: Path, settings: Settings,
         for name in (RESERVED, SKIPPED, "items.jsonl"):
             (job_dir / name).unlink(missing_ok=True)
         if disk_full(e):
-            raise ServiceUnavailableError("The service's disk is full; the job was not accepted and nothing of it"
-                                          " was kept. Try again later.") from e  # fmt: skip
+            raise ServiceUnavailableError(
+                "The service's disk is full; the job was not accepted and nothing of it"
+                " was kept. Try again later."
+            ) from e
         raise
     return items
 
 
-def _extract(archive: bytes, zf: zipfile.ZipFile, view: memoryview, by_name: dict[str, zipfile.ZipInfo],
-             spans: dict[str, tuple[int, int, int]], pairs: list[tuple[str, str]], job_dir: Path,
-             settings: Settings) -> list[Item]:  # fmt: skip
+def _extract(
+    archive: bytes,
+    zf: zipfile.ZipFile,
+    view: memoryview,
+    by_name: dict[str, zipfile.ZipInfo],
+    spans: dict[str, tuple[int, int, int]],
+    pairs: list[tuple[str, str]],
+    job_dir: Path,
+    settings: Settings,
+) -> list[Item]:
     """The items' bytes written under job_dir/inputs: stored ones in place in the archive (written
     once), compressed ones into packs, one copy per file."""
     (job_dir / "inputs").mkdir(parents=True, exist_ok=True)
@@ -403,7 +480,9 @@ def _extract(archive: bytes, zf: zipfile.ZipFile, view: memoryview, by_name: dic
         _write_archive(archive, view, spans, job_dir / ARCHIVE)
     budget = _Budget(settings.max_unpacked_bytes)
     # one copy per file, however many manifest rows name it
-    written: dict[str, tuple[str, int, int]] = {name: (ARCHIVE, start, length) for name, (start, length, _) in spans.items()}
+    written: dict[str, tuple[str, int, int]] = {
+        name: (ARCHIVE, start, length) for name, (start, length, _) in spans.items()
+    }
     items = []
     pack, packed, rel = None, 0, ""
     try:
@@ -420,10 +499,19 @@ def _extract(archive: bytes, zf: zipfile.ZipFile, view: memoryview, by_name: dic
                 try:
                     with zf.open(info) as src:
                         length = budget.copy(src, pack, name, min(info.file_size, settings.max_image_bytes))
-                except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
+                except (
+                    zipfile.BadZipFile,
+                    OSError,
+                    EOFError,
+                    NotImplementedError,
+                    RuntimeError,
+                    zlib.error,
+                ) as e:
                     if disk_full(e):  # our disk, not the zip: said as such by the caller
                         raise
-                    raise InvalidInputError(f"The zip entry {name!r} is corrupt or encrypted ({e}); rebuild the zip.") from e
+                    raise InvalidInputError(
+                        f"The zip entry {name!r} is corrupt or encrypted ({e}); rebuild the zip."
+                    ) from e
                 where = written[name] = (rel, offset, length)
                 packed += 1
             items.append(Item(index, name, q, *where))
@@ -456,8 +544,14 @@ def _decoded_pixels(head: bytes | memoryview, side: int, unknown: int) -> int:
         return unknown
 
 
-def _check_work(zf: zipfile.ZipFile, view: memoryview, by_name: dict[str, zipfile.ZipInfo],
-                spans: dict[str, tuple[int, int, int]], pairs: list[tuple[str, str]], settings: Settings) -> None:  # fmt: skip
+def _check_work(
+    zf: zipfile.ZipFile,
+    view: memoryview,
+    by_name: dict[str, zipfile.ZipInfo],
+    spans: dict[str, tuple[int, int, int]],
+    pairs: list[tuple[str, str]],
+    settings: Settings,
+) -> None:
     """Refuse a job whose items' decoded pixels, summed, pass ARRCOC_MAX_JOB_MEGAPIXELS (one large
     image named by many manifest rows counts once a row), from the headers alone."""
     pixels: dict[str, int] = {}
@@ -478,7 +572,7 @@ def _check_work(zf: zipfile.ZipFile, view: memoryview, by_name: dict[str, zipfil
             f"The job is {total:,.0f} megapixels of decoding ({len(pairs)} items); the limit is"
             f" {settings.max_job_megapixels:,.0f} (ARRCOC_MAX_JOB_MEGAPIXELS). Split it into smaller jobs"
             " or downscale the images."
-        )  # fmt: skip
+        )
 
 
 SKIPPED = "skipped.json"  # the zip's files that are no item, and why

@@ -43,8 +43,13 @@ log = logging.getLogger(__name__)
 
 
 def create_batch_job(
-    archive: bytes, query: str | None, controls: Controls | None, settings: Settings, store: JobStore,
-    owner: str | None = None, overlay_kind: str | None = None,
+    archive: bytes,
+    query: str | None,
+    controls: Controls | None,
+    settings: Settings,
+    store: JobStore,
+    owner: str | None = None,
+    overlay_kind: str | None = None,
 ) -> tuple[str, list[tuple[int, int]]]:
     """Check and unpack the zip, record the job; returns its id and its chunks [start, stop).
     `overlay_kind`: what its overlays show (arrcoc.settings.OVERLAY_KINDS; None: the relevance map).
@@ -56,12 +61,30 @@ def create_batch_job(
     try:
         items = unpack(archive, query, jd, settings, owner)
         chunk = max(1, settings.batch_chunk_items)
-        meta = {"job_id": job_id, "kind": "batch", "query": query, "controls": (controls or Controls()).to_wire(),
-                "overlay_kind": kind, "total": len(items), "chunk": chunk, "expires_at": time.time() + settings.job_ttl_s}  # fmt: skip
+        meta = {
+            "job_id": job_id,
+            "kind": "batch",
+            "query": query,
+            "controls": (controls or Controls()).to_wire(),
+            "overlay_kind": kind,
+            "total": len(items),
+            "chunk": chunk,
+            "expires_at": time.time() + settings.job_ttl_s,
+        }
         (jd / "job.json").write_text(json.dumps(meta))
-        store.create(job_id, JobKind.BATCH, len(items), settings.job_ttl_s,
-                     {"controls": meta["controls"], "overlay_kind": kind, "chunk": str(chunk), "skipped": skipped_note(jd)}
-                     | ({"owner": owner} if owner else {}))  # fmt: skip
+        store.create(
+            job_id,
+            JobKind.BATCH,
+            len(items),
+            settings.job_ttl_s,
+            {
+                "controls": meta["controls"],
+                "overlay_kind": kind,
+                "chunk": str(chunk),
+                "skipped": skipped_note(jd),
+            }
+            | ({"owner": owner} if owner else {}),
+        )
     except BaseException:
         shutil.rmtree(jd, ignore_errors=True)
         raise
@@ -118,15 +141,27 @@ def _key(it: Item) -> ItemKey:
 def _fail_items(jd: Path, store: JobStore, job_id: str, failed: list[tuple[Item, str]]) -> None:
     if failed:
         none = [None] * len(failed)
-        _, marks, _ = write_part(jd, [_key(it) for it, _ in failed], StepOutputs.failed(len(failed)),
-                                 [message for _, message in failed], none, none)  # fmt: skip
+        _, marks, _ = write_part(
+            jd,
+            [_key(it) for it, _ in failed],
+            StepOutputs.failed(len(failed)),
+            [message for _, message in failed],
+            none,
+            none,
+        )
         store.mark_items(job_id, marks)
 
 
 def run_chunk(
-    job_id: str, start: int, stop: int, host: EngineHost, store: JobStore, settings: Settings,
-    deadline: float | None = None, yield_now: Callable[[], bool] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    job_id: str,
+    start: int,
+    stop: int,
+    host: EngineHost,
+    store: JobStore,
+    settings: Settings,
+    deadline: float | None = None,
+    yield_now: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     """Process items [start, stop) of a batch job; skips what is already recorded. `yield_now`,
     asked between steps, stops the chunk early (what ran is recorded; "yielded" in the answer):
     the in-process scheduler turns to another owner's job."""
@@ -150,8 +185,13 @@ def run_chunk(
     skipped: list[tuple[Item, str]] = []
     for it, n in zip(todo, attempts, strict=True):
         if n > settings.max_redeliveries:
-            skipped.append((it, f"Skipped after {n - 1} attempts: the worker stopped each time it processed"
-                                " this item (crash, out of memory or time limit)."))  # fmt: skip
+            skipped.append(
+                (
+                    it,
+                    f"Skipped after {n - 1} attempts: the worker stopped each time it processed"
+                    " this item (crash, out of memory or time limit).",
+                )
+            )
         else:
             (suspect if n > 1 else fresh).append(it)
     _fail_items(jd, store, job_id, skipped)
@@ -170,8 +210,9 @@ def run_chunk(
         for group in [fresh] + [[it] for it in suspect]:  # after a crash, suspects run alone
             if not group or yielded:
                 continue
-            done = _run_group(job_id, jd, group, controls, kind, host, store, settings, deadline, stages, streamed,
-                              yielding)  # fmt: skip
+            done = _run_group(
+                job_id, jd, group, controls, kind, host, store, settings, deadline, stages, streamed, yielding
+            )
             if done is None:
                 return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
             processed += done
@@ -216,9 +257,20 @@ def _process_step(host: EngineHost, jd: Path, step: list[Item], controls: Contro
     return batch
 
 
-def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kind: str, host: EngineHost, store: JobStore,
-               settings: Settings, deadline: float | None, stages: dict[str, float],
-               streamed: ResultsZip | None, yield_now: Callable[[], bool] | None = None) -> int | None:  # fmt: skip
+def _run_group(
+    job_id: str,
+    jd: Path,
+    group: list[Item],
+    controls: Controls,
+    kind: str,
+    host: EngineHost,
+    store: JobStore,
+    settings: Settings,
+    deadline: float | None,
+    stages: dict[str, float],
+    streamed: ResultsZip | None,
+    yield_now: Callable[[], bool] | None = None,
+) -> int | None:
     """The group's items, step by step; how many ran, or None if the job was cancelled. Each
     step's pictures go straight into `streamed`, its rows once they are recorded (it gives up if
     steps come out of order). `yield_now`, asked before each step but the first, ends the group
@@ -234,8 +286,10 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
     # running it on the host (one decodes and runs while another's overlays encode), and one
     # thread writing the last step's results while later ones run (docs/service.md#concurrency)
     in_flight = steps_in_flight(host, settings)
-    with ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-step") as pool, \
-            ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write") as writer:
+    with (
+        ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-step") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write") as writer,
+    ):
         try:
             while True:
                 while not stopped and len(running) < in_flight:
@@ -244,13 +298,24 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
                         break
                     if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
                         stopped = cancelled = True
-                    elif (ran or running) and yield_now is not None and yield_now():  # never before the first step
+                    elif (
+                        (ran or running) and yield_now is not None and yield_now()
+                    ):  # never before the first step
                         stopped = True
                     elif deadline is not None and time.monotonic() > deadline:
-                        _fail_items(jd, store, job_id, [(it, "The chunk ran past its time limit; this item was not processed.")
-                                                        for it in step])  # fmt: skip
+                        _fail_items(
+                            jd,
+                            store,
+                            job_id,
+                            [
+                                (it, "The chunk ran past its time limit; this item was not processed.")
+                                for it in step
+                            ],
+                        )
                     else:
-                        running.append((step, pool.submit(_process_step, host, jd, step, controls, fmt, kind)))
+                        running.append(
+                            (step, pool.submit(_process_step, host, jd, step, controls, fmt, kind))
+                        )
                 if not running:
                     break
                 step, future = running.popleft()
@@ -266,20 +331,35 @@ def _run_group(job_id: str, jd: Path, group: list[Item], controls: Controls, kin
                     _write_step(*args)
                 ran += len(step)
         finally:
-            for _, future in running:  # stopping early: steps not begun are dropped, those running end unwritten
+            for (
+                _,
+                future,
+            ) in running:  # stopping early: steps not begun are dropped, those running end unwritten
                 future.cancel()
             if writing is not None:  # what was processed is recorded, also when the job stops early
                 writing.result()
     return None if cancelled else ran
 
 
-def _write_step(job_id: str, jd: Path, step: list[Item], batch, ext: str, store: JobStore,
-                stages: dict[str, float], streamed: ResultsZip | None) -> None:  # fmt: skip
+def _write_step(
+    job_id: str,
+    jd: Path,
+    step: list[Item],
+    batch,
+    ext: str,
+    store: JobStore,
+    stages: dict[str, float],
+    streamed: ResultsZip | None,
+) -> None:
     """A processed step's pictures on disk (straight into `streamed` when it takes them, else
     into the part), then its part, then its items recorded, then its rows into `streamed`."""
     keys = [_key(it) for it in step]
     names = picture_names(keys, batch.overlays, batch.outputs.ok, ext)
-    stored = streamed.add_pictures([it.index for it in step], names, batch.overlays) if streamed is not None else None
+    stored = (
+        streamed.add_pictures([it.index for it in step], names, batch.overlays)
+        if streamed is not None
+        else None
+    )
     t1 = time.perf_counter()
     _, marks, rows = write_part(jd, keys, batch.outputs, batch.errors, names, batch.overlays, stored)
     store.mark_items(job_id, marks)  # recorded once its part is on disk
@@ -293,8 +373,13 @@ def _add(stages: dict[str, float], name: str, since: float) -> None:
 
 
 # -- finishing ------------------------------------------------------------------------------------
-def maybe_finalize(job_id: str, store: JobStore, settings: Settings, before_done: Callable[[], None] | None = None,
-                   streamed: ResultsZip | None = None) -> bool:  # fmt: skip
+def maybe_finalize(
+    job_id: str,
+    store: JobStore,
+    settings: Settings,
+    before_done: Callable[[], None] | None = None,
+    streamed: ResultsZip | None = None,
+) -> bool:
     """Once every item is recorded, build results.zip (finish `streamed` if it holds them all)
     and mark the job done. Idempotent. `before_done` runs once: between the two, or before
     returning when the job is not done."""
@@ -316,8 +401,12 @@ def maybe_finalize(job_id: str, store: JobStore, settings: Settings, before_done
         return True
     if st.done == 0 and st.total:
         first = next(iter(store.failed_items(job_id).values()), "")
-        return store.set_state(job_id, JobState.FAILED, f"Every item failed; the first: {first}",
-                               expect=(JobState.PENDING, JobState.RUNNING))  # fmt: skip
+        return store.set_state(
+            job_id,
+            JobState.FAILED,
+            f"Every item failed; the first: {first}",
+            expect=(JobState.PENDING, JobState.RUNNING),
+        )
     note = f"{st.failed} of {st.total} items failed; see summary.csv." if st.failed else ""
     return store.set_state(job_id, JobState.DONE, note, expect=(JobState.PENDING, JobState.RUNNING))
 
@@ -333,5 +422,7 @@ def results_zip(job_id: str, store: JobStore, settings: Settings) -> Path:
         # whatever was recorded before the cancel or the failure (a full disk)
         return build_results_zip(jd, settings.results_jsonl)
     if st.state not in (JobState.DONE, JobState.FAILED) or not (jd / "results.zip").exists():
-        raise JobError(f"Job {job_id} is {st.state.value} ({st.done + st.failed}/{st.total}); fetch it when done.")
+        raise JobError(
+            f"Job {job_id} is {st.state.value} ({st.done + st.failed}/{st.total}); fetch it when done."
+        )
     return jd / "results.zip"

@@ -39,7 +39,11 @@ def check_bench_request(request: BenchRequest, settings: Settings) -> BenchReque
     device, options), or a clear error. Checked when a job is created and again when it runs."""
     s = settings
     variants, backends, buckets = request.variants, request.backends, request.buckets
-    if not variants or len(variants) > s.max_bench_variants or not all(isinstance(v, str) and _VARIANT.match(v) for v in variants):
+    if (
+        not variants
+        or len(variants) > s.max_bench_variants
+        or not all(isinstance(v, str) and _VARIANT.match(v) for v in variants)
+    ):
         raise InvalidInputError(f"Name 1 to {s.max_bench_variants} model variants, e.g. arrcoc-texture.")
     if not backends or not all(isinstance(b, str) and b in BACKENDS for b in backends):
         raise InvalidInputError(f"Backends must be some of {', '.join(BACKENDS)}.")
@@ -52,28 +56,52 @@ def check_bench_request(request: BenchRequest, settings: Settings) -> BenchReque
         raise InvalidInputError("The device must be auto, cpu or cuda[:N].")
     options = request.options if isinstance(request.options, dict) else None
     if options is None or any(k not in _OPTIONS or options[k] not in _OPTIONS[k] for k in options):
-        raise InvalidInputError(f"Benchmark options may set only {', '.join(_OPTIONS)} (input_sets 1-8,"
-                                " dtype float32 or bfloat16).")  # fmt: skip
-    return BenchRequest(tuple(dict.fromkeys(variants)), tuple(dict.fromkeys(backends)), buckets, iterations,
-                        warmup, request.device, dict(options))  # fmt: skip
+        raise InvalidInputError(
+            f"Benchmark options may set only {', '.join(_OPTIONS)} (input_sets 1-8,"
+            " dtype float32 or bfloat16)."
+        )
+    return BenchRequest(
+        tuple(dict.fromkeys(variants)),
+        tuple(dict.fromkeys(backends)),
+        buckets,
+        iterations,
+        warmup,
+        request.device,
+        dict(options),
+    )
 
 
-def create_bench_job(request: BenchRequest, settings: Settings, store: JobStore, owner: str | None = None) -> str:
+def create_bench_job(
+    request: BenchRequest, settings: Settings, store: JobStore, owner: str | None = None
+) -> str:
     request = check_bench_request(request, settings)
     job_id = new_job_id(JobKind.BENCH)
     jd = job_dir(settings, job_id)
     jd.mkdir(parents=True)
     doc = request.to_wire()
-    (jd / "job.json").write_text(json.dumps({"job_id": job_id, "kind": "bench", "request": doc,
-                                             "expires_at": time.time() + settings.job_ttl_s}))  # fmt: skip
-    store.create(job_id, JobKind.BENCH, 1, settings.job_ttl_s, {"request": doc} | ({"owner": owner} if owner else {}))
+    (jd / "job.json").write_text(
+        json.dumps(
+            {
+                "job_id": job_id,
+                "kind": "bench",
+                "request": doc,
+                "expires_at": time.time() + settings.job_ttl_s,
+            }
+        )
+    )
+    store.create(
+        job_id, JobKind.BENCH, 1, settings.job_ttl_s, {"request": doc} | ({"owner": owner} if owner else {})
+    )
     return job_id
 
 
 def run_bench_job(
-    job_id: str, host: EngineHost, store: JobStore, settings: Settings,
+    job_id: str,
+    host: EngineHost,
+    store: JobStore,
+    settings: Settings,
     device_lock: Callable[[], AbstractContextManager] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Run the harness with the device held (this process's lock + `device_lock`, e.g. Redis)."""
     rec = store.record(job_id)
     if JobState(rec["state"]).finished:
@@ -89,8 +117,9 @@ def run_bench_job(
     try:
         with (device_lock or nullcontext)():
             report, note = host.benchmark(request, _progress(store, job_id, settings.bench_time_limit_s))
-        note["interactive_note"] = ("Interactive requests and batch chunks on this worker waited while the"
-                                    " benchmark held the device.")  # fmt: skip
+        note["interactive_note"] = (
+            "Interactive requests and batch chunks on this worker waited while the benchmark held the device."
+        )
         report["device_exclusive"] = note
         text = json.dumps(report)
         atomic_write(job_dir(settings, job_id) / "report.json", text.encode())
@@ -121,9 +150,13 @@ def _progress(store: JobStore, job_id: str, time_limit_s: float) -> Callable[[fl
     def report(fraction: float, message: str) -> None:
         now = time.monotonic()
         if now - t0 > time_limit_s:
-            raise JobCancelled(f"The benchmark ran past its time limit ({time_limit_s:.0f} s, ARRCOC_BENCH_TIME_LIMIT_S)"
-                               " and was stopped; ask for fewer iterations, buckets or backends.")  # fmt: skip
-        if message == said[0] and now - last[0] < PROGRESS_EVERY_S and fraction < 1:  # not a Redis call per iteration
+            raise JobCancelled(
+                f"The benchmark ran past its time limit ({time_limit_s:.0f} s, ARRCOC_BENCH_TIME_LIMIT_S)"
+                " and was stopped; ask for fewer iterations, buckets or backends."
+            )
+        if (
+            message == said[0] and now - last[0] < PROGRESS_EVERY_S and fraction < 1
+        ):  # not a Redis call per iteration
             return
         last[0], said[0] = now, message
         note = f"Device held exclusively. {fraction:.0%}: {message}"

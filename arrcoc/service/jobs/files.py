@@ -118,8 +118,12 @@ class Reaper:
     """A daemon thread that runs `sweep_expired` (and any extra sweeps) every `interval_s`, so an
     expired job's files go on time, not when the next job is submitted. `stop()` ends it."""
 
-    def __init__(self, settings: Settings, extra: list[Callable[[], object]] | None = None,
-                 interval_s: float | None = None):  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings,
+        extra: list[Callable[[], object]] | None = None,
+        interval_s: float | None = None,
+    ):
         self.settings = settings
         self.sweeps: list[Callable[[], object]] = [lambda: sweep_expired(settings), *(extra or [])]
         self.interval_s = float(interval_s or settings.reap_interval_s)

@@ -36,8 +36,14 @@ log = logging.getLogger(__name__)
 TRANSPORT_ERRORS = (ServiceUnavailableError, ConnectionError, EOFError)
 
 
-def process_isolated(host: EngineHost, images: Sequence[bytes], queries: Sequence[str], controls: Controls,
-                     overlay: str, kind: str = DEFAULT_OVERLAY_KIND) -> ProcessedBatch:  # fmt: skip
+def process_isolated(
+    host: EngineHost,
+    images: Sequence[bytes],
+    queries: Sequence[str],
+    controls: Controls,
+    overlay: str,
+    kind: str = DEFAULT_OVERLAY_KIND,
+) -> ProcessedBatch:
     """`host.process`, each item's exception its own error."""
     try:
         return host.process(images, queries, controls, overlay, kind=kind)
@@ -48,24 +54,35 @@ def process_isolated(host: EngineHost, images: Sequence[bytes], queries: Sequenc
             log.warning("batch item failed: %s: %s", type(e).__name__, e)
             return ProcessedBatch(StepOutputs.failed(1), [error_to_wire(e)["message"]], [None], {})
         log.warning("batch step failed (%s: %s); running its items one by one", type(e).__name__, e)
-    ones = [process_isolated(host, [image], [query], controls, overlay, kind) for image, query in zip(images, queries, strict=True)]
+    ones = [
+        process_isolated(host, [image], [query], controls, overlay, kind)
+        for image, query in zip(images, queries, strict=True)
+    ]
     stage_ms: dict[str, float] = {}
     for one in ones:
         for name, ms in one.stage_ms.items():
             stage_ms[name] = stage_ms.get(name, 0.0) + ms
-    return ProcessedBatch(StepOutputs.concat([one.outputs for one in ones]), [e for one in ones for e in one.errors],
-                          [x for one in ones for x in one.overlays], stage_ms)  # fmt: skip
+    return ProcessedBatch(
+        StepOutputs.concat([one.outputs for one in ones]),
+        [e for one in ones for e in one.errors],
+        [x for one in ones for x in one.overlays],
+        stage_ms,
+    )
 
 
 def reason_for(e: BaseException) -> str:
     """What an item left unprocessed by this exception is told."""
     if disk_full(e):
-        return ("Not processed: the service's disk was full (results already recorded are kept);"
-                " submit the job again later.")  # fmt: skip
+        return (
+            "Not processed: the service's disk was full (results already recorded are kept);"
+            " submit the job again later."
+        )
     return f"Not processed: the job's worker failed ({type(e).__name__}: {e})."
 
 
-def fail_unrecorded(job_id: str, start: int, stop: int, store: JobStore, settings: Settings, reason: str) -> int:
+def fail_unrecorded(
+    job_id: str, start: int, stop: int, store: JobStore, settings: Settings, reason: str
+) -> int:
     """Record items [start, stop) that are not recorded yet as failed with `reason`; how many.
     Their rows go in a part when the disk takes it, else the job store alone records them."""
     jd = job_dir(settings, job_id)

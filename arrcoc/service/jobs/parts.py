@@ -46,10 +46,14 @@ def zip_name(index: int, file: str, ext: str) -> str:
     return f"overlays/{index:05d}_{stem}{ext}"
 
 
-def picture_names(keys: Sequence[ItemKey], overlays: Sequence[bytes | None], ok: np.ndarray, ext: str) -> list[str | None]:
+def picture_names(
+    keys: Sequence[ItemKey], overlays: Sequence[bytes | None], ok: np.ndarray, ext: str
+) -> list[str | None]:
     """Each item's picture's name in results.zip (None: no picture: failed, or none asked for)."""
-    return [zip_name(key[0], key[1], ext) if ext and data is not None and good else None
-            for key, data, good in zip(keys, overlays, ok, strict=True)]  # fmt: skip
+    return [
+        zip_name(key[0], key[1], ext) if ext and data is not None and good else None
+        for key, data, good in zip(keys, overlays, ok, strict=True)
+    ]
 
 
 def stored_data_start(header: bytes | memoryview, at: int = 0) -> int | None:
@@ -59,7 +63,10 @@ def stored_data_start(header: bytes | memoryview, at: int = 0) -> int | None:
     if at < 0 or at + zipfile.sizeFileHeader > len(header):
         return None
     head = struct.unpack_from(zipfile.structFileHeader, header, at)
-    if head[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader or head[zipfile._FH_COMPRESSION_METHOD] != zipfile.ZIP_STORED:
+    if (
+        head[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader
+        or head[zipfile._FH_COMPRESSION_METHOD] != zipfile.ZIP_STORED
+    ):
         return None
     return zipfile.sizeFileHeader + head[zipfile._FH_FILENAME_LENGTH] + head[zipfile._FH_EXTRA_FIELD_LENGTH]
 
@@ -77,8 +84,15 @@ class Pictures:
     sizes: tuple[int, ...]
 
     def to_json(self) -> bytes:
-        return orjson.dumps({"file": self.file, "names": self.names, "offsets": self.offsets, "crcs": self.crcs,
-                             "sizes": self.sizes})  # fmt: skip
+        return orjson.dumps(
+            {
+                "file": self.file,
+                "names": self.names,
+                "offsets": self.offsets,
+                "crcs": self.crcs,
+                "sizes": self.sizes,
+            }
+        )
 
     @classmethod
     def from_json(cls, data: bytes) -> Pictures:
@@ -111,7 +125,9 @@ def _register(out: zipfile.ZipFile, infos: list[zipfile.ZipInfo], end: int) -> N
     out.fp.seek(end)
 
 
-def append_pictures(out: zipfile.ZipFile, file: str, names: Sequence[str], datas: Sequence[bytes]) -> Pictures:
+def append_pictures(
+    out: zipfile.ZipFile, file: str, names: Sequence[str], datas: Sequence[bytes]
+) -> Pictures:
     """`datas` written at the end of `out` (an open ZipFile being written, at `file` in the job's
     folder) as stored entries under `names`, in one pass: headers packed here, one CRC call per
     picture, no per-entry bookkeeping of zipfile's; on disk (flushed) when this returns."""
@@ -153,8 +169,12 @@ def copy_pictures(jd: Path, pictures: Pictures, names: Sequence[str], out: zipfi
             _copy_range(src, pictures.offsets[first], pictures.end(last), out.fp, at)
             shift = at - pictures.offsets[first]
             when = time.localtime()[:6]
-            infos = [_entry(pictures.names[i], pictures.crcs[i], pictures.sizes[i], pictures.offsets[i] + shift, when)
-                     for i in picked[begin:stop]]  # fmt: skip
+            infos = [
+                _entry(
+                    pictures.names[i], pictures.crcs[i], pictures.sizes[i], pictures.offsets[i] + shift, when
+                )
+                for i in picked[begin:stop]
+            ]
             _register(out, infos, at + pictures.end(last) - pictures.offsets[first])
             begin = stop
 
@@ -181,8 +201,15 @@ def _copy_range(src, begin: int, end: int, dst, at: int) -> None:
 
 
 # -- parts ---------------------------------------------------------------------------------------
-def write_part(jd: Path, keys: Sequence[ItemKey], outputs, errors: Sequence[str | None], names: Sequence[str | None],
-               overlays: Sequence[bytes | None], stored: Pictures | None = None) -> tuple[Path, list[Mark], pa.Table]:  # fmt: skip
+def write_part(
+    jd: Path,
+    keys: Sequence[ItemKey],
+    outputs,
+    errors: Sequence[str | None],
+    names: Sequence[str | None],
+    overlays: Sequence[bytes | None],
+    stored: Pictures | None = None,
+) -> tuple[Path, list[Mark], pa.Table]:
     """A step's results (`outputs`: StepOutputs over `keys`' items; `names` each picture's name,
     None where there is none) as a part: its pictures written into it, unless `stored` says where
     they are already. Its path, what to record of its items and its rows."""
@@ -196,7 +223,10 @@ def write_part(jd: Path, keys: Sequence[ItemKey], outputs, errors: Sequence[str 
         zf.writestr(ROWS, to_ipc(table))
         zf.writestr(PICTURES, stored.to_json())
     os.replace(tmp, jd / "results" / name)
-    marks = [(key[0], None if ok else (err or "The item failed.")) for key, ok, err in zip(keys, outputs.ok, errors, strict=True)]
+    marks = [
+        (key[0], None if ok else (err or "The item failed."))
+        for key, ok, err in zip(keys, outputs.ok, errors, strict=True)
+    ]
     return jd / "results" / name, marks, table
 
 
@@ -216,10 +246,16 @@ def part_pictures(path: Path) -> Pictures:
     with zipfile.ZipFile(path) as zf:
         if PICTURES in zf.NameToInfo:
             return Pictures.from_json(zf.read(PICTURES))
-        infos = sorted((i for i in zf.infolist() if i.filename != _PARQUET_ROWS), key=lambda i: i.header_offset)
-    return Pictures(f"{path.parent.name}/{path.name}", tuple(i.filename for i in infos),
-                    tuple(i.header_offset for i in infos), tuple(i.CRC for i in infos),
-                    tuple(i.file_size for i in infos))  # fmt: skip
+        infos = sorted(
+            (i for i in zf.infolist() if i.filename != _PARQUET_ROWS), key=lambda i: i.header_offset
+        )
+    return Pictures(
+        f"{path.parent.name}/{path.name}",
+        tuple(i.filename for i in infos),
+        tuple(i.header_offset for i in infos),
+        tuple(i.CRC for i in infos),
+        tuple(i.file_size for i in infos),
+    )
 
 
 # -- reading parts back ---------------------------------------------------------------------------
@@ -256,4 +292,6 @@ def overlay_names(table: pa.Table) -> list[str]:
 
 def contiguous(index: np.ndarray, first: int) -> bool:
     """Whether `index` is first, first + 1, ... (a part that continues the results in order)."""
-    return bool(len(index) == 0 or (index[0] == first and np.array_equal(index, np.arange(first, first + len(index)))))
+    return bool(
+        len(index) == 0 or (index[0] == first and np.array_equal(index, np.arange(first, first + len(index))))
+    )

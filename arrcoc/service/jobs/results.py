@@ -51,8 +51,12 @@ def _fixed(values: np.ndarray, width: int, ok: np.ndarray, kind: pa.DataType) ->
     return pa.FixedSizeListArray.from_arrays(flat, width, mask=pa.array(~ok))
 
 
-def step_table(keys: Sequence[ItemKey], outputs: StepOutputs, errors: Sequence[str | None],
-               overlays: Sequence[str | None]) -> pa.Table:  # fmt: skip
+def step_table(
+    keys: Sequence[ItemKey],
+    outputs: StepOutputs,
+    errors: Sequence[str | None],
+    overlays: Sequence[str | None],
+) -> pa.Table:
     """A step's rows: `keys`, `errors` (None where the item ran) and `overlays` (each item's
     picture's name in results.zip, or None) per item, everything else from `outputs`' arrays."""
     n = len(keys)
@@ -98,9 +102,12 @@ def selected_boxes(outputs: StepOutputs, grid: int) -> np.ndarray:
 
 
 def _metadata() -> dict[bytes, bytes]:
-    return {b"arrcoc.schema": SCHEMA_VERSION.encode(), b"arrcoc.balance_names": ",".join(SCORER_NAMES).encode(),
-            b"arrcoc.tension_names": ",".join(TENSION_NAMES).encode(),
-            b"arrcoc.selected_boxes_format": ",".join(BOX_FIELDS).encode()}  # fmt: skip
+    return {
+        b"arrcoc.schema": SCHEMA_VERSION.encode(),
+        b"arrcoc.balance_names": ",".join(SCORER_NAMES).encode(),
+        b"arrcoc.tension_names": ",".join(TENSION_NAMES).encode(),
+        b"arrcoc.selected_boxes_format": ",".join(BOX_FIELDS).encode(),
+    }
 
 
 def to_bytes(table: pa.Table) -> bytes:
@@ -157,9 +164,17 @@ class ResultsWriter:
         schema = self._writer.schema
         if not table.schema.equals(schema):  # rows without results: nulls of the file's types
             n = table.num_rows
-            table = pa.table([table[f.name] if table.schema.field(f.name).type == f.type else
-                              pa.nulls(n, f.type) if table[f.name].null_count == n else table[f.name].cast(f.type)
-                              for f in schema], schema=schema)  # fmt: skip
+            table = pa.table(
+                [
+                    table[f.name]
+                    if table.schema.field(f.name).type == f.type
+                    else pa.nulls(n, f.type)
+                    if table[f.name].null_count == n
+                    else table[f.name].cast(f.type)
+                    for f in schema
+                ],
+                schema=schema,
+            )
         self._writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
 
@@ -170,7 +185,9 @@ class ResultsWriter:
                 self._write(waiting)
             self._waiting = []
         if self._writer is None:  # a job with no rows still has a (empty) file
-            pq.write_table(pa.table({"index": pa.array([], pa.int32())}).replace_schema_metadata(_metadata()), self.path)
+            pq.write_table(
+                pa.table({"index": pa.array([], pa.int32())}).replace_schema_metadata(_metadata()), self.path
+            )
         else:
             self._writer.close()
         self._writer = None
@@ -185,9 +202,25 @@ class ResultsWriter:
 
 
 # -- what is derived from the tables ----------------------------------------------------------------
-SUMMARY_FIELDS = ("index", "file", "query", "status", "error", "overlay", "k", "tokens_used", "match_score", "weak_match",
-                  "top_row", "top_col", "weight_information", "weight_perspectival", "weight_participatory", "backend",
-                  "bucket")  # fmt: skip
+SUMMARY_FIELDS = (
+    "index",
+    "file",
+    "query",
+    "status",
+    "error",
+    "overlay",
+    "k",
+    "tokens_used",
+    "match_score",
+    "weak_match",
+    "top_row",
+    "top_col",
+    "weight_information",
+    "weight_perspectival",
+    "weight_participatory",
+    "backend",
+    "bucket",
+)
 # a text cell a spreadsheet would run as a formula (arrcoc.service.jobs.csvcells), as an RE2 pattern
 _FORMULA_START = "^[" + "".join("\\" + c if c in "-]\\^" else c for c in FORMULA_START) + "]"
 
@@ -206,24 +239,41 @@ def summary_table(table: pa.Table) -> pa.Table:
     top = pc.list_element(table["selected"], 0)
     grid = table["grid"]
     weights = {f"weight_{name}": pc.list_element(table["balance"], i) for i, name in enumerate(SCORER_NAMES)}
-    cols = {"index": table["index"], "file": neutralised(table["file"]), "query": neutralised(table["query"]),
-            "status": table["status"], "error": neutralised(table["error"]), "overlay": table["overlay"],
-            "k": table["k"], "tokens_used": table["tokens_used"], "match_score": table["match_score"],
-            "weak_match": table["weak_match"], "top_row": pc.divide(top, grid),
-            "top_col": pc.subtract(top, pc.multiply(pc.divide(top, grid), grid)),
-            **weights, "backend": table["backend"], "bucket": table["bucket"]}  # fmt: skip
+    cols = {
+        "index": table["index"],
+        "file": neutralised(table["file"]),
+        "query": neutralised(table["query"]),
+        "status": table["status"],
+        "error": neutralised(table["error"]),
+        "overlay": table["overlay"],
+        "k": table["k"],
+        "tokens_used": table["tokens_used"],
+        "match_score": table["match_score"],
+        "weak_match": table["weak_match"],
+        "top_row": pc.divide(top, grid),
+        "top_col": pc.subtract(top, pc.multiply(pc.divide(top, grid), grid)),
+        **weights,
+        "backend": table["backend"],
+        "bucket": table["bucket"],
+    }
     return pa.table(cols)
 
 
 def write_summary(table: pa.Table, out: IO[bytes], header: bool) -> None:
     """Rows of results as summary.csv's lines (with its header line when `header`)."""
-    pacsv.write_csv(summary_table(table), out, pacsv.WriteOptions(include_header=header, quoting_style="needed"))
+    pacsv.write_csv(
+        summary_table(table), out, pacsv.WriteOptions(include_header=header, quoting_style="needed")
+    )
 
 
 def _matrix(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
     """A fixed-size-list column -> (n, width) numpy array (rows of nulls as they are stored)."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return arr.values.slice(arr.offset * width, len(arr) * width).to_numpy(zero_copy_only=False).reshape(len(arr), width)
+    return (
+        arr.values.slice(arr.offset * width, len(arr) * width)
+        .to_numpy(zero_copy_only=False)
+        .reshape(len(arr), width)
+    )
 
 
 def write_jsonl(table: pa.Table, out: IO[bytes]) -> None:
@@ -235,8 +285,11 @@ def write_jsonl(table: pa.Table, out: IO[bytes]) -> None:
     plain = [c for c in table.column_names if not pa.types.is_fixed_size_list(table.schema.field(c).type)]
     rows = table.select(plain).to_pylist()
     ok = np.asarray(table["status"].to_numpy(zero_copy_only=False) == "ok")
-    lists = {c: _matrix(table[c], table.schema.field(c).type.list_size)
-             for c in table.column_names if c not in plain}  # fmt: skip
+    lists = {
+        c: _matrix(table[c], table.schema.field(c).type.list_size)
+        for c in table.column_names
+        if c not in plain
+    }
     grid = int(round(np.sqrt(lists["relevance"].shape[1]))) if "relevance" in lists else 0
     for i, row in enumerate(rows):
         if ok[i]:
@@ -258,5 +311,19 @@ def parquet_to_jsonl(source: str | Path | IO[bytes], out: IO[bytes]) -> int:
     return f.metadata.num_rows
 
 
-__all__ = ["MAPS", "RESULTS_NAME", "SCHEMA_VERSION", "SUMMARY_FIELDS", "ResultsWriter", "from_bytes", "from_ipc", "neutralised",
-           "parquet_to_jsonl", "step_table", "to_bytes", "to_ipc", "write_jsonl", "write_summary"]  # fmt: skip
+__all__ = [
+    "MAPS",
+    "RESULTS_NAME",
+    "SCHEMA_VERSION",
+    "SUMMARY_FIELDS",
+    "ResultsWriter",
+    "from_bytes",
+    "from_ipc",
+    "neutralised",
+    "parquet_to_jsonl",
+    "step_table",
+    "to_bytes",
+    "to_ipc",
+    "write_jsonl",
+    "write_summary",
+]

@@ -65,8 +65,9 @@ class ResultsZip:
         self._parquet.add(rows)
         write_summary(rows, self._summary, header=self._summary.tell() == 0)
 
-    def add_pictures(self, index: Sequence[int], names: Sequence[str | None], datas: Sequence[bytes | None]
-                     ) -> Pictures | None:  # fmt: skip
+    def add_pictures(
+        self, index: Sequence[int], names: Sequence[str | None], datas: Sequence[bytes | None]
+    ) -> Pictures | None:
         """A step's pictures (its items `index`, each picture's name or None), written here and
         nowhere else, when the step continues the results in index order; where they are, for its
         part to name. None, and the zip given up, when it does not (items failed apart, a step

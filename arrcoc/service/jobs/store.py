@@ -38,8 +38,13 @@ class JobStore(ABC):
     def set_fields(self, job_id: str, **fields: Any) -> None: ...
 
     @abstractmethod
-    def set_state(self, job_id: str, state: JobState, message: str | None = None,
-                  expect: tuple[JobState, ...] | None = None) -> bool:  # fmt: skip
+    def set_state(
+        self,
+        job_id: str,
+        state: JobState,
+        message: str | None = None,
+        expect: tuple[JobState, ...] | None = None,
+    ) -> bool:
         """Set the state (only from one of `expect`, when given); True if it was set."""
 
     @abstractmethod
@@ -113,7 +118,9 @@ class JobStore(ABC):
         """Cancel a pending or running job (a finished one stays as it is)."""
         if JobState(self.record(job_id)["state"]) == JobState.EXPIRED:
             raise JobError(f"Job {job_id} expired; there is nothing to cancel.")
-        self.set_state(job_id, JobState.CANCELLED, "Cancelled by the user.", expect=(JobState.PENDING, JobState.RUNNING))
+        self.set_state(
+            job_id, JobState.CANCELLED, "Cancelled by the user.", expect=(JobState.PENDING, JobState.RUNNING)
+        )
 
     def status(self, job_id: str) -> JobStatus:
         f = self.record(job_id)
@@ -124,10 +131,17 @@ class JobStore(ABC):
         lost = self.lost_note(job_id) if state == JobState.RUNNING else ""
         message = " ".join(m for m in (lost, f.get("message", ""), f.get("skipped", "")) if m)
         return JobStatus(
-            job_id=job_id, kind=kind, state=state,
-            total=int(f.get("total", 0)), done=done, failed=failed, message=message,
-            queue_position=position, created_at=created, updated_at=float(f.get("updated_at", 0)),
-        )  # fmt: skip
+            job_id=job_id,
+            kind=kind,
+            state=state,
+            total=int(f.get("total", 0)),
+            done=done,
+            failed=failed,
+            message=message,
+            queue_position=position,
+            created_at=created,
+            updated_at=float(f.get("updated_at", 0)),
+        )
 
 
 def _encode(fields: dict[str, Any]) -> dict[str, str]:
@@ -150,9 +164,20 @@ class MemoryJobStore(JobStore):
         now = time.time()
         with self._lock:
             self._expiry[job_id] = now + ttl_s
-            base = {"kind": kind.value, "state": JobState.PENDING.value, "total": str(total),
-                    "created_at": str(now), "updated_at": str(now), "expires_at": str(now + ttl_s)}  # fmt: skip
-            self._jobs[job_id] = {"fields": base | _encode(fields), "done": set(), "failed": {}, "attempts": {}}
+            base = {
+                "kind": kind.value,
+                "state": JobState.PENDING.value,
+                "total": str(total),
+                "created_at": str(now),
+                "updated_at": str(now),
+                "expires_at": str(now + ttl_s),
+            }
+            self._jobs[job_id] = {
+                "fields": base | _encode(fields),
+                "done": set(),
+                "failed": {},
+                "attempts": {},
+            }
 
     def _fields(self, job_id):
         with self._lock:
@@ -207,10 +232,14 @@ class MemoryJobStore(JobStore):
         unfinished = {JobState.PENDING.value, JobState.RUNNING.value}
         with self._lock:
             return sum(
-                1 for other, job in list(self._jobs.items())
-                if other != job_id and self._live(other) and job["fields"]["kind"] == kind.value
-                and job["fields"]["state"] in unfinished and float(job["fields"]["created_at"]) < created_at
-            )  # fmt: skip
+                1
+                for other, job in list(self._jobs.items())
+                if other != job_id
+                and self._live(other)
+                and job["fields"]["kind"] == kind.value
+                and job["fields"]["state"] in unfinished
+                and float(job["fields"]["created_at"]) < created_at
+            )
 
     def attempt(self, job_id, index):
         with self._lock:
@@ -252,9 +281,12 @@ def redis_client(url: str, timeout_s: float = 5.0, decode_responses: bool = True
     import redis
 
     return redis.Redis.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=decode_responses,
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        decode_responses=decode_responses,
         health_check_interval=30,
-    )  # fmt: skip
+    )
 
 
 class RedisJobStore(JobStore):
@@ -281,7 +313,9 @@ class RedisJobStore(JobStore):
         try:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as e:
-            raise ServiceUnavailableError(f"Redis did not answer ({e}); is it running? Retry in a moment.") from e
+            raise ServiceUnavailableError(
+                f"Redis did not answer ({e}); is it running? Retry in a moment."
+            ) from e
 
     def _ttl(self, job_id: str) -> int:
         ttl = self._call(self.r.ttl, self.key(job_id))
@@ -289,8 +323,14 @@ class RedisJobStore(JobStore):
 
     def create(self, job_id, kind, total, ttl_s, fields):
         now = time.time()
-        base = {"kind": kind.value, "state": JobState.PENDING.value, "total": str(total),
-                "created_at": str(now), "updated_at": str(now), "expires_at": str(now + ttl_s)}  # fmt: skip
+        base = {
+            "kind": kind.value,
+            "state": JobState.PENDING.value,
+            "total": str(total),
+            "created_at": str(now),
+            "updated_at": str(now),
+            "expires_at": str(now + ttl_s),
+        }
         pipe = self.r.pipeline()
         pipe.hset(self.key(job_id), mapping=base | _encode(fields))
         pipe.expire(self.key(job_id), ttl_s)
@@ -327,7 +367,10 @@ class RedisJobStore(JobStore):
     def chunk_alive(self, job_id: str, start: int, stop: int, every_s: float, resume_s: float) -> None:
         key = self.key(job_id, "alive")
         pipe = self.r.pipeline(transaction=False)
-        pipe.hset(key, mapping={f"{start}-{stop}": str(time.time()), "_every": str(every_s), "_resume": str(resume_s)})
+        pipe.hset(
+            key,
+            mapping={f"{start}-{stop}": str(time.time()), "_every": str(every_s), "_resume": str(resume_s)},
+        )
         pipe.expire(key, self._ttl(job_id))
         self._call(pipe.execute)
 
@@ -339,16 +382,23 @@ class RedisJobStore(JobStore):
         try:
             every, resume = float(marks.pop("_every", 0)), float(marks.pop("_resume", 0))
             now = time.time()
-            lost = sorted((tuple(int(x) for x in span.split("-")) for span, at in marks.items()
-                           if now - float(at) > self.LOST_AFTER_BEATS * every))  # fmt: skip
+            lost = sorted(
+                (
+                    tuple(int(x) for x in span.split("-"))
+                    for span, at in marks.items()
+                    if now - float(at) > self.LOST_AFTER_BEATS * every
+                )
+            )
         except ValueError:
             return ""
         if not lost:
             return ""
         start, stop = lost[0]
         more = f" (and {len(lost) - 1} more chunks)" if len(lost) > 1 else ""
-        return (f"A worker was lost while it ran items {start}-{stop - 1}{more}; resuming: another worker takes"
-                f" them up within about {resume:.0f} s.")  # fmt: skip
+        return (
+            f"A worker was lost while it ran items {start}-{stop - 1}{more}; resuming: another worker takes"
+            f" them up within about {resume:.0f} s."
+        )
 
     def jobs_ahead(self, job_id, kind, created_at):
         return int(self._call(self.r.zcount, self.queue_key(kind), "-inf", f"({created_at!r}"))
@@ -383,7 +433,9 @@ class RedisJobStore(JobStore):
         ttl = str(self._ttl(job_id))
         pipe = self.r.pipeline(transaction=False)
         for index, error in marks:
-            self._mark(keys=keys, args=[str(index), error or ("failed" if error == "" else ""), ttl], client=pipe)
+            self._mark(
+                keys=keys, args=[str(index), error or ("failed" if error == "" else ""), ttl], client=pipe
+            )
         self._call(pipe.execute)
 
     def finished_items(self, job_id, indices):

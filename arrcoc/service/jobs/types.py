@@ -59,11 +59,24 @@ class BenchRequest:
     options: dict[str, Any] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"variants": list(self.variants), "backends": list(self.backends), "buckets": list(self.buckets),
-                "iterations": self.iterations, "warmup": self.warmup, "device": self.device,
-                "options": dict(self.options)}  # fmt: skip
+        return {
+            "variants": list(self.variants),
+            "backends": list(self.backends),
+            "buckets": list(self.buckets),
+            "iterations": self.iterations,
+            "warmup": self.warmup,
+            "device": self.device,
+            "options": dict(self.options),
+        }
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> BenchRequest:
-        return cls(tuple(d["variants"]), tuple(d["backends"]), tuple(int(b) for b in d["buckets"]),
-                   int(d["iterations"]), int(d["warmup"]), d.get("device", "auto"), d.get("options", {}))  # fmt: skip
+        return cls(
+            tuple(d["variants"]),
+            tuple(d["backends"]),
+            tuple(int(b) for b in d["buckets"]),
+            int(d["iterations"]),
+            int(d["warmup"]),
+            d.get("device", "auto"),
+            d.get("options", {}),
+        )
