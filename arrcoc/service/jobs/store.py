@@ -100,7 +100,10 @@ class JobStore(ABC):
             return fields
         expires = self._expires_at(job_id)
         if expires is None:
-            raise JobError(f"No job {job_id!r}: check the id (jobs are kept for a limited time).")
+            raise JobError(
+                f"No job {job_id!r} that you may read: a job is shown only to whoever submitted it (the same "
+                "browser, the same gradio_client Client or the same API token), for a limited time; check the id."
+            )
         if expires <= time.time() + 1.0:
             return {"state": JobState.EXPIRED.value, "message": "The job's results expired and were deleted."}
         return {"state": JobState.FAILED.value, "message": "The job's state was lost (was Redis flushed?)."}
@@ -112,7 +115,10 @@ class JobStore(ABC):
             return
         fields = self._fields(job_id)
         if fields and not hmac.compare_digest(fields.get("owner", "").encode(), owner.encode()):
-            raise JobError(f"No job {job_id!r}: check the id (jobs are kept for a limited time).")
+            raise JobError(
+                f"No job {job_id!r} that you may read: a job is shown only to whoever submitted it (the same "
+                "browser, the same gradio_client Client or the same API token), for a limited time; check the id."
+            )
 
     def cancel(self, job_id: str) -> None:
         """Cancel a pending or running job (a finished one stays as it is)."""
