@@ -128,3 +128,22 @@ def test_the_readme_install_brings_the_plots():
         return out
 
     assert any(d.startswith("matplotlib") for d in closure("dev", set()))
+
+
+def test_an_onnx_export_keeps_the_exporters_info_lines_out_of_the_log(tmp_path, caplog):
+    """One export wrote hundreds of onnx_ir/onnxscript INFO lines into the demo's log; their
+    warnings still show, and the loggers' own levels are as they were afterwards."""
+    import logging
+
+    import torch
+
+    from arrcoc.engine.onnx import EXPORTER_LOGGERS, export_onnx
+    from arrcoc.registry import create_model
+
+    before = {name: logging.getLogger(name).level for name in EXPORTER_LOGGERS}
+    with caplog.at_level(logging.INFO):
+        export_onnx(create_model("arrcoc-texture", None, "cpu"), tmp_path / "m.onnx", torch.device("cpu"), 1)
+    noisy = [r for r in caplog.records if r.name.split(".")[0] in ("onnx_ir", "onnxscript", "torch")]
+    assert all(r.levelno >= logging.WARNING for r in noisy), [r.getMessage()[:80] for r in noisy[:5]]
+    assert (tmp_path / "m.onnx").stat().st_size > 0
+    assert {name: logging.getLogger(name).level for name in EXPORTER_LOGGERS} == before

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +54,25 @@ class ExportFn(ForwardFn):
         return tuple(out[i] for i in _KEEP)
 
 
+# the exporter's own loggers: at INFO they write a line per optimisation pass and rewrite rule,
+# hundreds per export, into the log of whatever process exports (the demo's, a worker's)
+EXPORTER_LOGGERS = ("onnx_ir", "onnxscript", "torch.onnx")
+
+
+@contextmanager
+def _quiet_exporters() -> Iterator[None]:
+    """The exporter's loggers at WARNING for the export (their warnings and errors still show)."""
+    loggers = [logging.getLogger(name) for name in EXPORTER_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def export_onnx(model: torch.nn.Module, path: Path, device: torch.device, batch: int | None = None) -> float:
     """Export ForwardFn(model) to `path` (atomically); seconds taken. batch None: a dynamic
     batch dimension; an int: every shape static (all shape arithmetic constant-folded)."""
@@ -62,7 +83,7 @@ def export_onnx(model: torch.nn.Module, path: Path, device: torch.device, batch:
     dynamic = None if batch else ({0: dim}, {0: dim}, {0: dim})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad(), _quiet_exporters():
         program = torch.onnx.export(
             fn,
             args,
