@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import InvalidInputError
 from .images import ImageLimits, check_header, decode, read_bytes
-from .settings import DEFAULT_OVERLAY_KIND, OVERLAY_KINDS, Settings
+from .settings import DEFAULT_OVERLAY_KIND, DEFAULT_OVERLAYS, OVERLAY_KINDS, OVERLAYS, Settings
 
 # The allocator's range of tokens per selected cell (level of detail): arrcoc.attending reads
 # them here, so a token budget is checked with the same numbers the model allocates with.
@@ -102,13 +102,21 @@ class Controls:
 
 
 def check_overlay_kind(value: object) -> str:
-    """A batch job's overlay kind (OVERLAY_KINDS; None: the default), or a clear error naming the option."""
+    """What a step's overlays show (OVERLAY_KINDS; None: the default), or a clear error."""
     if value is None:
         return DEFAULT_OVERLAY_KIND
     if not isinstance(value, str) or value not in OVERLAY_KINDS:
-        raise InvalidInputError(
-            f"The overlay kind (overlay_kind) must be one of {', '.join(OVERLAY_KINDS)}, got {value!r}."
-        )
+        raise InvalidInputError(f"The overlay kind must be one of {', '.join(OVERLAY_KINDS)}, got {value!r}.")
+    return value
+
+
+def check_overlays(value: object) -> str:
+    """What a batch job asks to be drawn (OVERLAYS; None: DEFAULT_OVERLAYS, no pictures), or a
+    clear error naming the option."""
+    if value is None:
+        return DEFAULT_OVERLAYS
+    if not isinstance(value, str) or value not in OVERLAYS:
+        raise InvalidInputError(f"overlays must be one of {', '.join(OVERLAYS)}, got {value!r}.")
     return value
 
 

@@ -25,17 +25,22 @@ DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 # what ARRCOC_DTYPE and the --dtype options take (arrcoc.engine.base.serving_dtype resolves "auto")
 DTYPES = ("auto", "float32", "bfloat16")
-# How a batch job draws its overlays: JPEG (rendered and encoded on the GPU when there is one), PNG
-# (lossless, on the CPU) or none (results.parquet and summary.csv only).
-OverlayFormat = Literal["jpeg", "png", "none"]
+# How a batch job's overlays are encoded when it asks for them: JPEG (rendered and encoded on the GPU
+# when there is one) or PNG (lossless, on the CPU).
+OverlayFormat = Literal["jpeg", "png"]
 OVERLAY_FORMATS: tuple[str, ...] = get_args(OverlayFormat)
 OVERLAY_EXTENSIONS = {"jpeg": ".jpg", "png": ".png"}
-# What a batch job's overlays show, chosen per job: the relevance map blended over the photo, or the
-# foveated view (the photo as a vision-language model would be given it under the result's token
-# budgets: arrcoc.foveate). Jobs queued before the choice existed draw the first.
+# What a batch job's overlay pictures show, chosen per job: the relevance map blended over the photo, or
+# the foveated view (the photo as a vision-language model would be given it under the result's token
+# budgets: arrcoc.foveate).
 OverlayKind = Literal["relevance", "foveated"]
 OVERLAY_KINDS: tuple[str, ...] = get_args(OverlayKind)
 DEFAULT_OVERLAY_KIND: OverlayKind = "relevance"
+# What a batch job asks for when it is submitted: no pictures (its product is results.parquet and
+# summary.csv, which a program reads; drawing costs more than running the model) or one of the kinds.
+Overlays = Literal["none", "relevance", "foveated"]
+OVERLAYS: tuple[str, ...] = get_args(Overlays)
+DEFAULT_OVERLAYS: Overlays = "none"
 
 
 class Settings(BaseSettings):

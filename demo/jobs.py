@@ -79,13 +79,13 @@ def submit_batch(
     query: object,
     controls: Controls,
     owner: str | None = None,
-    overlay_kind: str | None = None,
+    overlays: str | None = None,
 ) -> str:
     q = text_field(query, "The query").strip() or None
     archive = build_archive(zip_path, manifest_path)
     if q is None and not manifest_path and not _zip_has_manifest(archive):
         raise InvalidInputError("Type a query for every image, or add a manifest (file,query) to the zip.")
-    return service.executor().submit_batch(archive, q, controls, owner=owner, overlay_kind=overlay_kind)
+    return service.executor().submit_batch(archive, q, controls, owner=owner, overlays=overlays)
 
 
 def _zip_has_manifest(archive: bytes) -> bool:

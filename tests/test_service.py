@@ -383,7 +383,7 @@ def test_inprocess_infer_and_batch_job(inprocess):
     r = inprocess.infer(png_bytes(0), "the red mug")
     assert r.query == "the red mug" and r.bucket == 1
     files = {f"img{i}.png": png_bytes(i) for i in range(5)} | {"broken.png": b"\x89PNG not really"}
-    job = inprocess.submit_batch(make_zip(files), "the red mug")
+    job = inprocess.submit_batch(make_zip(files), "the red mug", overlays="relevance")
     st = wait_finished(inprocess, job)
     assert (st.state, st.total, st.done, st.failed) == (JobState.DONE, 6, 5, 1)
     with zipfile.ZipFile(inprocess.batch_results(job)) as zf:
@@ -397,11 +397,14 @@ def test_inprocess_infer_and_batch_job(inprocess):
 
 
 def test_a_batch_job_without_overlays(settings, tmp_path):
-    """ARRCOC_OVERLAY_FORMAT=none: every row, no pictures, summary.csv's overlay column empty."""
+    """A job that asks for no overlays (the default for programs): every row, no pictures,
+    summary.csv's overlay column empty; a bad choice is refused naming the option."""
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    ex = InProcessExecutor(settings.model_copy(update={"overlay_format": "none", "data_dir": tmp_path}))
+    ex = InProcessExecutor(settings.model_copy(update={"data_dir": tmp_path}))
     try:
+        with pytest.raises(InvalidInputError, match="overlays must be one of none, relevance, foveated"):
+            ex.submit_batch(make_zip({"a.png": png_bytes(0)}), "the red mug", overlays="heatmap")
         job = ex.submit_batch(make_zip({f"img{i}.png": png_bytes(i) for i in range(3)}), "the red mug")
         st = wait_finished(ex, job)
         assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 0), st
@@ -437,9 +440,9 @@ def test_a_batch_job_can_draw_the_foveated_view_and_lists_the_selected_boxes(set
     }
     ex = InProcessExecutor(settings.model_copy(update={"overlay_format": "png", "data_dir": tmp_path}))
     try:
-        with pytest.raises(InvalidInputError, match="overlay_kind.*relevance, foveated"):
-            ex.submit_batch(make_zip(files), "the red mug", overlay_kind="heatmap")
-        job = ex.submit_batch(make_zip(files), "the red mug", overlay_kind="foveated")
+        with pytest.raises(InvalidInputError, match="overlays must be one of none, relevance, foveated"):
+            ex.submit_batch(make_zip(files), "the red mug", overlays="heatmap")
+        job = ex.submit_batch(make_zip(files), "the red mug", overlays="foveated")
         st = wait_finished(ex, job)
         assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 1), st
         with zipfile.ZipFile(ex.batch_results(job)) as zf:
@@ -941,3 +944,36 @@ def test_a_first_step_whose_items_all_failed_leaves_results_parquet_whole(inproc
         table["status"].to_pylist() == ["failed"] * step + ["ok"] * 2
         and table["relevance"].null_count == step
     )
+
+
+def test_turns_keep_turning_after_a_job_yields(settings, tmp_path):
+    """Turns held only for the first hand-over: the items a yielded job had not reached counted as
+    crash suspects, ran one per step and never yielded again, so a third owner's small job waited
+    behind the whole of the big one. Now the big job (A) yields at its next step whenever another
+    owner waits, its unreached items are never suspects, and each owner's job starts after at
+    most one of A's steps."""
+    from arrcoc.service.client.inprocess import InProcessExecutor
+
+    n = 100
+    ex = InProcessExecutor(
+        settings.model_copy(update={"data_dir": tmp_path, "job_slice_s": 0.01, "max_batch_items": n})
+    )
+    small = make_zip({"s.png": png_bytes(1)})
+    try:
+        manifest = "file,query\n" + "a.png,the sky\n" * n
+        a = ex.submit_batch(make_zip({"a.png": png_bytes(0), "manifest.csv": manifest.encode()}), owner="a")
+        deadline = time.monotonic() + 120
+        while ex.status(a, "a").done == 0:
+            assert time.monotonic() < deadline, "A never started"
+            time.sleep(0.02)
+        b = ex.submit_batch(small, "the sky", owner="b")
+        assert wait_finished(ex, b).state == JobState.DONE
+        c = ex.submit_batch(small, "the sky", owner="c")  # during A's second turn, or later
+        assert wait_finished(ex, c).state == JobState.DONE
+        left = n - ex.status(a, "a").done
+        assert left > 0, "C waited until A had run every item"
+        assert wait_finished(ex, a).done == n
+        # every item of A was handed to the engine once: none ran as a crash suspect
+        assert ex.store.attempts_of(a, list(range(n))) == [1] * n
+    finally:
+        ex.close()

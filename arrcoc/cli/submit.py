@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..settings import BACKENDS, DEFAULT_BROKER_URL, DEFAULT_OVERLAY_KIND, OVERLAY_KINDS
+from ..settings import BACKENDS, DEFAULT_BROKER_URL, DEFAULT_OVERLAYS, OVERLAYS
 from ._client import seconds
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -50,11 +50,12 @@ def add_parser(sub) -> None:
     b.add_argument("--k", type=int)
     b.add_argument("--token-budget", type=int)
     b.add_argument(
-        "--overlay",
-        choices=OVERLAY_KINDS,
-        default=DEFAULT_OVERLAY_KIND,
-        help="what each overlay shows: the relevance map over the photo, or the foveated view (the photo"
-        " as a vision-language model would see it under the result's token budgets)",
+        "--overlays",
+        choices=OVERLAYS,
+        default=DEFAULT_OVERLAYS,
+        help="pictures to draw beside results.parquet: none (the default; rows only, fastest), the"
+        " relevance map over each photo, or the foveated view (the photo as a vision-language model"
+        " would see it under the result's token budgets)",
     )
     b.add_argument("--out", "-o", type=Path, help="results zip (default ./<job id>.zip)")
     b.add_argument("--no-follow", action="store_true", help="print the job id and return")
@@ -134,7 +135,7 @@ def run_batch(args) -> int:
     ex = executor(args.broker, args.token)
     try:
         who = owner(ex)
-        job_id = ex.submit_batch(archive, args.query, _controls(args), owner=who, overlay_kind=args.overlay)
+        job_id = ex.submit_batch(archive, args.query, _controls(args), owner=who, overlays=args.overlays)
         print(job_id, flush=True)
         if args.no_follow:
             return 0

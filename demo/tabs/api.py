@@ -16,7 +16,7 @@ from arrcoc.images import load_image
 from arrcoc.render import overlay
 from arrcoc.request import Controls
 from arrcoc.service.jobs.types import JobState
-from arrcoc.settings import BACKENDS, DEFAULT_OVERLAY_KIND, OVERLAY_KINDS, Settings
+from arrcoc.settings import BACKENDS, DEFAULT_OVERLAYS, OVERLAYS, Settings
 
 from .. import batchview, jobs, reports, service
 from ..errors import user_error
@@ -56,7 +56,7 @@ def api_batch_submit(
     zip_path: str | None,
     manifest_path: str | None,
     query: str,
-    overlay_kind: str = DEFAULT_OVERLAY_KIND,
+    overlays: str = DEFAULT_OVERLAYS,
     request: gr.Request = None,
 ) -> dict[str, Any]:
     try:
@@ -66,7 +66,7 @@ def api_batch_submit(
             query,
             Controls(),
             owner=owner_of(request, None, "batch"),
-            overlay_kind=overlay_kind,
+            overlays=overlays,
         )
         return jobs.status_doc(jobs.job_status(job_id, owner_of(request, None, "batch")))
     except Exception as e:
@@ -131,7 +131,7 @@ def build_api(settings: Settings) -> None:
         )
         zip_in, manifest = gr.File(label="images (.zip)"), gr.File(label="manifest (.csv/.jsonl), optional")
         batch_query, job = gr.Textbox(label="query for every image"), gr.Textbox(label="job id")
-        overlay_kind = gr.Radio(list(OVERLAY_KINDS), value=DEFAULT_OVERLAY_KIND, label="overlays")
+        overlay_kind = gr.Radio(list(OVERLAYS), value=DEFAULT_OVERLAYS, label="overlays")
         status, results, files = (
             gr.JSON(label="status"),
             gr.File(label="results (.zip)"),
@@ -178,9 +178,11 @@ def build_api(settings: Settings) -> None:
         job,
         [status, results],
         api_name="batch_status",
-        api_description="A batch job's status as JSON (state, counts, progress, message; when finished, one "
-        "entry per item with file, query, match score, top cell as row and column, or the "
-        "reason it failed) and the results .zip once it is ready.",
+        api_description="A batch job's status as JSON (job_id, kind, state, finished, total, done, failed, "
+        "progress, message, queue_position, created_at, updated_at; once done, results: the names of the "
+        "zip and of what it holds, file, rows (results.parquet: one row per item), summary (summary.csv) "
+        "and overlays) and the results .zip once it is ready. Only the Client (or API token) that "
+        "submitted the job may read it.",
     )
     buttons[2].click(
         api_batch_cancel,

@@ -11,7 +11,7 @@ import gradio as gr
 from arrcoc.request import Controls
 from arrcoc.service.jobs.archive import MANIFEST_NAMES
 from arrcoc.service.jobs.types import JobState
-from arrcoc.settings import DEFAULT_OVERLAY_KIND, OVERLAY_KINDS, Settings
+from arrcoc.settings import OVERLAYS, Settings
 
 from .. import batchview, jobs
 from ..errors import friendly, user_error
@@ -32,7 +32,7 @@ def batch_submit(
     try:
         owner = owner_of(request, token, "batch")  # the job is bound to this token, browser or session
         job_id = jobs.submit_batch(
-            zip_path, manifest_path, query, Controls(), owner=owner, overlay_kind=overlay_kind
+            zip_path, manifest_path, query, Controls(), owner=owner, overlays=overlay_kind
         )
     except Exception as e:
         raise user_error(e) from e
@@ -85,8 +85,9 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
     with gr.Tab("Batch", id="batch"):
         _caption(
             f"Many images, one query (or a manifest with a query per file). Zips up to {_mb(settings.max_image_bytes)} "
-            "here (larger: `arrcoc submit`). Jobs keep running if you close the page: keep the job id (it is also in "
-            "the address bar) to come back to it."
+            "here (larger: `arrcoc submit`). Jobs keep running if you close the page. A job is shown only to the "
+            "browser that submitted it (or to its API token): its address (with the job id) brings it back in this "
+            "browser, not in another one."
         )
         with gr.Row():
             with gr.Column():
@@ -100,11 +101,12 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
                     label="query for every image", placeholder="e.g. the red one", elem_id="batch-query"
                 )
                 overlay_kind = gr.Radio(
-                    list(OVERLAY_KINDS),
-                    value=DEFAULT_OVERLAY_KIND,
+                    list(OVERLAYS),
+                    value="relevance",  # a person is looking: draw the maps (programs ask for none)
                     label="overlays",
                     info="relevance: the map over each photo; foveated: each photo as a "
-                    "vision-language model would be given it under its token budgets",
+                    "vision-language model would be given it under its token budgets; none: "
+                    "results.parquet and summary.csv only (fastest)",
                     elem_id="batch-overlay",
                 )
                 token = gr.Textbox(

@@ -121,12 +121,12 @@ class CeleryExecutor(Executor):
         query: str | None = None,
         controls: Controls | None = None,
         owner: str | None = None,
-        overlay_kind: str | None = None,
+        overlays: str | None = None,
     ) -> str:
         self._check_types(archive, controls)
         # the kind is kept with the job (its record), so the chunk tasks' arguments stay as they were
         job_id, chunks = batch.create_batch_job(
-            bytes(archive), query, controls, self.settings, self.store, owner, overlay_kind
+            bytes(archive), query, controls, self.settings, self.store, owner, overlays
         )
         try:
             # a job's later chunks queue behind every job's first ones (Redis serves lower numbers

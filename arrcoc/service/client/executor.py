@@ -50,13 +50,14 @@ class Executor(ABC):
         query: str | None = None,
         controls: Controls | None = None,
         owner: str | None = None,
-        overlay_kind: str | None = None,
+        overlays: str | None = None,
     ) -> str:
         """A zip of images (one query for all) or a zip with manifest.csv/.jsonl (file,query).
 
         owner: who may see the job afterwards (arrcoc.service.access; None: anyone with the id).
-        overlay_kind: what the job's overlays show, one of arrcoc.settings.OVERLAY_KINDS ("relevance",
-        the default: the map over the photo; "foveated": the photo under the result's token budgets).
+        overlays: the pictures the job draws beside its rows, one of arrcoc.settings.OVERLAYS ("none",
+        the default: results.parquet and summary.csv only; "relevance": the map over each photo;
+        "foveated": the photo under the result's token budgets).
         """
 
     @abstractmethod

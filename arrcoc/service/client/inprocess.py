@@ -130,11 +130,11 @@ class InProcessExecutor(Executor):
         query: str | None = None,
         controls: Controls | None = None,
         owner: str | None = None,
-        overlay_kind: str | None = None,
+        overlays: str | None = None,
     ) -> str:
         self._check_types(archive, controls)
         job_id, chunks = batch.create_batch_job(
-            bytes(archive), query, controls, self.settings, self.store, owner, overlay_kind
+            bytes(archive), query, controls, self.settings, self.store, owner, overlays
         )
         total = chunks[-1][1] if chunks else 0
         self._jobs.add(owner or "", lambda yield_now: self._run_batch(job_id, total, yield_now))

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import JobError
-from ...request import Controls, check_overlay_kind
-from ...settings import OVERLAY_EXTENSIONS, Settings
+from ...request import Controls, check_overlays
+from ...settings import DEFAULT_OVERLAY_KIND, OVERLAY_EXTENSIONS, Settings
 from ..host.interface import StepOutputs
 from .archive import Item, load_items, skipped_note, unpack
 from .budget import release
@@ -49,41 +49,31 @@ def create_batch_job(
     settings: Settings,
     store: JobStore,
     owner: str | None = None,
-    overlay_kind: str | None = None,
+    overlays: str | None = None,
 ) -> tuple[str, list[tuple[int, int]]]:
     """Check and unpack the zip, record the job; returns its id and its chunks [start, stop).
-    `overlay_kind`: what its overlays show (arrcoc.settings.OVERLAY_KINDS; None: the relevance map).
+    `overlays`: the pictures it draws (arrcoc.settings.OVERLAYS; None: none, rows only).
     Expired jobs' files are removed by the reaper (files.Reaper), not here."""
-    kind = check_overlay_kind(overlay_kind)  # a bad value is refused before anything is unpacked
+    drawn = check_overlays(overlays)  # a bad value is refused before anything is unpacked
     job_id = new_job_id(JobKind.BATCH)
     jd = job_dir(settings, job_id)
     jd.mkdir(parents=True)
     try:
         items = unpack(archive, query, jd, settings, owner)
         chunk = max(1, settings.batch_chunk_items)
-        meta = {
-            "job_id": job_id,
-            "kind": "batch",
-            "query": query,
+        # job.json is the reaper's: it tells when the folder's files go
+        (jd / "job.json").write_text(json.dumps({"expires_at": time.time() + settings.job_ttl_s}))
+        record = {
             "controls": (controls or Controls()).to_wire(),
-            "overlay_kind": kind,
-            "total": len(items),
-            "chunk": chunk,
-            "expires_at": time.time() + settings.job_ttl_s,
+            "overlays": drawn,
+            "skipped": skipped_note(jd),
         }
-        (jd / "job.json").write_text(json.dumps(meta))
         store.create(
             job_id,
             JobKind.BATCH,
             len(items),
             settings.job_ttl_s,
-            {
-                "controls": meta["controls"],
-                "overlay_kind": kind,
-                "chunk": str(chunk),
-                "skipped": skipped_note(jd),
-            }
-            | ({"owner": owner} if owner else {}),
+            record | ({"owner": owner} if owner else {}),
         )
     except BaseException:
         shutil.rmtree(jd, ignore_errors=True)
@@ -174,26 +164,29 @@ def run_chunk(
     jd = job_dir(settings, job_id)
     (jd / "results").mkdir(exist_ok=True)
     controls = Controls.from_wire(json.loads(rec.get("controls") or "{}"))
-    kind = check_overlay_kind(rec.get("overlay_kind"))  # a job queued before the option: the default
+    # a job queued before `overlays` existed named only what its pictures showed
+    drawn = check_overlays(rec.get("overlays") or rec.get("overlay_kind") or "none")
     every = load_items(jd)
     items = every[start:stop]
     finished = store.finished_items(job_id, [it.index for it in items])
     todo = [it for it in items if it.index not in finished]
-    attempts = store.attempt_items(job_id, [it.index for it in todo])
+    # an attempt is counted when an item's step is handed to the engine (_run_group): items a
+    # yielded turn never reached are not suspects, those a dead worker was running are
+    attempts = store.attempts_of(job_id, [it.index for it in todo])
     fresh: list[Item] = []
     suspect: list[Item] = []
     skipped: list[tuple[Item, str]] = []
     for it, n in zip(todo, attempts, strict=True):
-        if n > settings.max_redeliveries:
+        if n >= settings.max_redeliveries:
             skipped.append(
                 (
                     it,
-                    f"Skipped after {n - 1} attempts: the worker stopped each time it processed"
+                    f"Skipped after {n} attempts: the worker stopped each time it processed"
                     " this item (crash, out of memory or time limit).",
                 )
             )
         else:
-            (suspect if n > 1 else fresh).append(it)
+            (suspect if n else fresh).append(it)
     _fail_items(jd, store, job_id, skipped)
     stages: dict[str, float] = {}
     processed = 0
@@ -201,9 +194,13 @@ def run_chunk(
     streamed = ResultsZip(jd, settings.results_jsonl) if len(fresh) == len(every) else None
     yielded: list[bool] = []
 
+    asked: list[bool] = []
+
     def yielding() -> bool:
-        if yield_now is not None and yield_now():
+        """Asked before every step: each turn runs its first step, so every job moves."""
+        if asked and yield_now is not None and yield_now():
             yielded.append(True)
+        asked.append(True)
         return bool(yielded)
 
     try:
@@ -211,7 +208,18 @@ def run_chunk(
             if not group or yielded:
                 continue
             done = _run_group(
-                job_id, jd, group, controls, kind, host, store, settings, deadline, stages, streamed, yielding
+                job_id,
+                jd,
+                group,
+                controls,
+                drawn,
+                host,
+                store,
+                settings,
+                deadline,
+                stages,
+                streamed,
+                yielding,
             )
             if done is None:
                 return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
@@ -262,7 +270,7 @@ def _run_group(
     jd: Path,
     group: list[Item],
     controls: Controls,
-    kind: str,
+    drawn: str,
     host: EngineHost,
     store: JobStore,
     settings: Settings,
@@ -273,10 +281,11 @@ def _run_group(
 ) -> int | None:
     """The group's items, step by step; how many ran, or None if the job was cancelled. Each
     step's pictures go straight into `streamed`, its rows once they are recorded (it gives up if
-    steps come out of order). `yield_now`, asked before each step but the first, ends the group
+    steps come out of order). `yield_now`, asked before each step, ends the group
     early (another owner's turn)."""
     steps = iter(steps_of(group, step_items(host)))
-    fmt = settings.overlay_format
+    fmt = "none" if drawn == "none" else settings.overlay_format
+    kind = DEFAULT_OVERLAY_KIND if drawn == "none" else drawn
     ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
     ran = 0
     writing: Future | None = None
@@ -298,9 +307,7 @@ def _run_group(
                         break
                     if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
                         stopped = cancelled = True
-                    elif (
-                        (ran or running) and yield_now is not None and yield_now()
-                    ):  # never before the first step
+                    elif yield_now is not None and yield_now():
                         stopped = True
                     elif deadline is not None and time.monotonic() > deadline:
                         _fail_items(
@@ -313,6 +320,7 @@ def _run_group(
                             ],
                         )
                     else:
+                        store.attempt_items(job_id, [it.index for it in step])
                         running.append(
                             (step, pool.submit(_process_step, host, jd, step, controls, fmt, kind))
                         )

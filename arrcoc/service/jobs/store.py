@@ -80,6 +80,10 @@ class JobStore(ABC):
     def attempt_items(self, job_id: str, indices: list[int]) -> list[int]:
         return [self.attempt(job_id, i) for i in indices]
 
+    @abstractmethod
+    def attempts_of(self, job_id: str, indices: list[int]) -> list[int]:
+        """How many times each item was handed to an engine without being recorded (0: never)."""
+
     def add_stage_ms(self, job_id: str, stage_ms: dict[str, float]) -> None:
         """Add a chunk's time per stage to the job's (`stage_ms` field: the end-to-end breakdown)."""
         with self._stage_lock:
@@ -254,6 +258,11 @@ class MemoryJobStore(JobStore):
                 return 1
             job["attempts"][index] = job["attempts"].get(index, 0) + 1
             return job["attempts"][index]
+
+    def attempts_of(self, job_id, indices):
+        with self._lock:
+            job = self._live(job_id)
+            return [job["attempts"].get(i, 0) if job else 0 for i in indices]
 
 
 # compare-and-set of the state field: KEYS[1] job hash; ARGV: new state, time, "=message" or "" (keep), expected...
@@ -461,6 +470,12 @@ class RedisJobStore(JobStore):
             pipe.hincrby(key, str(i), 1)
         pipe.expire(key, self._ttl(job_id))
         return [int(n) for n in self._call(pipe.execute)[:-1]]
+
+    def attempts_of(self, job_id, indices):
+        if not indices:
+            return []
+        counts = self._call(self.r.hmget, self.key(job_id, "attempts"), [str(i) for i in indices])
+        return [int(n or 0) for n in counts]
 
     def attempt(self, job_id, index):
         key = self.key(job_id, "attempts")
