@@ -139,6 +139,53 @@ def test_startup_cold_then_warm_in_separate_processes():
     assert s["warm_s"] < s["cold_s"]
 
 
+# the peers' relevance against the engine's on a CPU: the same Pillow decoding and resize and the
+# same model, so only the batch's float arithmetic differs
+PEER_RELEVANCE_ATOL = 1e-4
+
+
+def test_peer_scripts_write_a_parquet_row_per_photo_with_the_engines_relevance(tmp_path):
+    """Both peer scripts on a CPU (the one-process peer decodes with Pillow there, and says so):
+    each writes a Parquet file pyarrow reads, one row per photo in a row group per batch, and each
+    row's relevance is the engine's for that photo."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from arrcoc.bench.e2e import workload
+    from arrcoc.bench.peers import QUERY
+    from arrcoc.pipeline import RelevancePipeline
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    jpegs = workload()["jpeg_800x600"][:5]
+    for i, data in enumerate(jpegs):
+        (photos / f"img{i}.jpg").write_bytes(data)
+    expected = RelevancePipeline("arrcoc-texture", device="cpu").infer(jpegs, QUERY)
+    for peer in ("dataloader", "batched"):
+        out = tmp_path / f"{peer}.parquet"
+        argv = [sys.executable, "-m", "arrcoc.bench.peers", peer, "--photos", str(photos), "--out", str(out)]
+        proc = subprocess.run(
+            [*argv, "--device", "cpu", "--batch", "2", "--workers", "1"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        said = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert said["peer"] == peer and said["items"] == said["rows"] == 5 and said["images_per_s"] > 0
+        assert ("Pillow" in said["does"]) and ("Parquet" in said["does"])
+        parquet = pq.ParquetFile(out)
+        assert parquet.metadata.num_rows == 5 and parquet.metadata.num_row_groups == 3  # batches 2, 2, 1
+        table = parquet.read()
+        assert table["file"].to_pylist() == [f"img{i}.jpg" for i in range(5)]
+        relevance = np.array(table["relevance"].to_pylist(), np.float32)
+        for row, result in zip(relevance, expected, strict=True):
+            np.testing.assert_allclose(row, result.relevance.reshape(-1), atol=PEER_RELEVANCE_ATOL)
+
+
 def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(tmp_path):
     """`arrcoc bench e2e` on CPU, in-process, a tiny workload: every batch item and every request
     succeeds, each stage is timed, and the report compares the job with the engine alone timed

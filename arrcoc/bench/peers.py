@@ -1,142 +1,178 @@
-"""Two hand-written peer scripts: what someone would write instead of a batch job, for `arrcoc bench e2e`.
+"""Two peer scripts: what a competent user writes instead of submitting a batch job, for `arrcoc bench e2e`.
 
-Both read a folder of photos, run the same model on the same backend and device, and write each
-image's maps and selected cells as JSON lines (no overlays), timing from the first file read to
-the last line written (the model's loading and warm-up excluded):
+Both read a folder of JPEG photos, run the model the project serves (variant, weights, backend,
+dtype and batch size given) with one query, and write each photo's maps and selected cells to a
+Parquet file, one row group per batch (no overlays). Timed from the first file read to the Parquet
+file closed; loading and warming the model are not timed.
 
-- `dataloader`: a `torch.utils.data.DataLoader` whose worker processes decode and resize with
-  Pillow, batches to the model;
-- `batched`: one process reading a batch of files at a time and decoding it in one call
-  (`torchvision.io.decode_jpeg(list, device="cuda")` then one resize on a GPU; Pillow on a CPU).
+- `dataloader`: a torch DataLoader whose worker processes decode with Pillow (draft mode, so a large
+  JPEG decodes at a fraction of its size) and resize, pinned memory, prefetching, persistent workers;
+- `batched`: one process; a thread reads the next batch's files while the current batch runs; the
+  batch decodes in one `torchvision.io.decode_jpeg(list, device="cuda")` call (nvJPEG) and resizes
+  on the GPU in one call per photo size. On a CPU it decodes with Pillow instead (no nvJPEG there).
 
-    python -m arrcoc.bench.peers dataloader --photos DIR --out rows.jsonl --device cuda --backend compiled
+    python -m arrcoc.bench.peers batched --photos DIR --out rows.parquet --device cuda --backend compiled --batch 128
 
-prints one JSON line: {"peer", "items", "wall_s", "images_per_s"}.
+prints one JSON line: {"peer", "does", "items", "rows", "wall_s", "images_per_s"}.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
 QUERY = "the red one"
-BATCH = 64
+MAPS = ("relevance", "information", "perspectival", "participatory")
+PREFETCH = 4  # batches each DataLoader worker keeps ready
+FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
 
-def load_model(device: str, backend: str, variant: str, weights: str, dtype: str):
+def load_pipeline(args: argparse.Namespace):
+    """The served model, compiled and warmed as the project serves it."""
     from ..engine.base import parse_dtype
     from ..pipeline import RelevancePipeline
     from ..settings import default_settings
 
-    s = default_settings(device=device, backend=backend)
+    s = default_settings(device=args.device, backend=args.backend)
     pipe = RelevancePipeline(
-        variant,
-        weights,
-        backend=backend,
-        device=device,
+        args.variant,
+        args.weights,
+        backend=args.backend,
+        device=args.device,
         cache_dir=s.cache_dir,
-        buckets=tuple(b for b in s.buckets if b <= BATCH),
-        dtype=parse_dtype(dtype),
+        buckets=tuple(b for b in s.buckets if b <= args.batch) or s.buckets[:1],
+        dtype=parse_dtype(args.dtype),
     )
     pipe.warmup()
     return pipe
 
 
-def pillow_pixels(path: str, side: int) -> torch.Tensor:
-    img = Image.open(path).convert("RGB").resize((side, side), Image.Resampling.BILINEAR)
-    return torch.from_numpy(np.asarray(img).transpose(2, 0, 1).copy())
+class Rows:
+    """results.parquet as a user writes it: a row group per batch, maps as fixed-size lists."""
+
+    def __init__(self, path: Path, k: int):
+        self.path, self.k, self.writer, self.count = path, k, None, 0
+
+    def write(self, names: list[str], out) -> None:
+        k = self.k
+        cols = {"file": pa.array(names, pa.string()), "match_score": pa.array(out.match, pa.float32())}
+        for name, ranked in (("selected", out.order), ("budgets", out.budgets)):  # the k selected cells
+            flat = pa.array(np.ascontiguousarray(ranked[:, :k], np.int32).reshape(-1))
+            cols[name] = pa.FixedSizeListArray.from_arrays(flat, k)
+        for name in MAPS:
+            grid = getattr(out, name)
+            flat = pa.array(np.ascontiguousarray(grid, np.float32).reshape(-1))
+            cols[name] = pa.FixedSizeListArray.from_arrays(flat, grid.shape[1] * grid.shape[2])
+        table = pa.table(cols)
+        self.writer = self.writer or pq.ParquetWriter(self.path, table.schema)
+        self.writer.write_table(table)
+        self.count += len(names)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
+def pillow_pixels(source, side: int, resample: str) -> torch.Tensor:
+    """A photo as the model takes it: RGB, side x side, uint8 (3, side, side)."""
+    with Image.open(source) as img:
+        img.draft("RGB", (side, side))  # a JPEG far larger than side decodes at 1/2, 1/4 or 1/8 scale
+        rgb = img.convert("RGB").resize((side, side), FILTERS[resample])
+    return torch.from_numpy(np.asarray(rgb).transpose(2, 0, 1).copy())
+
+
+# -- the DataLoader peer ---------------------------------------------------------------------------
 class Photos(torch.utils.data.Dataset):
-    def __init__(self, paths: list[str], side: int):
-        self.paths, self.side = paths, side
+    def __init__(self, paths: list[Path], side: int, resample: str):
+        self.paths, self.side, self.resample = paths, side, resample
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return pillow_pixels(self.paths[i], self.side)
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
+        return pillow_pixels(self.paths[i], self.side, self.resample), self.paths[i].name
 
 
-def write_rows(out, names: list[str], result, k: int) -> None:
-    """One JSON line per image: its maps and its k selected cells with their budgets."""
-    for i, name in enumerate(names):
-        out.write(
-            orjson.dumps(
-                {
-                    "file": name,
-                    "relevance": result.relevance[i],
-                    "information": result.information[i],
-                    "perspectival": result.perspectival[i],
-                    "participatory": result.participatory[i],
-                    "selected": result.order[i, :k],
-                    "budgets": result.budgets[i, :k],
-                    "match_score": float(result.match[i]),
-                },
-                option=orjson.OPT_SERIALIZE_NUMPY,
-            )
-            + b"\n"
-        )
-
-
-def run_dataloader(pipe, paths: list[str], out, workers: int) -> None:
-    query = pipe.encoder.encode(QUERY)
-    loader = torch.utils.data.DataLoader(
-        Photos(paths, pipe.variant.image_size),
-        batch_size=BATCH,
-        num_workers=workers,
-        pin_memory=pipe.device.type == "cuda",
-    )
-    done = 0
-    for images in loader:
-        result = pipe.backend.run_host(
-            images.to(pipe.device, non_blocking=True), query.expand(len(images), -1)
-        )
-        write_rows(out, [Path(p).name for p in paths[done : done + len(images)]], result, pipe.model.config.k)
-        done += len(images)
-
-
-def run_batched(pipe, paths: list[str], out) -> None:
-    query = pipe.encoder.encode(QUERY)
-    side = pipe.variant.image_size
+def run_dataloader(pipe, paths: list[Path], rows: Rows, batch: int, workers: int) -> str:
     cuda = pipe.device.type == "cuda"
-    for start in range(0, len(paths), BATCH):
-        names = paths[start : start + BATCH]
-        if cuda:
-            from torchvision.io import ImageReadMode, decode_jpeg, read_file
+    loader = torch.utils.data.DataLoader(
+        Photos(paths, pipe.variant.image_size, pipe.resample),
+        batch_size=batch,
+        num_workers=workers,
+        pin_memory=cuda,
+        prefetch_factor=PREFETCH,
+        persistent_workers=True,
+    )
+    query = pipe.encoder.encode(QUERY).to(pipe.device)
+    for images, names in loader:
+        out = pipe.backend.run_host(images.to(pipe.device, non_blocking=True), query.expand(len(names), -1))
+        rows.write(list(names), out)
+    return (
+        f"torch DataLoader, {workers} worker processes decoding with Pillow (draft) and resizing,"
+        f"{' pinned memory,' if cuda else ''} prefetch {PREFETCH}, persistent workers; batches of {batch}"
+    )
 
-            decoded = decode_jpeg([read_file(p) for p in names], mode=ImageReadMode.RGB, device=pipe.device)
-            images = (
-                torch.cat(
-                    [
-                        F.interpolate(img[None].float(), size=(side, side), mode="bilinear", antialias=True)
-                        for img in decoded
-                    ]
-                )
-                .round_()
-                .clamp_(0, 255)
-                .to(torch.uint8)
-            )
-        else:
-            images = torch.stack([pillow_pixels(p, side) for p in names])
-        result = pipe.backend.run_host(images, query.expand(len(names), -1))
-        write_rows(out, [Path(p).name for p in names], result, pipe.model.config.k)
+
+# -- the one-process peer --------------------------------------------------------------------------
+def gpu_pixels(data: list[torch.Tensor], side: int, resample: str, device: torch.device) -> torch.Tensor:
+    """A batch of JPEG files decoded by nvJPEG in one call, resized on the GPU (one call per size)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    out = torch.empty((len(decoded), 3, side, side), dtype=torch.uint8, device=device)
+    by_size: dict[tuple[int, ...], list[int]] = {}
+    for i, img in enumerate(decoded):
+        by_size.setdefault(tuple(img.shape), []).append(i)
+    for idx in by_size.values():
+        x = torch.stack([decoded[i] for i in idx]).float()
+        resized = F.interpolate(x, size=(side, side), mode=resample, antialias=True)
+        out[idx] = resized.round_().clamp_(0, 255).to(torch.uint8)
+    return out
+
+
+def run_batched(pipe, paths: list[Path], rows: Rows, batch: int) -> str:
+    cuda = pipe.device.type == "cuda"
+    side, resample = pipe.variant.image_size, pipe.resample
+    batches = [paths[i : i + batch] for i in range(0, len(paths), batch)]
+    read = lambda names: [torch.from_numpy(np.fromfile(p, np.uint8)) for p in names]  # noqa: E731
+    query = pipe.encoder.encode(QUERY).to(pipe.device)
+    with ThreadPoolExecutor(1) as reader:
+        ahead = reader.submit(read, batches[0]) if batches else None
+        for i, names in enumerate(batches):
+            data = ahead.result()
+            if i + 1 < len(batches):
+                ahead = reader.submit(read, batches[i + 1])  # the next batch's files, while this one runs
+            if cuda:
+                images = gpu_pixels(data, side, resample, pipe.device)
+            else:
+                images = torch.stack([pillow_pixels(io.BytesIO(d.numpy()), side, resample) for d in data])
+            out = pipe.backend.run_host(images, query.expand(len(names), -1))
+            rows.write([p.name for p in names], out)
+    decode = (
+        "torchvision.io.decode_jpeg(list, device='cuda') (nvJPEG), one resize per photo size on the GPU"
+        if cuda
+        else "Pillow decoding and resizing in the main thread (no nvJPEG on a CPU)"
+    )
+    return f"one process: a thread reads the next batch's files while the current one runs; {decode}; batches of {batch}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("peer", choices=("dataloader", "batched"))
     p.add_argument("--photos", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="the Parquet file to write")
     p.add_argument("--device", default="auto")
     p.add_argument("--backend", default="eager")
     p.add_argument("--variant", default="arrcoc-texture")
@@ -144,24 +180,29 @@ def main(argv: list[str] | None = None) -> int:
         "--weights", default="default", help="the variant's bundled ones (default), random, or a file"
     )
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    p.add_argument("--batch", type=int, default=128, help="photos per engine call (the job's step)")
+    p.add_argument("--workers", type=int, default=max(1, len(os.sched_getaffinity(0)) - 2))
     args = p.parse_args(argv)
-    pipe = load_model(args.device, args.backend, args.variant, args.weights, args.dtype)
-    paths = sorted(str(f) for f in args.photos.iterdir() if f.is_file())
+    pipe = load_pipeline(args)
+    paths = sorted(f for f in args.photos.iterdir() if f.is_file())
+    rows = Rows(args.out, pipe.model.config.k)
     t0 = time.perf_counter()
-    with open(args.out, "wb") as out:
+    try:
         if args.peer == "dataloader":
-            run_dataloader(pipe, paths, out, args.workers)
+            does = run_dataloader(pipe, paths, rows, args.batch, args.workers)
         else:
-            run_batched(pipe, paths, out)
-    if pipe.device.type == "cuda":
-        torch.cuda.synchronize()
+            does = run_batched(pipe, paths, rows, args.batch)
+    finally:
+        rows.close()
     wall = time.perf_counter() - t0
+    does += f" to the {args.backend} model; rows to Parquet with pyarrow, a row group per batch"
     print(
         json.dumps(
             {
                 "peer": args.peer,
+                "does": does,
                 "items": len(paths),
+                "rows": rows.count,
                 "wall_s": round(wall, 3),
                 "images_per_s": round(len(paths) / wall, 1),
             }
