@@ -143,6 +143,9 @@ class Settings(BaseSettings):
     # which job kinds need the token when one is set: "batch,bench", or "bench" for a public Space
     # where anyone may run batch jobs (bound to their browser) but only token holders benchmark
     token_scope: Annotated[tuple[str, ...], NoDecode] = ("batch", "bench")
+    # without a token, benchmarks (which hold the device for minutes) are closed to everyone who
+    # comes through the demo; true opens them to anonymous callers (a private deployment)
+    open_benchmarks: bool = False
     # per client (token, browser or address) and minute, on the demo; 0: no limit
     rate_limit_infer_per_min: int = 60
     rate_limit_jobs_per_min: int = 6
