@@ -1,5 +1,6 @@
-"""Benchmark reports on the page: the stored ones under benchmarks/ (which of them matches this
-server), and any report as a table, a title and downloadable files."""
+"""Benchmark reports on the page: this machine's own (what `arrcoc bench` wrote into its output
+folder here), the stored ones under benchmarks/ (measured elsewhere, kept in the repository), which
+of them matches this server, and any report as a table, a title and downloadable files."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ from typing import Any
 
 import pandas as pd
 
+from arrcoc.cli.bench import DEFAULT_OUT
+
 from .housekeeping import served
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+# this machine's reports: where `arrcoc bench` writes by default, from the folder the demo runs in
+LOCAL_DIR = DEFAULT_OUT
+LOCAL_PREFIX = "here:"  # a choice that names a report of LOCAL_DIR rather than of BENCH_DIR
 RESULT_COLUMNS = (
     "variant",
     "backend",
@@ -80,10 +86,12 @@ def matches(report: dict[str, Any], server: Machine) -> bool:
 
 def report_label(name: str, report: dict[str, Any]) -> str:
     """A dropdown label that says what the report is: variants · device — the file name (which
-    carries the date), short enough to be read whole beside the job's controls."""
+    carries the date), short enough to be read whole beside the job's controls; this machine's
+    own reports say so first."""
     device = report_device(report)
     device = "CPU" if device == "cpu" else (device.removeprefix("NVIDIA ").split() or ["GPU"])[0]
-    return f"{', '.join(report_variants(report))} · {device} — {name}"
+    here = "this machine · " if name.startswith(LOCAL_PREFIX) else ""
+    return f"{here}{', '.join(report_variants(report))} · {device} — {name.removeprefix(LOCAL_PREFIX)}"
 
 
 def stored_reports(folder: Path | None = None) -> list[str]:
@@ -100,8 +108,24 @@ def stored_reports(folder: Path | None = None) -> list[str]:
 
 
 def stored_report(name: str, folder: Path | None = None) -> dict[str, Any] | None:
+    """A report by its choice: a file of `folder` (BENCH_DIR), or of LOCAL_DIR behind LOCAL_PREFIX."""
+    if name.startswith(LOCAL_PREFIX):
+        name, folder = name.removeprefix(LOCAL_PREFIX), LOCAL_DIR
     folder = BENCH_DIR if folder is None else folder
     return _read_report(folder / Path(name).name) if name else None  # a bare name: no paths from the page
+
+
+def report_choices(folder: Path | None = None) -> list[str]:
+    """Every report the page offers, as choices for stored_report: this machine's first, newest
+    first, then the stored ones."""
+    return [LOCAL_PREFIX + n for n in stored_reports(LOCAL_DIR)] + stored_reports(folder)
+
+
+def report_source(name: str) -> str:
+    """Where a choice's file is, as the report's title names it."""
+    if name.startswith(LOCAL_PREFIX):
+        return f"Run on this machine: {LOCAL_DIR.as_posix()}/{name.removeprefix(LOCAL_PREFIX)}"
+    return f"Stored report: benchmarks/{name}"
 
 
 def newest_report(folder: Path | None = None) -> tuple[dict[str, Any] | None, str]:
@@ -111,8 +135,9 @@ def newest_report(folder: Path | None = None) -> tuple[dict[str, Any] | None, st
 
 
 def matching_report(server: Machine, folder: Path | None = None) -> tuple[dict[str, Any] | None, str]:
-    """The newest stored report measured like this server (its variant, its kind of device)."""
-    for name in stored_reports(folder):
+    """The report measured like this server (its variant, its kind of device) that tells most
+    about it: this machine's newest, else the newest stored one; and its choice."""
+    for name in report_choices(folder):
         report = stored_report(name, folder)
         if report is not None and matches(report, server):
             return report, name
@@ -149,20 +174,47 @@ def report_frame(report: dict[str, Any] | None) -> pd.DataFrame:
     return df.dropna(axis=1, how="all") if rows else df
 
 
+def measured_on(report: dict[str, Any]) -> str:
+    """The device and the date of a report, in words: "an NVIDIA H100 …" or "a CPU (x86_64, 2 cores)"."""
+    env = report.get("env") or {}
+    if env.get("gpu"):
+        where = str(env["gpu"])
+    else:
+        kind = ", ".join(
+            str(b) for b in (env.get("cpu"), env.get("cpu_count") and f"{env['cpu_count']} cores") if b
+        )
+        where = "a CPU" + (f" ({kind})" if kind else "")
+    date = str(env.get("date") or "")
+    when = f"{date[:10]} {date[11:16]} UTC" if len(date) >= 16 else (date or "an unknown date")
+    return f"measured on **{where}** on **{when}**"
+
+
 def report_markdown(report: dict[str, Any] | None, source: str) -> str:
+    """The report's title: where its file is, the device and date it was measured on (a stored
+    report was measured on another machine: said beside it), then its versions."""
     if not report:
         return "**No benchmark report yet.** Run one above; the newest stored report (`benchmarks/*.json`) is shown here once it exists."
     env = report.get("env") or {}
     bits = [
         f"{k} `{env[k]}`"
-        for k in ("gpu", "torch", "triton", "onnxruntime", "cuda", "driver", "date", "commit")
+        for k in ("torch", "triton", "onnxruntime", "cuda", "driver", "commit")
         if env.get(k)
     ]
-    if not env.get("gpu"):
-        bits.insert(0, "device `cpu`")
     rec = report.get("recompiles_after_warmup")
     tail = f" · recompiles after warmup: **{rec}**" if rec is not None else ""
-    return f"**{source}** (schema {report.get('schema', '?')}) — " + " · ".join(bits) + tail
+    elsewhere = (
+        " — **on another machine**: this one may be much faster or slower; a benchmark run here "
+        "(above, or `arrcoc bench`) is listed first and shown instead."
+        if source.startswith("Stored report")
+        else ""
+    )
+    return (
+        f"**{source}**, {measured_on(report)}{elsewhere}\n\n"
+        f"<span class='arr-caption'>schema {report.get('schema', '?')} · "
+        + " · ".join(bits)
+        + tail
+        + "</span>"
+    )
 
 
 def report_files(report: dict[str, Any], stem: str) -> list[str]:

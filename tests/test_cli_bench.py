@@ -147,3 +147,70 @@ def test_an_onnx_export_keeps_the_exporters_info_lines_out_of_the_log(tmp_path, 
     assert all(r.levelno >= logging.WARNING for r in noisy), [r.getMessage()[:80] for r in noisy[:5]]
     assert (tmp_path / "m.onnx").stat().st_size > 0
     assert {name: logging.getLogger(name).level for name in EXPORTER_LOGGERS} == before
+
+
+def test_a_second_run_never_overwrites_the_first_and_nothing_lands_in_benchmarks(tmp_path, monkeypatch):
+    """Reports were named by date only (a second run the same day overwrote the first) and went to
+    the tracked benchmarks/: now bench-out/ (git-ignored), named by date and time, with a counter
+    when the name is taken (two runs in one second, or a merge of reports)."""
+    from arrcoc.cli.bench import DEFAULT_OUT
+
+    bench, args = parsed()
+    assert args.out == DEFAULT_OUT == Path("bench-out")
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "bench-out/bench-2026-11-27-101500-cpu.json"], cwd=ROOT
+    )
+    assert ignored.returncode == 0, "bench-out/ is not git-ignored"
+    for output in ("out.json", "out.png", "view.png", "selection.md", "batch-0123456789abcdef.zip"):
+        assert subprocess.run(["git", "check-ignore", "-q", output], cwd=ROOT).returncode == 0, output
+    assert "--out benchmarks" not in "".join(
+        line for line in (ROOT / "README.md").read_text().splitlines() if "arrcoc bench" in line
+    )
+
+    monkeypatch.chdir(tmp_path)
+    bench, args = parsed()
+    report = {"env": {"gpu": None, "date": "2026-11-27T10:15:00+00:00"}, "results": []}
+    first = bench._stem(report, args)
+    assert first == Path("bench-out") / "bench-2026-11-27-101500-cpu"
+    first.parent.mkdir()
+    for suffix in (".json", ".md"):
+        first.with_suffix(suffix).write_text("{}")
+    second = bench._stem(report, args)
+    assert second == Path("bench-out") / "bench-2026-11-27-101500-cpu-2"
+    second.with_suffix(".json").write_text("{}")
+    assert bench._stem(report, args).name == "bench-2026-11-27-101500-cpu-3"
+    later = {"env": {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-27T10:16:00+00:00"}}
+    assert bench._stem(later, args).name == "bench-2026-11-27-101600-h100"
+    bench, args = parsed("--name", "mine")  # a name given is used as given
+    assert bench._stem(report, args) == Path("bench-out") / "mine"
+
+
+def test_the_plots_legends_cover_no_bar_or_line():
+    """The CPU plot's legend sat over the compiled bar at bucket 1: every legend is beside its
+    plot now, clear of the axes where the bars and lines are drawn."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from arrcoc.bench.report import png_figure
+
+    rows = [
+        dict(variant="arrcoc-texture", backend=b, bucket=n, p50_ms=p, speedup_vs_eager=s)
+        for b, n, p, s in [
+            ("eager", 1, 160.0, 1.0),
+            ("onnx", 1, 60.0, 2.7),
+            ("eager", 4, 600.0, 1.0),
+            ("onnx", 4, 250.0, 2.4),
+        ]
+    ]
+    fig = png_figure({"results": rows})
+    fig.canvas.draw()
+    try:
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            assert legend is not None
+            box, plot = legend.get_window_extent(), ax.get_window_extent()
+            assert box.x0 >= plot.x1, (box, plot)  # right of the plot area, not over it
+            assert box.x1 <= fig.bbox.x1 + 1, "the legend is cut off at the figure's edge"
+    finally:
+        plt.close(fig)

@@ -170,6 +170,32 @@ def test_batch_job_end_to_end(client, examples_dir, tmp_path):
     assert set(rows["query"].to_pylist()) == {"the face"}
 
 
+def test_a_job_asked_for_by_another_client_says_who_may_read_it(client, examples_dir, tmp_path):
+    """A new Client() got "No job ...: check the id (jobs are kept for a limited time)", which reads
+    as expired: the answer says that a job is shown only to whoever submitted it. What the README
+    and the endpoint's description say /batch_status holds is what it holds."""
+    archive = tmp_path / "one.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.write(examples_dir / "coffee.jpg", "coffee.jpg")
+    job_id = client.predict(handle_file(str(archive)), None, "the red one", api_name="/batch_submit")[
+        "job_id"
+    ]
+    status, _ = wait_for(client, "/batch_status", job_id)
+    other = Client(client.src, verbose=False)
+    with pytest.raises(AppError) as refused:
+        other.predict(job_id, api_name="/batch_status")
+    said = str(refused.value)
+    assert job_id in said and "whoever submitted it" in said and "gradio_client Client" in said, said
+    with pytest.raises(AppError, match="whoever submitted it"):  # an id never issued: the same words
+        client.predict("batch-0123456789abcdef", api_name="/batch_status")
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert set(status["results"]) == {"file", "rows", "summary", "overlays"}
+    assert all(f"`{key}`" in readme for key in status["results"]) and "one entry per item" not in readme
+    description = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/batch_status"]
+    assert "one entry per item" not in description["description"]
+    assert "submitted the job" in description["description"]
+
+
 def test_batch_submit_takes_an_optional_overlay_kind(client, examples_dir, tmp_path):
     """/batch_submit's fourth input: "foveated" overlays (the photo, not the map: no heatmap colours
     over it) and a bad kind refused in words naming the choices; three inputs still mean "relevance"."""

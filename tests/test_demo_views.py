@@ -123,10 +123,12 @@ def test_report_tables_and_plots(tmp_path):
     assert [f.rsplit(".", 1)[1] for f in files] == ["json", "csv"]
 
 
-def test_the_stored_report_shown_is_one_measured_like_this_server(tmp_path):
+def test_the_stored_report_shown_is_one_measured_like_this_server(tmp_path, monkeypatch):
     """An H100 report of another variant is never shown as this CPU server's; a CPU report of the
     served variant is; with none, the page says so."""
     from demo import reports
+
+    monkeypatch.setattr(reports, "LOCAL_DIR", tmp_path / "nothing-run-here")
 
     h100 = {**HARNESS_REPORT, "env": {"gpu": "NVIDIA H100 80GB HBM3", "device": "cuda", "date": "2026-11-24"}}
     h100["results"] = [dict(r, variant="arrcoc-clip-b16") for r in HARNESS_REPORT["results"]]
@@ -142,15 +144,74 @@ def test_the_stored_report_shown_is_one_measured_like_this_server(tmp_path):
     assert reports.matching_report(reports.Machine("arrcoc-clip-b16", ""), tmp_path)[1]  # a queue: any device
     label = reports.report_label("2026-11-24-h100-clip.json", h100)
     assert label == "arrcoc-clip-b16 · H100 — 2026-11-24-h100-clip.json"
-    assert "device `cpu`" in reports.report_markdown(cpu, "x")
+    assert "measured on **a CPU" in reports.report_markdown(cpu, "x")
 
 
-def test_the_default_benchmark_compares_something_on_a_cpu():
+def test_this_machines_reports_come_first_and_a_stored_one_says_it_was_measured_elsewhere(
+    tmp_path, monkeypatch
+):
+    """A stored CPU report was 12x off what this machine ran: the title says on which device and
+    date it was measured, and that it was another machine; a report `arrcoc bench` wrote here
+    (its default folder) is listed first and shown on load instead."""
+    from demo import reports
+
+    stored, here = tmp_path / "benchmarks", tmp_path / "bench-out"
+    stored.mkdir()
+    cpu = {
+        **HARNESS_REPORT,
+        "env": {
+            "gpu": None,
+            "device": "cpu",
+            "cpu": "x86_64",
+            "cpu_count": 2,
+            "date": "2026-11-22T07:55:27+00:00",
+        },
+    }
+    cpu["results"] = [dict(r, variant="arrcoc-texture") for r in HARNESS_REPORT["results"]]
+    (stored / "2026-11-22-cpu-2core.json").write_text(json.dumps(cpu))
+    monkeypatch.setattr(reports, "LOCAL_DIR", here)  # no folder yet: nothing run here
+    server = reports.Machine("arrcoc-texture", "cpu")
+    report, name = reports.matching_report(server, stored)
+    assert name == "2026-11-22-cpu-2core.json"
+    title = reports.report_markdown(report, reports.report_source(name))
+    assert title.startswith("**Stored report: benchmarks/2026-11-22-cpu-2core.json**")
+    assert "measured on **a CPU (x86_64, 2 cores)** on **2026-11-22 07:55 UTC**" in title
+    assert "on another machine" in title
+    here.mkdir()  # `arrcoc bench` ran here: its report, older than the stored one, comes first all the same
+    mine = {**cpu, "env": {**cpu["env"], "date": "2026-11-20T16:52:00+00:00"}}
+    (here / "bench-2026-11-20-165200-cpu.json").write_text(json.dumps(mine))
+    assert reports.report_choices(stored) == [
+        "here:bench-2026-11-20-165200-cpu.json",
+        "2026-11-22-cpu-2core.json",
+    ]
+    report, name = reports.matching_report(server, stored)
+    assert name == "here:bench-2026-11-20-165200-cpu.json" and report == mine
+    title = reports.report_markdown(report, reports.report_source(name))
+    assert title.startswith("**Run on this machine: ") and "another machine" not in title
+    assert reports.report_label(name, report) == (
+        "this machine · arrcoc-texture · CPU — bench-2026-11-20-165200-cpu.json"
+    )
+    assert reports.stored_report("here:../benchmarks/2026-11-22-cpu-2core.json") is None  # a bare name only
+
+
+def test_the_default_benchmark_on_a_cpu_is_what_arrcoc_bench_runs_there():
+    """The page's first click and `arrcoc bench` on a CPU read one set of defaults (they differed:
+    buckets 1 and 8 with 5 iterations on the page, 1 and 4 with 10 on the command line)."""
+    import argparse
+
+    import torch
+
+    from arrcoc.cli import bench
     from arrcoc.settings import Settings
     from demo.tabs.bench import default_job
 
     backends, buckets, iters = default_job(Settings(buckets=(1, 2, 4, 8, 16, 32, 64)))
-    assert backends[0] == "eager" and len(backends) >= 2 and buckets == ["1", "8"] and iters <= 20
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    cli = parser.parse_args(["bench"])
+    bench._resolve(cli, torch.device("cpu"))
+    assert backends == cli.backends and len(backends) >= 2
+    assert buckets == [str(b) for b in cli.buckets] == ["1", "4"] and iters == cli.iters == 10
 
 
 def test_batch_archive_gets_the_uploaded_manifest(tmp_path, examples_dir):

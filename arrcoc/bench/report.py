@@ -220,9 +220,21 @@ def write_png(report: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    fig = png_figure(report)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def png_figure(report: dict):
+    """The PNG's matplotlib figure (None: no results to plot); matplotlib imported by the caller."""
+    import matplotlib.pyplot as plt
+
     variants = list(dict.fromkeys(r["variant"] for r in report["results"]))
     if not variants:
-        return False
+        return None
     fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
     for row, v in enumerate(variants):
         for col, (key, label) in enumerate(
@@ -254,10 +266,14 @@ def write_png(report: dict, path: Path) -> bool:
                 ax.axhline(1.0, color="#888", lw=0.8)
             if key == "p50_ms":
                 ax.set_xscale("log", base=2)
+                ticks = sorted({b for s in series.values() for b, _ in s})
+                ax.set_xticks(ticks, [str(b) for b in ticks])
+                ax.minorticks_off()
             ax.set_title(f"{v}: {label}")
             ax.set_xlabel("batch (bucket)")
             if names := [n for n in series if key == "p50_ms" or n != "eager"]:
-                ax.legend()
+                # beside the plot, not over it: inside, it covered the first bucket's bar
+                ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
             else:  # eager alone: nothing to compare it with
                 ax.text(
                     0.5,
@@ -269,9 +285,7 @@ def write_png(report: dict, path: Path) -> bool:
                 )
             ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def write_all(report: dict, stem: Path) -> list[Path]:

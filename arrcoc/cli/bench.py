@@ -1,6 +1,9 @@
 """arrcoc bench [--variants ...] [--backends ...] [--buckets ...] [--out DIR]: the benchmark.
 
-Writes DIR/<name>.json (the report), .md (table), .html (interactive, inline SVG) and .png.
+Writes DIR/<name>.json (the report), .md (table), .html (interactive, inline SVG) and .png; DIR is
+bench-out/ unless --out names another (git ignores it: the tracked benchmarks/ holds the reports
+the project keeps). Each run gets a name of its own: the date and time of the run, and a counter
+when that name is taken.
 `arrcoc bench --render report.json [more.json ...]` merges reports and renders them again.
 What it runs by default suits the device (arrcoc.bench.device_defaults): a short run on a CPU,
 the full set on a GPU; any flag given is used as given. On a terminal it draws a progress bar;
@@ -9,11 +12,14 @@ piped or redirected, one plain line per step.
 
 from __future__ import annotations
 
+import glob
 import json
 from dataclasses import fields
 from pathlib import Path
 
 from ..settings import BACKENDS, DTYPES
+
+DEFAULT_OUT = Path("bench-out")  # relative to where it runs; the demo lists the reports found there
 
 
 def add_parser(sub) -> None:
@@ -57,8 +63,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--startup", action="store_true", help="also time cold and warm start in subprocesses")
     p.add_argument("--startup-only", action="store_true", help="only the cold/warm start measurements")
-    p.add_argument("--out", type=Path, default=Path("benchmarks"), help="output folder")
-    p.add_argument("--name", default=None, help="file stem (default: bench-<date>-<device>)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT}/)")
+    p.add_argument(
+        "--name", default=None, help="file stem (default: bench-<date>-<time>-<device>, never one taken)"
+    )
     p.add_argument(
         "--render", nargs="+", type=Path, default=None, help="merge and re-render these JSON reports"
     )
@@ -118,8 +126,12 @@ def add_parser(sub) -> None:
         type=int,
         help="rounds of each many-callers phase and batch job; the median is the figure (3)",
     )
-    e.add_argument("--out", type=Path, default=Path("benchmarks"))
-    e.add_argument("--name", default=None, help="file stem (default: e2e-<date>-<device>-<backend>)")
+    e.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT}/)")
+    e.add_argument(
+        "--name",
+        default=None,
+        help="file stem (default: e2e-<date>-<time>-<device>-<backend>, never one taken)",
+    )
     e.set_defaults(func=run_e2e)
     s = suites.add_parser(
         "selection", help="the foveated view and the diverse selection beside a compiled step"
@@ -152,22 +164,33 @@ def run_e2e(args) -> int:
         | {"celery": not args.no_celery, "peers": not args.no_peers, "inprocess": not args.no_inprocess}
     )
     report = run_e2e(cfg, progress=lambda m: print(m, flush=True))
-    env = report["env"]
-    dev = (env.get("gpu") or "cpu").replace("NVIDIA ", "").split()[0].lower()
     named = "" if cfg.variant == "arrcoc-texture" else f"-{cfg.variant}"
-    stem = args.out / (args.name or f"e2e-{env['date'][:10]}-{dev}-{cfg.backend}{named}")
+    stem = (
+        args.out / args.name
+        if args.name
+        else new_stem(args.out, "e2e", report["env"], f"-{cfg.backend}{named}")
+    )
     for path in write(report, stem):
         print(path)
     print(markdown(report))
     return 0
 
 
-def _stem(report: dict, args) -> Path:
-    if args.name:
-        return args.out / args.name
-    env = report["env"]
+def new_stem(folder: Path, kind: str, env: dict, tail: str = "") -> Path:
+    """folder/<kind>-<date>-<HHMMSS>-<device><tail>, with -2, -3, ... when a file of that name is
+    there already: a run never overwrites another's report."""
     dev = (env.get("gpu") or "cpu").replace("NVIDIA ", "").split()[0].lower()
-    return args.out / f"bench-{env['date'][:10]}-{dev}"
+    date = str(env.get("date") or "")  # ISO 8601, UTC, to the second (arrcoc.bench.env)
+    base = f"{kind}-{date[:10]}-{date[11:19].replace(':', '')}-{dev}{tail}"
+    stem, n = folder / base, 1
+    while folder.is_dir() and any(folder.glob(f"{glob.escape(stem.name)}.*")):
+        n += 1
+        stem = folder / f"{base}-{n}"
+    return stem
+
+
+def _stem(report: dict, args) -> Path:
+    return args.out / args.name if args.name else new_stem(args.out, "bench", report["env"])
 
 
 def merge(reports: list[dict]) -> dict:

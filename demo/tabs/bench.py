@@ -49,17 +49,22 @@ def server_machine(settings: Settings) -> reports.Machine:
 
 
 def default_job(settings: Settings) -> tuple[list[str], list[str], int]:
-    """(backends, buckets, iterations) a first click runs: on a CPU a comparison that takes seconds
-    (eager against ONNX Runtime, single images against a small batch); on a GPU the served backends."""
-    on_cpu = not settings.broker_url and local_gpu() is None
-    backends = ["eager"] + (
-        ["onnx"] if importlib.util.find_spec("onnxruntime") is not None and "onnx" in BACKENDS else []
-    )
-    if not on_cpu:
-        backends = list(dict.fromkeys(["eager", *settings.backends]))
+    """(backends, buckets, iterations) a first click runs: on a CPU what `arrcoc bench` runs there
+    (arrcoc.bench.CPU_DEFAULTS: eager against ONNX Runtime, single images against a small batch,
+    in seconds); on a GPU the served backends at two small buckets."""
+    if not settings.broker_url and local_gpu() is None:
+        from arrcoc.bench import CPU_DEFAULTS  # torch is loaded already: local_gpu() asked it
+
+        onnx = importlib.util.find_spec("onnxruntime") is not None
+        backends = [b for b in CPU_DEFAULTS.backends if b in BACKENDS and (b != "onnx" or onnx)]
+        buckets = [str(b) for b in CPU_DEFAULTS.buckets if b in settings.buckets] or [
+            str(settings.buckets[0])
+        ]
+        return backends, buckets, CPU_DEFAULTS.iters
+    backends = list(dict.fromkeys(["eager", *settings.backends]))
     small = [b for b in settings.buckets if b <= 8]
     buckets = [str(b) for b in (small[:1] + small[-1:] if len(small) > 1 else settings.buckets[:2])]
-    return backends, list(dict.fromkeys(buckets)), 5 if on_cpu else 50
+    return backends, list(dict.fromkeys(buckets)), 50
 
 
 def gpu_note(settings: Settings) -> str:
@@ -119,7 +124,7 @@ def report_outputs(report: dict[str, Any] | None, source: str, empty: str = "") 
 def stored_choices(job_id: str = "") -> list[tuple[str, str]]:
     """The dropdown's choices: a finished job's report first (when there is one), then the stored files."""
     out = [(f"job {job_id} — run on this server just now", JOB_PREFIX + job_id)] if job_id else []
-    for name in reports.stored_reports():
+    for name in reports.report_choices():
         report = reports.stored_report(name)
         if report is not None:
             out.append((reports.report_label(name, report), name))
@@ -161,10 +166,7 @@ def load_matching_report() -> tuple:
             "to measure this machine."
         )
         return (gr.Dropdown(choices=choices, value=None), *report_outputs(None, "", empty))
-    return (
-        gr.Dropdown(choices=choices, value=name),
-        *report_outputs(report, f"Stored report: benchmarks/{name}"),
-    )
+    return (gr.Dropdown(choices=choices, value=name), *report_outputs(report, reports.report_source(name)))
 
 
 def show_stored_report(name: str | None, token: str | None = None, request: gr.Request = None) -> tuple:
@@ -177,7 +179,7 @@ def show_stored_report(name: str | None, token: str | None = None, request: gr.R
             return report_outputs(None, "", f"**Error:** {friendly(e)}")
         return report_outputs(report, f"job {job_id}")
     report = reports.stored_report(name)
-    return report_outputs(report, f"Stored report: benchmarks/{name}" if report else "")
+    return report_outputs(report, reports.report_source(name) if report else "")
 
 
 def build_bench_tab(settings: Settings) -> tuple:
@@ -218,7 +220,7 @@ def build_bench_tab(settings: Settings) -> tuple:
                 # in view on load, beside the job's controls: which report the charts below show
                 stored = gr.Dropdown(
                     [],
-                    label="report shown below: stored (benchmarks/*.json, newest first) or this page's job",
+                    label="report shown below: this machine's (bench-out/), stored (benchmarks/), or this page's job",
                     elem_id="bench-stored",
                 )
                 title = gr.Markdown(elem_id="bench-report-title")
