@@ -216,12 +216,45 @@ def uniform_view(images: Tensor, tokens: float, patch: int = DEFAULT_PATCH) -> T
     return out.to(images.dtype)
 
 
-def foveated_image(image, budget_map, patch: int = DEFAULT_PATCH, base_side: int = DEFAULT_BASE_SIDE):
-    """One PIL image (the photo at its own size) and its (G, G) budget map -> the foveated PIL image."""
+# One photo's foveated view is drawn at most this many pixels a side (its aspect kept): each
+# resolution level holds a float plane of the view on a canvas of whole cells, so drawing at a
+# 40 MP photo's own size cost gigabytes, and a photo thinner than the grid has cells, stretched to
+# whole cells, cost several times its pixels. 2048 is the size /infer's photos are decoded at (a
+# JPEG's draft) and more than a screen shows.
+IMAGE_MAX_SIDE = 2048
+
+
+def working_size(size: tuple[int, int], max_side: int = IMAGE_MAX_SIDE) -> tuple[int, int]:
+    """(width, height) a photo of `size` is foveated at: its own, or scaled down to at most
+    `max_side` a side (each side at least 1 pixel), as Pillow's thumbnail does."""
+    w, h = size
+    if max(w, h) <= max_side:
+        return w, h
+    scale = max_side / max(w, h)
+    return max(1, round(w * scale)), max(1, round(h * scale))
+
+
+def foveated_image(
+    image,
+    budget_map,
+    patch: int = DEFAULT_PATCH,
+    base_side: int = DEFAULT_BASE_SIDE,
+    max_side: int = IMAGE_MAX_SIDE,
+):
+    """One PIL image and its (G, G) budget map -> the foveated PIL image, at the photo's size, or
+    reduced to at most `max_side` a side (working_size) for a larger photo: whatever the photo,
+    the view's work and memory are bounded. Drawn a colour plane at a time (the planes are
+    foveated alike), so the float copies are of one plane."""
     import numpy as np
     from PIL import Image
 
-    arr = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).unsqueeze(0).contiguous()
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    size = working_size(rgb.size, max_side)
+    if size != rgb.size:
+        rgb = rgb.resize(size, Image.Resampling.BOX)
     bm = torch.as_tensor(np.asarray(budget_map), dtype=torch.float32).unsqueeze(0)
-    out = foveate(arr, bm, patch, base_side)[0].permute(1, 2, 0).contiguous().numpy()
-    return Image.fromarray(out)
+    planes = [
+        foveate(torch.from_numpy(np.array(band))[None, None], bm, patch, base_side)[0, 0].numpy()
+        for band in rgb.split()
+    ]
+    return Image.merge("RGB", [Image.fromarray(plane) for plane in planes])

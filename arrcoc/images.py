@@ -214,6 +214,34 @@ def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
     return None
 
 
+def jpeg_complete(data: bytes) -> bool:
+    """Whether a JPEG goes on to an end-of-image marker (EOI) after its first scan begins, as Pillow
+    needs to decode it: one cut short anywhere (in a scan, between a progressive file's scans,
+    just before its EOI) Pillow refuses as truncated, where nvJPEG fills the rest grey and calls it
+    decoded, so only a complete one goes to nvJPEG. The scan is found by walking the segments, so an
+    EXIF thumbnail's own markers are skipped; inside a scan a 0xFF byte is always followed by 0x00
+    or a restart marker, so the first FF D9 after it is the image's end."""
+    if data[:2] != b"\xff\xd8":
+        return False
+    pos, end = 2, len(data)
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return False
+        marker = data[pos + 1]
+        if marker == 0xFF:  # a fill byte before the marker
+            pos += 1
+            continue
+        if marker in _ODD_MARKERS or marker in (0xD8, 0xD9):  # unusual before a scan: Pillow decides
+            return False
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        if length < 2:
+            return False
+        if marker == 0xDA:
+            return data.endswith(b"\xff\xd9") or data.find(b"\xff\xd9", pos + 2 + length) >= 0
+        pos += 2 + length
+    return False
+
+
 def draft_size(size: tuple[int, int], side: int) -> tuple[int, int]:
     """The size Pillow's draft decodes a JPEG of `size` (width, height) at for `side`: reduced by
     the largest of 8, 4, 2 (or 1) that both sides hold `side` times over, rounded up, as

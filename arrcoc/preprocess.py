@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .errors import ArrcocError, InvalidInputError
-from .images import ImageLike, ImageLimits, decode_image, jpeg_header, load_image, read_bytes
+from .images import ImageLike, ImageLimits, decode_image, jpeg_complete, jpeg_header, load_image, read_bytes
 
 _PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
@@ -293,7 +293,7 @@ def _header(data: bytes, limits: ImageLimits) -> tuple[bool, int, tuple[int, int
             orientation = int(img.getexif().get(0x0112, 1)) if ok else 1
         except Exception:  # noqa: BLE001 -- unreadable: the CPU path says what is wrong
             return False, 1, (0, 0)
-    if not ok:
+    if not ok or not jpeg_complete(data):  # a truncated one: Pillow refuses it, as it should be
         return False, 1, (0, 0)
     if min(w, h) < limits.min_side:
         return False, 1, (0, 0)  # the CPU path refuses it with its message

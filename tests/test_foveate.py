@@ -266,3 +266,29 @@ def test_demo_view_is_sharp_on_selected_cells() -> None:
     assert np.abs(a[:10, :80] - v[:10, :80]).max() == 0, "selected cells: the photo's pixels"
     assert np.abs(a[40:, :] - v[40:, :]).mean() > 10, "the rest: blurred"
     assert "4 selected cells" in md and "1,600 tokens" in md and "4 of them afford every pixel" in md
+
+
+def test_one_photos_view_is_drawn_at_a_bounded_working_size() -> None:
+    """/infer_foveated drew at the photo's own size: a 356 KB PNG of 16 x 2,500,000 px took 62 s and
+    +5.3 GB. The view of one photo is drawn at most IMAGE_MAX_SIDE a side (its aspect kept), a
+    plane at a time; a photo within it is drawn at its own size, equal to foveate of the whole."""
+    from abuse_inputs import PeakRSS
+    from PIL import Image
+
+    from arrcoc.foveate import IMAGE_MAX_SIDE, foveated_image, working_size
+
+    g = 32
+    budget_map = np.zeros((g, g))
+    budget_map[2:5, 3:9], budget_map[20, 20] = 400, 64
+    photo = _photo(600, 900)
+    view = foveated_image(Image.fromarray(photo[0].permute(1, 2, 0).numpy()), budget_map)
+    whole = foveate(photo, torch.as_tensor(budget_map, dtype=torch.float32)[None])[0]
+    assert np.array_equal(np.asarray(view), whole.permute(1, 2, 0).numpy())
+
+    assert working_size((16, 2_500_000)) == (1, IMAGE_MAX_SIDE)
+    assert working_size((7000, 5000)) == (IMAGE_MAX_SIDE, 1463)
+    thin = Image.new("RGB", (16, 400_000), (90, 120, 200))  # 6.4 MP, thinner than the grid has cells
+    with PeakRSS() as mem:
+        view = foveated_image(thin, budget_map)
+    assert view.size == (1, IMAGE_MAX_SIDE)
+    assert mem.growth < 200 * 2**20, f"+{mem.growth / 2**20:.0f} MiB"

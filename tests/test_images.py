@@ -160,3 +160,41 @@ def test_the_draft_size_from_the_header_is_pillows(monkeypatch) -> None:
         assert _decoded_pixels(memoryview(data), side, -1) == expect[0] * expect[1]
 
     same()
+
+
+def _truncations() -> dict[str, tuple[bytes, bool]]:
+    """A photo's JPEG (baseline and progressive) cut three ways Pillow refuses as truncated, and
+    three endings it decodes: {name: (bytes, Pillow decodes it)}."""
+    photo = Image.open(Path(__file__).resolve().parent.parent / "arrcoc" / "examples" / "coffee.jpg")
+    exif = Image.Exif()
+    exif[0x0112] = 1
+    baseline = encode(photo, "JPEG", quality=90, exif=exif)
+    progressive = encode(photo, "JPEG", quality=90, progressive=True)
+    scan = baseline.index(b"\xff\xda")
+    return {
+        "cut in the scan": (baseline[: len(baseline) // 2], False),
+        "cut between progressive scans": (progressive[: len(progressive) // 2], False),
+        "cut before its end marker": (baseline[:-2], False),
+        "cut after the scan header": (baseline[: scan + 14], False),
+        "whole": (baseline, True),
+        "whole, progressive": (progressive, True),
+        "bytes after its end marker": (baseline + b"\0" * 100, True),
+    }
+
+
+@pytest.mark.parametrize("case", list(_truncations()))
+def test_truncated_jpegs_never_go_to_the_gpu_decoder(case: str) -> None:
+    """nvJPEG fills what is missing grey and calls it decoded, where Pillow refuses a JPEG cut short
+    (in a scan, between progressive scans, before its end marker): such a JPEG stays on the CPU
+    path (the GPU gate, preprocess._header, says no), so both paths give Pillow's answer."""
+    from arrcoc.images import decode, jpeg_complete
+    from arrcoc.preprocess import _header
+
+    data, decodes = _truncations()[case]
+    assert jpeg_complete(data) is decodes
+    assert _header(data, ImageLimits())[0] is decodes
+    if decodes:
+        assert decode(data).size == (600, 400)
+    else:
+        with pytest.raises(ImageError, match="truncated"):
+            decode(data)
