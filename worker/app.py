@@ -13,6 +13,7 @@ import logging
 
 from celery import Celery, signals
 from celery.worker.control import inspect_command
+from kombu.transport import redis as redis_transport
 
 from arrcoc.settings import Settings, get_settings
 
@@ -24,6 +25,24 @@ app.conf.include = ["worker.tasks"]
 state = WorkerState()  # this process's engine host, Redis clients and job store
 
 log = logging.getLogger(__name__)
+
+
+class Transport(redis_transport.Transport):
+    """kombu's Redis transport, whose channels still reach the broker after Celery has dropped
+    their connection. When the broker goes away (a restart), Celery closes the connection, which
+    detaches its transport (transport.client = None), and reconnects with a new one. The tasks
+    still running acknowledge their messages through the old channel, which reads the broker's
+    address from its transport: detached, that read raises AttributeError, which Celery takes for
+    an unrecoverable error and stops the worker. This transport keeps the address it was made with."""
+
+    @property
+    def client(self):
+        return self._client
+
+    @client.setter
+    def client(self, value) -> None:
+        if value is not None or not hasattr(self, "_client"):
+            self._client = value
 
 
 def configure(settings: Settings) -> None:

@@ -27,4 +27,5 @@ def build(settings: Settings) -> dict[str, Any]:
         "task_soft_time_limit": settings.task_time_limit_s,
         "worker_send_task_events": False,  # events cost every task several publishes; Flower enables them
         "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "broker_transport": "worker.app:Transport",  # survives a broker restart (worker/app.py)
     }
