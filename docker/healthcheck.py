@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Container healthchecks. `arrcoc-healthcheck worker`: each of this container's Celery processes
 answers a ping over the broker and, in a worker group, every engine process (every device's)
-answers one of them. `arrcoc-healthcheck demo`: the demo answers HTTP on its port."""
+answers one of them. `arrcoc-healthcheck demo`: the demo answers HTTP on its port and, with a
+broker (ARRCOC_BROKER_URL), a worker answers a ping over it."""
 
 import os
 import socket
@@ -44,7 +45,18 @@ def _devices(count_gpus) -> int:
 def demo() -> int:
     port = os.environ.get("GRADIO_SERVER_PORT", "7860")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
-        return 0 if r.status == 200 else 1
+        if r.status != 200:
+            return 1
+    broker = os.environ.get("ARRCOC_BROKER_URL")
+    if not broker:
+        return 0  # the in-process executor: the demo serves alone
+    from celery import Celery
+
+    # without a worker every request waits and fails, and jobs never start
+    if not Celery(broker=broker).control.ping(timeout=5.0):
+        print(f"unhealthy: no worker answered a ping over {broker}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
