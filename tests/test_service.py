@@ -501,7 +501,7 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
 
         monkeypatch.setattr(batch, "build_results_zip", not_built)
         files = {f"img{i:02d}.png": png_bytes(i) for i in range(20)} | {"broken.png": b"\x89PNG not really"}
-        job = ex.submit_batch(make_zip(files), "the red mug")
+        job = ex.submit_batch(make_zip(files), "the red mug", overlays="relevance")
         st = wait_finished(ex, job)
         assert (st.state, st.done, st.failed) == (JobState.DONE, 20, 1), st
         jd = job_dir(s, job)
@@ -584,7 +584,7 @@ def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inpro
     files = {f"img{i:02d}.png": data for i, data in enumerate(images)} | {
         "zz_broken.png": b"\x89PNG not really"
     }
-    job = inprocess.submit_batch(make_zip(files), "the red mug")
+    job = inprocess.submit_batch(make_zip(files), "the red mug", overlays="relevance")
     assert wait_finished(inprocess, job).state == JobState.DONE
     with zipfile.ZipFile(inprocess.batch_results(job)) as zf:
         f = pq.ParquetFile(io.BytesIO(zf.read("results.parquet")))
@@ -651,7 +651,12 @@ def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeyp
     step = jobs.step_items(inprocess.runtime)
     n = 2 * step + 3
     job, chunks = jobs.create_batch_job(
-        make_zip({f"{i:02d}.png": png_bytes(i) for i in range(n)}), "q", None, settings, inprocess.store
+        make_zip({f"{i:02d}.png": png_bytes(i) for i in range(n)}),
+        "q",
+        None,
+        settings,
+        inprocess.store,
+        overlays="relevance",
     )
     real_mark = inprocess.store.mark_items
     calls = {"n": 0}

@@ -334,7 +334,7 @@ class WorkerState:
             try:
                 with self.heartbeat.chunk(job_id, start, stop):
                     out = _riding_out_redis(
-                        lambda: batch.run_chunk(job_id, start, stop, self.host(), self.store(), s, deadline)
+                        lambda: self.host().run_chunk(job_id, start, stop, self.store(), deadline)
                     )
             except TRANSPORT_ERRORS:
                 raise  # Redis or the engine process gone: the chunk is tried again

@@ -146,9 +146,7 @@ class InProcessExecutor(Executor):
         redelivery, which a job thread does not have, and each chunk's pipeline fills and drains anew."""
         try:
             if total:
-                ran = batch.run_chunk(
-                    job_id, 0, total, self.runtime, self.store, self.settings, yield_now=yield_now
-                )
+                ran = self.runtime.run_chunk(job_id, 0, total, self.store, yield_now=yield_now)
                 if ran.get("yielded"):
                     return False
             batch.maybe_finalize(job_id, self.store, self.settings)

@@ -19,9 +19,10 @@ one holds its device in all of that device's engine processes (the `hold` operat
 Wire: pickled tuples over a local socket (`multiprocessing.connection`, AF_UNIX, an auth key the
 supervisor makes per group). One connection per client thread; a request is `(op, *args)`, the
 reply `("ok", value)` or `("err", error)` (the wire form of arrcoc.service.codec), with
-`("progress", fraction, message)` before a benchmark's reply. Images cross as their encoded bytes
-(a JPEG is ~20x smaller than its decoded pixels), batch-job items with their overlays coming back
-encoded.
+`("progress", fraction, message)` before a benchmark's reply. A request's image crosses as its
+encoded bytes (a JPEG is ~20x smaller than its decoded pixels); a batch job's chunk crosses as its
+ids alone: the engine process runs it as the in-process executor does (reads its files, writes its
+results, records its items in Redis), so a job's photos and results never cross the socket.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ from typing import Any
 from ...errors import ArrcocError, DeadlineExceeded, EngineError, JobCancelled, ServiceUnavailableError
 from ...request import Controls
 from ...result import RelevanceResult
-from ...settings import DEFAULT_OVERLAY_KIND, Settings, get_settings
+from ...settings import Settings, get_settings
 from ..codec import error_from_wire, error_to_wire
+from ..jobs.store import JobStore, RedisJobStore, redis_client
 from ..jobs.types import BenchRequest
-from .interface import EngineHost, ProcessedBatch, Progress
+from .interface import EngineHost, Progress
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,7 @@ class EngineServer:
             "items": 0,
         }  # what this process has answered (the health check shows it)
         self.listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        self._job_store: JobStore | None = None  # made on the first chunk
 
     def serve_forever(self) -> None:
         while True:
@@ -143,19 +146,22 @@ class EngineServer:
         self._count(1)
         return result
 
-    def _op_process(
-        self,
-        peer: _Peer,
-        images: list[bytes],
-        queries: list[str],
-        controls: Controls,
-        overlay: str,
-        backend: str | None,
-        kind: str = DEFAULT_OVERLAY_KIND,
-    ) -> ProcessedBatch:
-        processed = self.runtime.process(images, queries, controls, overlay, backend, kind)
-        self._count(len(images))
-        return processed
+    def _op_chunk(
+        self, peer: _Peer, job_id: str, start: int, stop: int, seconds: float | None
+    ) -> dict[str, Any]:
+        """A batch job's chunk run here, as the in-process executor runs it: its files read, its
+        results written and its items recorded by this process (the job store is Redis)."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        out = self.runtime.run_chunk(job_id, start, stop, self._store(), deadline)
+        self._count(out.get("processed", 0))
+        return out
+
+    def _store(self) -> JobStore:
+        with self._served_lock:
+            if self._job_store is None:
+                s = self.runtime.settings
+                self._job_store = RedisJobStore(redis_client(s.queue_url, s.redis_timeout_s), s.redis_prefix)
+            return self._job_store
 
     def _op_bench(self, peer: _Peer, request: BenchRequest) -> tuple[dict[str, Any], dict[str, Any]]:
         last = [0.0]
@@ -368,10 +374,6 @@ class EngineClient(EngineHost):
         return int(self.info["max_batch"])
 
     @property
-    def in_this_process(self) -> bool:
-        return False  # the engine process decodes and runs: this process's GIL is free for writing
-
-    @property
     def on_cpu(self) -> bool:
         return str(self.info["device"]).startswith("cpu")
 
@@ -387,18 +389,12 @@ class EngineClient(EngineHost):
             result, timings_ms=result.timings_ms | {"engine_wall_ms": (time.perf_counter() - t0) * 1e3}
         )
 
-    def process(
-        self,
-        images: Sequence[bytes],
-        queries: Sequence[str],
-        controls: Controls,
-        overlay: str,
-        backend: str | None = None,
-        kind: str = DEFAULT_OVERLAY_KIND,
-    ) -> ProcessedBatch:
-        return self._routed(
-            ("process", list(images), list(queries), controls, overlay, backend, kind), len(images)
-        )
+    def run_chunk(self, job_id, start, stop, store, deadline=None, yield_now=None):
+        """Run by the least-loaded engine process, which has its own connection to the job store
+        (`store` is this process's); sent once more to another if that one stops answering: a
+        chunk skips what is recorded."""
+        seconds = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self._routed(("chunk", job_id, start, stop, seconds), stop - start)
 
     def benchmark(
         self, request: BenchRequest, progress: Progress | None = None

@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...settings import DEFAULT_OVERLAY_KIND
-
 if TYPE_CHECKING:  # the types only: importing this module loads no engine
     from ...images import ImageLike
     from ...request import Controls
     from ...result import RelevanceResult
+    from ..jobs.store import JobStore
     from ..jobs.types import BenchRequest
 
 Progress = Callable[[float, str], None]
@@ -166,11 +165,6 @@ class EngineHost(ABC):
 
     @property
     @abstractmethod
-    def in_this_process(self) -> bool:
-        """Whether the engine's decoding and running share this process with the caller."""
-
-    @property
-    @abstractmethod
     def on_cpu(self) -> bool:
         """Whether the engine computes on this machine's CPU cores (no accelerator)."""
 
@@ -181,19 +175,19 @@ class EngineHost(ABC):
         """One interactive request through the dynamic batcher; waits at most `timeout` s."""
 
     @abstractmethod
-    def process(
+    def run_chunk(
         self,
-        images: Sequence[bytes],
-        queries: Sequence[str],
-        controls: Controls,
-        overlay: str,
-        backend: str | None = None,
-        kind: str = DEFAULT_OVERLAY_KIND,
-    ) -> ProcessedBatch:
-        """A batch job's step, bytes to results: decoded together on the engine's path, run in as
-        few engine calls as the buckets allow, overlays drawn and encoded together (`overlay`:
-        jpeg, png or none; `kind`: what they show, arrcoc.settings.OVERLAY_KINDS). Results as
-        columns over the items, in order; a bad item fails alone."""
+        job_id: str,
+        start: int,
+        stop: int,
+        store: JobStore,
+        deadline: float | None = None,
+        yield_now: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Items [start, stop) of a batch job through the batch pipeline where the engine is
+        (arrcoc.service.jobs.batch.run_chunk: read, decoded, run, written and recorded there): a
+        worker group's Celery process sends a chunk's ids, never its images or outputs, and every
+        host runs a chunk the same way. `deadline` is a time.monotonic() of this process."""
 
     @abstractmethod
     def benchmark(

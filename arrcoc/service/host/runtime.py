@@ -154,10 +154,6 @@ class Runtime(EngineHost):
         return max(1, min(size, max(self.buckets)))
 
     @property
-    def in_this_process(self) -> bool:
-        return True
-
-    @property
     def on_cpu(self) -> bool:
         return self.pipeline.device.type == "cpu"
 
@@ -306,6 +302,11 @@ class Runtime(EngineHost):
                         except ArrcocError as e:
                             errors[i] = error_to_wire(e)["message"]
         return step_outputs(len(requests), ran)
+
+    def run_chunk(self, job_id, start, stop, store, deadline=None, yield_now=None):
+        from ..jobs.batch import run_chunk  # the job model's pipeline, run on this engine
+
+        return run_chunk(job_id, start, stop, self, store, self.settings, deadline, yield_now)
 
     # -- interactive requests: through the batcher -----------------------------------------
     def batcher_for(self, backend: str | None) -> DynamicBatcher:

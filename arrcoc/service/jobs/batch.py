@@ -37,7 +37,7 @@ from .store import JobStore
 from .types import JobKind, JobState
 
 if TYPE_CHECKING:
-    from ..host.interface import EngineHost
+    from ..host.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +95,16 @@ MIN_STEP_ITEMS = 8
 STEP_BYTES = 64 << 20
 
 
-def step_items(host: EngineHost) -> int:
+def step_items(host: Runtime) -> int:
     """Items in one pipeline step (one engine-host call) on this host."""
     return min(STEP_ITEMS, max(MIN_STEP_ITEMS, 2 * host.max_batch))
 
 
-def steps_in_flight(host: EngineHost, settings: Settings) -> int:
-    """Steps of a chunk run at once. Several only where the engine is in this process and on an
-    accelerator: a worker group's engine processes already serve every Celery process's chunks at
-    once, and more calls only contend there; on a CPU the engine's threads take every core, which a
-    second step's decoding would compete for."""
-    return settings.batch_steps_in_flight if host.in_this_process and not host.on_cpu else 1
+def steps_in_flight(host: Runtime, settings: Settings) -> int:
+    """Steps of a chunk run at once: several on an accelerator, where one step decodes and runs
+    while another's results are drawn (docs/service.md#concurrency); one on a CPU, where the
+    engine's threads take every core that a second step's decoding would compete for."""
+    return 1 if host.on_cpu else settings.batch_steps_in_flight
 
 
 def steps_of(group: list[Item], size: int) -> list[list[Item]]:
@@ -146,7 +145,7 @@ def run_chunk(
     job_id: str,
     start: int,
     stop: int,
-    host: EngineHost,
+    host: Runtime,
     store: JobStore,
     settings: Settings,
     deadline: float | None = None,
@@ -255,7 +254,7 @@ def _read(jd: Path, items: list[Item]) -> list[bytes]:
     return out
 
 
-def _process_step(host: EngineHost, jd: Path, step: list[Item], controls: Controls, fmt: str, kind: str):
+def _process_step(host: Runtime, jd: Path, step: list[Item], controls: Controls, fmt: str, kind: str):
     """One step, from its files to its outputs and encoded overlays (a step thread's work)."""
     t0 = time.perf_counter()
     datas = _read(jd, step)
@@ -271,7 +270,7 @@ def _run_group(
     group: list[Item],
     controls: Controls,
     drawn: str,
-    host: EngineHost,
+    host: Runtime,
     store: JobStore,
     settings: Settings,
     deadline: float | None,

@@ -28,7 +28,7 @@ from .store import JobStore
 
 if TYPE_CHECKING:
     from ...request import Controls
-    from ..host.interface import EngineHost
+    from ..host.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ TRANSPORT_ERRORS = (ServiceUnavailableError, ConnectionError, EOFError)
 
 
 def process_isolated(
-    host: EngineHost,
+    host: Runtime,
     images: Sequence[bytes],
     queries: Sequence[str],
     controls: Controls,
