@@ -815,11 +815,13 @@ def test_non_image_entries_are_said_in_the_jobs_status(tmp_path, pipeline):
         ex.close()
 
 
-@pytest.mark.parametrize("lead", ["=", "+", "-", "@", "\t", "\r"])
+@pytest.mark.parametrize("lead", ["=", "+", "-", "@", " ", ";", "\t", "\r", "\n"])
 def test_summary_csv_cells_cannot_start_a_formula(tmp_path, pipeline, lead):
     """`=1+1.jpg`, `=HYPERLINK(...)`, `+`, `-`, `@` started summary.csv cells unescaped (OWASP:
-    prefix a single quote to a cell beginning with = + - @ tab or CR). File names come from the
-    zip; queries (which cannot begin with whitespace) from a manifest."""
+    prefix a single quote to a cell beginning with = + - @ tab or CR); then a space, `;` or LF before
+    one (spreadsheets trim the first two, a `;`-separated reading starts a cell at the third). File
+    names come from the zip (one holding a control character is refused there); queries (which
+    cannot begin with whitespace) from a manifest."""
     import csv
 
     from arrcoc.service.jobs.csvcells import safe_cell
@@ -829,9 +831,13 @@ def test_summary_csv_cells_cannot_start_a_formula(tmp_path, pipeline, lead):
         and safe_cell("x" + lead) == "x" + lead
         and safe_cell(-1.5) == -1.5
     )
-    name = f"{lead}HYPERLINK(1).png"
+    name = f"{lead}=HYPERLINK(1).png" if lead in " ;" else f"{lead}HYPERLINK(1).png"
     ex = _inprocess(tmp_path, pipeline)
     try:
+        if lead in "\t\r\n":
+            with pytest.raises(InvalidInputError, match="control character"):
+                ex.submit_batch(make_zip({name: png_bytes()}), "the sky")
+            return
         jobs = [ex.submit_batch(make_zip({name: png_bytes()}), "the sky")]
         query = f'{lead}HYPERLINK("http://x","the sky")'
         if lead.strip():
@@ -851,9 +857,9 @@ def test_summary_csv_cells_cannot_start_a_formula(tmp_path, pipeline, lead):
         if lead.strip():
             assert rows[1]["query"] == "'" + query, rows[1]
         starts = [cell[:1] for row in rows for cell in row.values()]
-        assert not any(c in ("=", "+", "@", "\t", "\r") for c in starts), rows
+        assert not any(c in ("=", "+", "@", "\t", "\r", "\n", ";") for c in starts), rows
         assert not any(
-            c == "-"
+            c in ("-", " ")
             for row in rows
             for k, c in ((k, v[:1]) for k, v in row.items())
             if k in ("file", "query")
@@ -867,7 +873,7 @@ def test_the_disk_budget_is_reserved_before_anything_is_written(tmp_path, pipeli
     kept it. Scaled down: ten 5 MiB entries (1 MB zipped) against a 20 MB budget are refused
     before a byte is written, in words naming the limit (not "corrupt"); per owner likewise."""
     data = compressible_zip(10, 5 * MIB)
-    ex = _inprocess(tmp_path, pipeline, max_data_bytes=20 * 10**6, max_owner_bytes=8 * 10**6)
+    ex = _inprocess(tmp_path, pipeline, max_data_bytes=20 * 10**6, max_owner_bytes=15 * 10**5)
     root = tmp_path / "data" / "jobs"
     try:
         t0 = time.monotonic()
@@ -876,7 +882,7 @@ def test_the_disk_budget_is_reserved_before_anything_is_written(tmp_path, pipeli
         assert time.monotonic() - t0 < 2 and "corrupt" not in str(e.value)
         assert du(root) == 0
         small = make_zip({f"{i}.png": png_bytes(seed=i) for i in range(4)})
-        first = ex.submit_batch(small, "the sky", owner="client:a")  # ~3 MB reserved (inputs + results)
+        first = ex.submit_batch(small, "the sky", owner="client:a")  # ~0.7 MB reserved (inputs + results)
         ex.submit_batch(small, "the sky", owner="client:a")
         with pytest.raises(InvalidInputError, match="ARRCOC_MAX_OWNER_BYTES"):
             ex.submit_batch(small, "the sky", owner="client:a")
@@ -1097,3 +1103,110 @@ def test_results_nobody_can_fetch_are_swept_before_their_ttl(settings):
         sweep_unreachable(settings, MemoryJobStore(), in_memory=False) == 2
     )  # a store that forgot: all but young
     assert folders["young"].exists()
+
+
+# ---- manifests read with a bound; names; a disk budget that matches what is written -------------------
+
+
+@pytest.mark.parametrize("name", ["manifest.csv", "manifest.jsonl"])
+def test_a_million_row_manifest_is_refused_while_reading_at_small_memory(settings, name):
+    """A 15 KB zip whose manifest lists 1,000,000 rows (8 MB, under the manifest limit) cost
+    +355 MB and 3.6 s before "more than 2,000 items": the whole text and every row were held.
+    Reading stops at the row past the item limit, a piece of the manifest at a time."""
+    row = b"a.png,q\n" if name.endswith(".csv") else b'{"file":"a.png"}\n'
+    header = b"file,query\n" if name.endswith(".csv") else b""
+    rows = 1_000_000 if name.endswith(".csv") else settings.max_manifest_bytes // len(row) - 1
+    data = make_zip({"a.png": png_bytes(16), name: header + row * rows})
+    assert len(data) < 40_000
+    t0 = time.monotonic()
+    with (
+        PeakRSS() as mem,
+        pytest.raises(InvalidInputError, match=f"more than {settings.max_batch_items} items"),
+    ):
+        unpack(data, settings)
+    assert mem.growth < 24 * MIB, f"+{mem.growth / MIB:.0f} MiB"
+    assert time.monotonic() - t0 < 10
+    assert du(Path(settings.data_dir)) == 0
+    at_limit = make_zip({"a.png": png_bytes(16), name: header + row * settings.max_batch_items})
+    _, items = unpack(at_limit, settings)  # the limit itself is fine
+    assert len(items) == settings.max_batch_items
+
+
+def test_colons_in_names_are_kept_and_bidi_controls_refused(settings):
+    """`photo:1.png` refused the whole zip (a colon was taken for a drive); a name holding
+    U+202E (right-to-left override: `photo\\u202egnp.exe` shows as `photoexe.png`) was accepted where
+    a query holding it is refused. Names are labels (inputs are stored by index, overlays under
+    ASCII names), so a colon is kept; a drive (`c:/z.png`, `a:b.png`) is still an unsafe path; bidirectional
+    controls are refused in entry names and manifest rows alike, the name escaped."""
+    files = {"photo:1.png": png_bytes(seed=1), "d/12:30.png": png_bytes(seed=2), "ok.png": png_bytes(seed=3)}
+    _, items = unpack(make_zip(files), settings)
+    assert sorted(it.file for it in items) == sorted(files)
+    for bad in ("photo\u202egnp.exe", "x\u2066y.png", "tab\there.png"):
+        with pytest.raises(InvalidInputError, match="bidirectional|control character") as e:
+            unpack(make_zip({bad: png_bytes(), "ok.png": png_bytes(seed=1)}), settings)
+        assert ascii(bad) in str(e.value) and bad not in str(e.value)
+    manifest = 'file,query\n"photo\u202egnp.exe",the sky\n'.encode()
+    with pytest.raises(InvalidInputError, match="row 1.*bidirectional formatting character"):
+        unpack(make_zip({"ok.png": png_bytes(), "manifest.csv": manifest}), settings)
+
+
+def _reserved(root: Path) -> dict[str, int]:
+    return {f.parent.name: json.loads(f.read_text())["bytes"] for f in root.glob("batch-*/reserved.json")}
+
+
+def test_new_sessions_of_one_address_cannot_reserve_the_disk(settings):
+    """42 zips of 421 bytes (a manifest naming one 16x16 PNG 2,000 times), each from a new session,
+    reserved 53.7 GB in ~5 s (768 KiB an item whatever its size, a share per session) and every
+    other user's job was refused "disk for batch jobs is full". An item now reserves what it can
+    write (its row, and a picture no larger than its photo), and anonymous sessions of one address
+    share one payer's share: with the default budgets (50 GiB in all, 10 GiB a payer) the 42 jobs
+    reserve well under a fifth of the disk, and other users' jobs are accepted."""
+    from arrcoc.service.jobs.budget import payer
+
+    png = png_bytes(16)
+    manifest = b"file,query\n" + b"a.png,the sky\n" * 2000
+    data = make_zip({"a.png": png, "manifest.csv": manifest})
+    assert len(data) < 2_000
+    root = Path(settings.data_dir) / "jobs"
+    accepted, refused = 0, []
+    for _ in range(42):
+        owner = f"session:{uuid.uuid4().hex}"
+        jd = root / f"batch-{uuid.uuid4().hex[:16]}"
+        try:
+            archive.unpack(data, None, jd, settings, owner, payer(owner, "203.0.113.7"))
+            accepted += 1
+        except InvalidInputError as e:
+            refused.append(str(e))
+    total = sum(_reserved(root).values())
+    assert total < settings.max_data_bytes / 5, f"{total / 1e9:.1f} GB reserved"
+    assert total <= settings.max_owner_bytes
+    assert accepted >= 30, (accepted, refused[:1])
+    assert all("ARRCOC_MAX_OWNER_BYTES" in m for m in refused), refused[:1]
+    for other in (payer("session:x", "198.51.100.9"), "token:" + "b" * 32):  # another address; a token
+        jd = root / f"batch-{uuid.uuid4().hex[:16]}"
+        archive.unpack(data, None, jd, settings, other, other)
+    # the same address over IPv6: one /64 is one payer
+    assert payer("client:" + "a" * 32, "2001:db8:1:2::7") == payer("session:y", "2001:db8:1:2:ffff::1")
+    assert payer("token:" + "c" * 32, "203.0.113.7") == "token:" + "c" * 32
+    assert du(root) < 10 * MIB
+
+
+def test_an_item_reserves_its_row_and_a_picture_no_larger_than_its_photo(settings):
+    """What an item reserves follows its photo: a 16x16 PNG's picture is a few KB, a 2000x1500
+    photo's at most the overlay side (1024) squared at 4 bytes a pixel; a job drawing no pictures
+    reserves rows only. Every reservation covers what the job may write."""
+    from arrcoc.service.jobs.budget import ROW_BYTES, outputs_estimate, picture_bytes
+
+    side = settings.overlay_max_side
+    assert picture_bytes((16, 16), side) < 8 * 1024
+    assert picture_bytes((2000, 1500), side) == 4 * 1024 * 1024 + 4 * 1024
+    assert picture_bytes((16, 2_500_000), side) == 4 * 16 * 1024 + 4 * 1024
+    assert outputs_estimate([(16, 16)] * 10, settings, pictures=False) == 2 * 10 * ROW_BYTES
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (2000, 1500), (10, 20, 30)).save(buf, "PNG")
+    jd, _ = unpack(make_zip({"big.png": buf.getvalue(), "small.png": png_bytes(16)}), settings)
+    reserved = json.loads((jd / "reserved.json").read_text())["bytes"]
+    expected = outputs_estimate([(2000, 1500), (16, 16)], settings) + len(buf.getvalue()) + len(png_bytes(16))
+    assert reserved == expected

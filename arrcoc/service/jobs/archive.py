@@ -14,15 +14,16 @@ import csv
 import io
 import json
 import posixpath
+import re
 import shutil
 import struct
 import unicodedata
 import zipfile
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from PIL import Image
 
@@ -30,7 +31,7 @@ from ...errors import InvalidInputError, ServiceUnavailableError
 from ...images import draft_size, jpeg_header
 from ...request import validate_query
 from ...settings import Settings
-from .budget import RESERVED, disk_full, reserve, results_estimate
+from .budget import RESERVED, disk_full, outputs_estimate, reserve
 from .parts import stored_data_start
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
@@ -70,20 +71,44 @@ class Item:
 PACK_ITEMS = 64
 # Entries stored as they are (photos mostly: deflate does not shrink a JPEG, so zip tools store
 # them) are not copied at all: the archive is written once, as ARCHIVE, and such an item is read
-# at its offset there, its CRC checked on a few threads while the archive is written (both let go
-# of the GIL). Copying them one by one through zipfile would be most of what is left of unpacking, a
+# at its offset there, its CRC checked before the archive is written (zlib's CRC runs at memory
+# speed: one thread is enough). Copying them one by one through zipfile would be most of what is left of unpacking, a
 # serial stage before the job runs (docs/service.md#batch-jobs).
 ARCHIVE = "inputs/upload.zip"
-CRC_THREADS = 4
+
+
+# a Windows drive (`c:`, `c:/x.png`): absolute there. A colon elsewhere is an ordinary character: an
+# entry's name is only a label (inputs are stored by index, overlays under ASCII names of their own)
+_DRIVE = re.compile(r"^[A-Za-z]:")
 
 
 def _clean(name: str) -> str | None:
     """The entry's normalised relative name, or None when it is unsafe (absolute, `..`, drive)."""
     clean = name.replace("\\", "/")
     parts = clean.split("/")
-    if clean.startswith("/") or ".." in parts or (parts and ":" in parts[0]) or "\x00" in clean:
+    if clean.startswith("/") or ".." in parts or _DRIVE.match(clean) or "\x00" in clean:
         return None
     return posixpath.normpath(clean)
+
+
+# Bidirectional formatting characters (Unicode's explicit embeddings, overrides and isolates, and the
+# marks): in a name they reorder what every page, log and spreadsheet shows (`gnp.exe` shown as
+# `exe.png`), as they would in a query.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def odd_character(name: str) -> str | None:
+    """What makes a file name unfit to show, in words (None: nothing): a control character, a lone
+    surrogate (not valid UTF-8) or a bidirectional formatting character."""
+    for ch in name:
+        if ch in _BIDI:
+            return f"a bidirectional formatting character (U+{ord(ch):04X})"
+        category = unicodedata.category(ch)
+        if category == "Cc":
+            return f"a control character (U+{ord(ch):04X})"
+        if category == "Cs":
+            return "a lone surrogate (not valid UTF-8)"
+    return None
 
 
 def _is_junk(name: str) -> bool:
@@ -178,6 +203,13 @@ def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInf
             f"Some zip entries have unsafe paths (absolute or with '..'): {_listing(unsafe)};"
             " rebuild the zip with plain relative names."
         )
+    odd = [(i.filename, why) for i in files if (why := odd_character(i.filename))]
+    if odd:
+        raise InvalidInputError(
+            f"Some zip entries have names holding {odd[0][1]} or the like:"
+            f" {', '.join(ascii(n) for n, _ in odd[:5])}{f' and {len(odd) - 5} more' if len(odd) > 5 else ''};"
+            " rename them with plain characters."
+        )
     by_name: dict[str, zipfile.ZipInfo] = {}
     dups: list[str] = []
     for info in files:
@@ -254,16 +286,11 @@ class _Budget:
         return written
 
 
-def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes:
-    buf = io.BytesIO()
-    try:
-        with zf.open(info) as src:
-            _Budget(limit).copy(src, buf, info.filename, limit)
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
-        raise InvalidInputError(
-            f"The zip entry {info.filename!r} is corrupt or encrypted ({e}); rebuild the zip."
-        ) from e
-    return buf.getvalue()
+def _not_utf8(name: str, byte: int, offset: int) -> InvalidInputError:
+    return InvalidInputError(
+        f"{name} is not UTF-8 text (byte 0x{byte:02x} at offset {offset} is not valid UTF-8);"
+        " save it as UTF-8 (e.g. 'CSV UTF-8' in a spreadsheet) and upload again."
+    )
 
 
 def decode_manifest(raw: bytes, name: str) -> str:
@@ -271,72 +298,125 @@ def decode_manifest(raw: bytes, name: str) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise InvalidInputError(
-            f"{name} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start} is not valid UTF-8);"
-            " save it as UTF-8 (e.g. 'CSV UTF-8' in a spreadsheet) and upload again."
-        ) from None
+        raise _not_utf8(name, raw[e.start], e.start) from None
 
 
 def parse_manifest(
-    raw: str, name: str, default_query: str | None, max_query_chars: int
+    raw: str, name: str, default_query: str | None, max_query_chars: int, max_items: int | None = None
 ) -> list[tuple[str, str]]:
-    """Rows (file, query) of a manifest (CSV with a file,query header, or JSONL); files and queries
-    must be text. `max_query_chars` is kept for callers; queries are checked per item when they run."""
-    rows: list[object] = []
+    """Rows (file, query) of a manifest's text (see manifest_rows). `max_query_chars` is kept for
+    callers; queries are checked per item when they run."""
+    return manifest_rows(io.StringIO(raw, newline=""), name, default_query, max_items)
+
+
+def _records(lines: Iterable[str], name: str) -> Iterator[object]:
+    """A manifest's records, a line at a time: CSV with a file,query header, or JSONL."""
     if name.endswith(".jsonl"):
-        for n, line in enumerate(raw.splitlines(), 1):
+        for n, line in enumerate(lines, 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    yield json.loads(line)
                 except (json.JSONDecodeError, RecursionError) as e:
                     raise InvalidInputError(
                         f"{name} line {n} is not JSON ({e}); write one object per line."
                     ) from None
-    else:
-        reader = csv.DictReader(io.StringIO(raw, newline=""))
-        try:
-            if not reader.fieldnames or "file" not in reader.fieldnames:
-                raise InvalidInputError(f"{name} needs a header row with the columns file,query.")
-            rows = list(reader)
-        except csv.Error as e:
-            raise InvalidInputError(
-                f"{name} line {reader.line_num} cannot be read as CSV ({e}); a field may be"
-                f" too long (the limit is {csv.field_size_limit()} characters)."
-            ) from None
+        return
+    reader = csv.DictReader(lines)
+    try:
+        if not reader.fieldnames or "file" not in reader.fieldnames:
+            raise InvalidInputError(f"{name} needs a header row with the columns file,query.")
+        yield from reader
+    except csv.Error as e:
+        raise InvalidInputError(
+            f"{name} line {reader.line_num} cannot be read as CSV ({e}); a field may be"
+            f" too long (the limit is {csv.field_size_limit()} characters)."
+        ) from None
+
+
+def manifest_rows(
+    lines: Iterable[str], name: str, default_query: str | None, max_items: int | None = None
+) -> list[tuple[str, str]]:
+    """Rows (file, query) of a manifest read a line at a time (CSV with a file,query header, or
+    JSONL); files and queries must be text. Reading stops at the row past `max_items`, so a
+    manifest of a million rows costs what its first rows do."""
     out = []
-    for n, row in enumerate(rows, 1):
-        if not isinstance(row, dict):
-            raise InvalidInputError(f"{name} row {n} is not an object with file and query.")
-        file, query = row.get("file"), row.get("query")
-        if not isinstance(file, str) or not file.strip():
-            raise InvalidInputError(f"{name} row {n} has no 'file' (a text value).")
-        if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in file):  # no zip entry is named so
+    for n, row in enumerate(_records(lines, name), 1):
+        if max_items is not None and n > max_items:
             raise InvalidInputError(
-                f"{name} row {n}: the file name {ascii(file.strip())} holds a control character"
-                " or a lone surrogate (not valid UTF-8); name the file as the zip does."
+                f"{name} lists more than {max_items} items; the limit is {max_items} per job. Split it into several jobs."
             )
-        if query is None or (isinstance(query, str) and not query.strip()):
-            if not default_query:
-                raise InvalidInputError(
-                    f"{name} row {n} ({file.strip()!r}) has no query, and no default query was given."
-                )
-            query = default_query
-        if not isinstance(query, str):  # a number or a list is not turned into text
-            raise InvalidInputError(
-                f"{name} row {n} ({file.strip()!r}): the query must be text, got {type(query).__name__}."
-            )
-        if any(
-            unicodedata.category(ch) == "Cs" for ch in query
-        ):  # not text the tokenizer (or a row) can hold
-            raise InvalidInputError(
-                f"{name} row {n} ({file.strip()!r}): the query {ascii(query)} holds a lone surrogate,"
-                " which is not valid UTF-8 text; fix the manifest."
-            )
-        # a query the model refuses (too long, control characters) fails its item only, with the reason
-        out.append((file.strip(), query.strip()))
+        out.append(_manifest_row(row, n, name, default_query))
     if not out:
         raise InvalidInputError(f"{name} lists no files.")
     return out
+
+
+def _manifest_row(row: object, n: int, name: str, default_query: str | None) -> tuple[str, str]:
+    if not isinstance(row, dict):
+        raise InvalidInputError(f"{name} row {n} is not an object with file and query.")
+    file, query = row.get("file"), row.get("query")
+    if not isinstance(file, str) or not file.strip():
+        raise InvalidInputError(f"{name} row {n} has no 'file' (a text value).")
+    if why := odd_character(file):  # no zip entry is named so
+        raise InvalidInputError(
+            f"{name} row {n}: the file name {ascii(file.strip())} holds {why}; name the file as the zip does."
+        )
+    if query is None or (isinstance(query, str) and not query.strip()):
+        if not default_query:
+            raise InvalidInputError(
+                f"{name} row {n} ({file.strip()!r}) has no query, and no default query was given."
+            )
+        query = default_query
+    if not isinstance(query, str):  # a number or a list is not turned into text
+        raise InvalidInputError(
+            f"{name} row {n} ({file.strip()!r}): the query must be text, got {type(query).__name__}."
+        )
+    if any(unicodedata.category(ch) == "Cs" for ch in query):  # not text the tokenizer (or a row) can hold
+        raise InvalidInputError(
+            f"{name} row {n} ({file.strip()!r}): the query {ascii(query)} holds a lone surrogate,"
+            " which is not valid UTF-8 text; fix the manifest."
+        )
+    # a query the model refuses (too long, control characters) fails its item only, with the reason
+    return file.strip(), query.strip()
+
+
+class _Counted(io.RawIOBase):
+    """A stream that counts the bytes read from it (where a decoding error is, in the whole file)."""
+
+    def __init__(self, src: IO[bytes]):
+        self.src, self.read_bytes = src, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        data = self.src.read(len(buf))
+        buf[: len(data)] = data
+        self.read_bytes += len(data)
+        return len(data)
+
+
+def _read_manifest(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, default_query: str | None, settings: Settings
+) -> list[tuple[str, str]]:
+    """The manifest's rows, decompressed and decoded a piece at a time (zipfile stops at the size
+    the central directory declares, which `inspect` bounded): never the whole text in memory."""
+    name = info.filename
+    counted = None
+    try:
+        with zf.open(info) as src:
+            counted = _Counted(src)
+            text = io.TextIOWrapper(io.BufferedReader(counted), encoding="utf-8-sig", newline="")
+            return manifest_rows(text, name, default_query, settings.max_batch_items)
+    except UnicodeDecodeError as e:  # the decoder holds the piece read last
+        offset = counted.read_bytes - len(e.object) + e.start if counted else e.start
+        raise _not_utf8(name, e.object[e.start], max(offset, 0)) from None
+    except InvalidInputError:
+        raise
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
+        raise InvalidInputError(
+            f"The zip entry {name!r} is corrupt or encrypted ({e}); rebuild the zip."
+        ) from e
 
 
 def _stored_span(view: memoryview, info: zipfile.ZipInfo) -> tuple[int, int] | None:
@@ -361,88 +441,55 @@ def _corrupt(view: memoryview, spans: list[tuple[str, tuple[int, int, int]]]) ->
 def _write_archive(
     archive: bytes, view: memoryview, spans: dict[str, tuple[int, int, int]], path: Path
 ) -> None:
-    """The archive written to `path` while its stored entries' CRCs are checked on a few threads
-    (both let go of the GIL); a corrupt or truncated entry refuses the zip, as a copied one does,
-    and the file goes."""
-    todo = list(spans.items())
-    per = -(-len(todo) // CRC_THREADS)
-    with ThreadPoolExecutor(CRC_THREADS, thread_name_prefix="arrcoc-crc") as pool:
-        checks = [pool.submit(_corrupt, view, todo[i : i + per]) for i in range(0, len(todo), per)]
+    """The archive written to `path` once its stored entries' CRCs match; a corrupt or truncated
+    entry refuses the zip, as a copied one does, and nothing is written."""
+    corrupt = _corrupt(view, list(spans.items()))
+    if not corrupt:
         path.write_bytes(archive)
-        corrupt = [name for check in checks for name in check.result()]
-    if corrupt:
-        path.unlink()
-        raise InvalidInputError(
-            f"Some zip entries are corrupt (their checksums do not match): {_listing(corrupt)};"
-            " rebuild the zip."
-        )
+        return
+    raise InvalidInputError(
+        f"Some zip entries are corrupt (their checksums do not match): {_listing(corrupt)}; rebuild the zip."
+    )
 
 
 def unpack(
-    archive: bytes, query: str | None, job_dir: Path, settings: Settings, owner: str | None = None
+    archive: bytes,
+    query: str | None,
+    job_dir: Path,
+    settings: Settings,
+    owner: str | None = None,
+    paid_by: str | None = None,
+    pictures: bool = True,
 ) -> list[Item]:
     """Check the zip, write its items under job_dir/inputs and job_dir/items.jsonl; return them.
     Stored entries stay where they are in the archive, written once (ARCHIVE); compressed ones
     are decompressed into packs. Disk: at most the archive plus its declared expansion, both
-    bounded by the settings and reserved for `owner` in the data store's budget before writing."""
+    bounded by the settings, and its results (`pictures`: whether the job draws overlays),
+    reserved for `owner` before writing, counted against `paid_by` (budget.payer; None: the
+    owner)."""
     zf = open_archive(archive, settings)
     by_name = inspect(zf, settings)
     if query is not None and not (isinstance(query, str) and not query.strip()):
         query = validate_query(query, settings.max_query_chars)
     else:
         query = None
-    manifests = sorted(n for n in by_name if posixpath.basename(n).lower() in MANIFEST_NAMES)
-    if len(manifests) > 1:
-        raise InvalidInputError(
-            f"The zip holds {len(manifests)} manifests ({_listing(manifests)}); keep one."
-        )
-    if manifests:
-        manifest = manifests[0]
-        raw = decode_manifest(_read_entry(zf, by_name[manifest], settings.max_manifest_bytes), manifest)
-        pairs = parse_manifest(raw, manifest, query, settings.max_query_chars)
-        pairs = [(_clean(f) or f, q) for f, q in pairs]  # as the zip's entries are named in by_name
-        missing = [f for f, _ in pairs if f not in by_name]
-        if missing:
-            raise InvalidInputError(
-                f"The manifest names files the zip lacks: {', '.join(missing[:5])}"
-                + (f" and {len(missing) - 5} more." if len(missing) > 5 else ".")
-            )
-    else:
-        if not query:
-            raise InvalidInputError(
-                "Give a query for all images, or put a manifest.csv (file,query) in the zip."
-            )
-        names = sorted(n for n in by_name if posixpath.splitext(n)[1].lower() in IMAGE_EXTENSIONS)
-        pairs = [(n, query) for n in names]
-    if not pairs:
-        raise InvalidInputError(
-            f"The zip holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))}); add some and upload again."
-        )
-    named = {name for name, _ in pairs} | set(manifests)
-    skipped = sorted(n for n in by_name if n not in named)
-    why = (
-        "not named in the manifest" if manifests else f"not an image ({', '.join(sorted(IMAGE_EXTENSIONS))})"
-    )
-    if len(pairs) > settings.max_batch_items:
-        raise InvalidInputError(
-            f"The zip has {len(pairs)} items; the limit is {settings.max_batch_items} per job."
-        )
+    pairs, skipped, why = _items_of(zf, by_name, query, settings)
     view = memoryview(archive)
     spans: dict[str, tuple[int, int, int]] = {}  # stored entries, read in place: offset, length, CRC
     for name in dict.fromkeys(name for name, _ in pairs):  # once each
         info = by_name[name]
         if (span := _stored_span(view, info)) is not None:
             spans[name] = (*span, info.CRC)
-    _check_work(zf, view, by_name, spans, pairs, settings)
+    sizes = _check_work(zf, view, by_name, spans, pairs, settings)
     # what the job may write, reserved before a byte is written: the archive (when entries are read
     # in place from it), each decompressed file at its declared size (extraction stops there), results
     unique = dict.fromkeys(name for name, _ in pairs)
     need = (
         (len(archive) if spans else 0)
-        + sum(by_name[n].file_size for n in unique if n not in spans)
-        + results_estimate(len(pairs), settings)
+        + sum(min(by_name[n].file_size, settings.max_image_bytes) for n in unique if n not in spans)
+        + outputs_estimate((sizes[name] for name, _ in pairs), settings, pictures)
     )
-    reserve(settings, job_dir, owner, need)
+    reserve(settings, job_dir, owner, need, paid_by)
     try:
         items = _extract(archive, zf, view, by_name, spans, pairs, job_dir, settings)
         with open(job_dir / "items.jsonl", "w") as f:
@@ -461,6 +508,48 @@ def unpack(
             ) from e
         raise
     return items
+
+
+def _items_of(
+    zf: zipfile.ZipFile, by_name: dict[str, zipfile.ZipInfo], query: str | None, settings: Settings
+) -> tuple[list[tuple[str, str]], list[str], str]:
+    """The job's (file, query) pairs, from the manifest or every image with `query`; the zip's
+    files that are no item, and why."""
+    manifests = sorted(n for n in by_name if posixpath.basename(n).lower() in MANIFEST_NAMES)
+    if len(manifests) > 1:
+        raise InvalidInputError(
+            f"The zip holds {len(manifests)} manifests ({_listing(manifests)}); keep one."
+        )
+    if manifests:
+        pairs = _read_manifest(zf, by_name[manifests[0]], query, settings)
+        pairs = [(_clean(f) or f, q) for f, q in pairs]  # as the zip's entries are named in by_name
+        missing = [f for f, _ in pairs if f not in by_name]
+        if missing:
+            raise InvalidInputError(
+                f"The manifest names files the zip lacks: {', '.join(missing[:5])}"
+                + (f" and {len(missing) - 5} more." if len(missing) > 5 else ".")
+            )
+    else:
+        if not query:
+            raise InvalidInputError(
+                "Give a query for all images, or put a manifest.csv (file,query) in the zip."
+            )
+        names = sorted(n for n in by_name if posixpath.splitext(n)[1].lower() in IMAGE_EXTENSIONS)
+        pairs = [(n, query) for n in names]
+    if not pairs:
+        raise InvalidInputError(
+            f"The zip holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))}); add some and upload again."
+        )
+    if len(pairs) > settings.max_batch_items:
+        raise InvalidInputError(
+            f"The zip has {len(pairs)} items; the limit is {settings.max_batch_items} per job."
+        )
+    named = {name for name, _ in pairs} | set(manifests)
+    skipped = sorted(n for n in by_name if n not in named)
+    why = (
+        "not named in the manifest" if manifests else f"not an image ({', '.join(sorted(IMAGE_EXTENSIONS))})"
+    )
+    return pairs, skipped, why
 
 
 def _extract(
@@ -526,22 +615,20 @@ def _extract(
 HEADER_BYTES = 256 * 1024
 
 
-def _decoded_pixels(head: bytes | memoryview, side: int, unknown: int) -> int:
-    """Pixels an image is decoded at, from its header: a JPEG at the reduced size its decoder's
-    draft gives for `side`, anything else at full size; `unknown` when the header cannot be read
-    (the item then fails alone, or decodes within the per-image pixel limit)."""
+def _decoded_size(head: bytes | memoryview, side: int) -> tuple[int, int] | None:
+    """(width, height) an image is decoded at, from its header: a JPEG at the reduced size its
+    decoder's draft gives for `side`, anything else at full size; None when the header cannot be
+    read (the item then fails alone, or decodes within the per-image pixel limit)."""
     jpeg = jpeg_header(head)
     if jpeg is not None:  # a plain JPEG: its frame header, without Pillow's parse of every table
-        w, h = draft_size(jpeg.size, side)
-        return w * h
+        return draft_size(jpeg.size, side)
     try:
         with Image.open(io.BytesIO(head)) as img:
             if img.format == "JPEG":
                 img.draft(img.mode if img.mode in ("RGB", "L") else None, (side, side))
-            w, h = img.size
-        return w * h
+            return img.size
     except Exception:  # noqa: BLE001 -- any header Pillow cannot read costs the limit
-        return unknown
+        return None
 
 
 def _check_work(
@@ -551,10 +638,13 @@ def _check_work(
     spans: dict[str, tuple[int, int, int]],
     pairs: list[tuple[str, str]],
     settings: Settings,
-) -> None:
+) -> dict[str, tuple[int, int]]:
     """Refuse a job whose items' decoded pixels, summed, pass ARRCOC_MAX_JOB_MEGAPIXELS (one large
-    image named by many manifest rows counts once a row), from the headers alone."""
-    pixels: dict[str, int] = {}
+    image named by many manifest rows counts once a row), from the headers alone. Returns each
+    file's decoded (width, height); one whose header cannot be read counts as the pixel limit, and
+    as a picture of the largest overlay."""
+    side = settings.overlay_max_side
+    sizes: dict[str, tuple[int, int] | None] = {}
     for name in dict.fromkeys(name for name, _ in pairs):
         if name in spans:
             start, length, _ = spans[name]
@@ -565,7 +655,8 @@ def _check_work(
                     head = src.read(HEADER_BYTES)
             except Exception:  # noqa: BLE001 -- a broken entry is refused when it is extracted
                 head = b""
-        pixels[name] = _decoded_pixels(head, settings.overlay_max_side, settings.max_image_pixels)
+        sizes[name] = _decoded_size(head, side)
+    pixels = {n: size[0] * size[1] if size else settings.max_image_pixels for n, size in sizes.items()}
     total = sum(pixels[name] for name, _ in pairs) / 1e6
     if total > settings.max_job_megapixels:
         raise InvalidInputError(
@@ -573,6 +664,7 @@ def _check_work(
             f" {settings.max_job_megapixels:,.0f} (ARRCOC_MAX_JOB_MEGAPIXELS). Split it into smaller jobs"
             " or downscale the images."
         )
+    return {n: size or (side, side) for n, size in sizes.items()}
 
 
 SKIPPED = "skipped.json"  # the zip's files that are no item, and why

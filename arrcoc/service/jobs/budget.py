@@ -1,13 +1,18 @@
-"""The data store's disk budget: what batch jobs may hold on disk, in all and per owner.
+"""The data store's disk budget: what batch jobs may hold on disk, in all and per payer.
 
-A job reserves, before a byte of it is written, what it may write: the upload when its stored
+A job reserves, before a byte of it is written, all it may write: the upload when its stored
 entries are read in place, every entry it decompresses at the size the central directory
-declares (extraction stops at that size: `archive._Budget`), and an estimate of its results. The
-reservation is a file in the job's folder (`reserved.json`: owner, bytes), so the budget is the
-sum over the folders that exist: a job the reaper removed frees its share, whichever process made
-it. Reserving is a check-and-write under a lock (a thread lock and an advisory file lock, for
-the processes that share the data store). Once a job is over, its inputs go (nothing reads them
-again) and its reservation becomes what its folder holds.
+declares (extraction stops at that size: `archive._Budget`, and at most the image limit), and
+its results: a row an item and, when it draws pictures, an overlay bounded by its photo's size
+(`outputs_estimate`). A queued job holds its reservation until it is over, so a job admitted
+always has room to finish: when the disk is spoken for, the newcomer is refused, and no running
+job loses items to another's. The reservation is a file in the job's folder (`reserved.json`:
+owner, payer, bytes), so the budget is the sum over the folders that exist: a job the reaper
+removed frees its share, whichever process made it. The per-user share is counted by payer
+(`payer`): a token holder, or the network an anonymous client comes from, however many sessions
+it opens. Reserving is a check-and-write under a lock (a thread lock and an advisory file lock,
+for the processes that share the data store). Once a job is over, its inputs go (nothing reads
+them again) and its reservation becomes what its folder holds.
 """
 
 from __future__ import annotations
@@ -15,37 +20,75 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import ipaddress
 import json
 import os
 import shutil
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ...errors import InvalidInputError
 from ...settings import Settings
 
 RESERVED = "reserved.json"
-# What an item's results may take on disk, estimated: its row (the maps as JSON numbers) and its
-# overlay, twice (in the step's part, then copied into results.zip, when results.zip is built from
-# the parts; once when it is written as the job runs). The estimate only reserves: once the job is
-# over, what its folder holds replaces it.
+# What an item's row may take on disk (its maps as JSON numbers), estimated.
 ROW_BYTES = 64 * 1024
-OVERLAY_BYTES = {"jpeg": 320 * 1024, "png": 2 * 1024 * 1024, "none": 0}
+# What an item's overlay picture may take: it is drawn on the photo as decoded, at most
+# `overlay_max_side` a side (never enlarged), and encoded at most 4 bytes a pixel (a PNG of one-pixel
+# rows holds 3 and a filter byte a pixel; a JPEG at quality 90 of noise about 1), its sides rounded up
+# to JPEG's 16-pixel blocks, plus its headers and tables.
+PICTURE_BYTES_PER_PIXEL = 4
+PICTURE_BLOCK = 16
+PICTURE_HEADER_BYTES = 4 * 1024
+# An item's row and picture are written twice: in the step's part, then copied into results.zip when
+# results.zip is built from the parts (once when it is written as the job runs). The estimate only
+# reserves: once the job is over, what its folder holds replaces it.
+OUTPUT_COPIES = 2
 
 _lock = threading.Lock()
 # reservations read from the folders, by folder name (a reservation is rewritten only by
 # `release`, which updates this too); a folder that is gone is dropped at the next scan
-_known: dict[str, tuple[int, str, int]] = {}  # name: (reservation's mtime, owner, bytes)
+_known: dict[str, tuple[int, str, int]] = {}  # name: (reservation's mtime, payer, bytes)
 
 
 def disk_full(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def results_estimate(items: int, settings: Settings) -> int:
-    return 2 * items * (ROW_BYTES + OVERLAY_BYTES.get(settings.overlay_format, 0))
+def picture_bytes(size: tuple[int, int], side: int) -> int:
+    """The most an overlay of a photo decoded at `size` (width, height) may take, drawn at most
+    `side` a side."""
+    w, h = (-(-min(n, side) // PICTURE_BLOCK) * PICTURE_BLOCK for n in size)
+    return PICTURE_BYTES_PER_PIXEL * w * h + PICTURE_HEADER_BYTES
+
+
+def outputs_estimate(sizes: Iterable[tuple[int, int]], settings: Settings, pictures: bool = True) -> int:
+    """What a job's items may write as results: each item's row and, when the job draws pictures,
+    its overlay, whose size follows its photo's (`sizes`: each item's decoded (width, height), as
+    its header says). A tiny photo named by many manifest rows reserves a row each and a tiny
+    picture each, not a large photo's."""
+    side = settings.overlay_max_side
+    return OUTPUT_COPIES * sum(ROW_BYTES + (picture_bytes(size, side) if pictures else 0) for size in sizes)
+
+
+def payer(owner: str | None, address: str | None) -> str | None:
+    """Whose share of the disk a job counts against: a token holder's own (`token:...`); an
+    anonymous owner's (a browser or a session, which a client makes anew for free) that of the
+    network it comes from: its IPv4 address, or its IPv6 /64 (what one host is usually given).
+    Without an address (the CLI, a library caller), the owner's."""
+    if not address or (owner or "").startswith("token:"):
+        return owner
+    try:
+        ip = ipaddress.ip_address(address.strip())
+    except ValueError:
+        return owner
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is None:
+            return f"address:{ipaddress.ip_network(f'{ip}/64', strict=False)}"
+        ip = ip.ipv4_mapped
+    return f"address:{ip}"
 
 
 @contextlib.contextmanager
@@ -65,14 +108,15 @@ def _read(folder: Path) -> tuple[str, int]:
         known = _known.get(folder.name)
         if known is None or known[0] != mtime:  # new, or released by another process
             doc = json.loads((folder / RESERVED).read_text())
-            known = _known[folder.name] = (mtime, str(doc.get("owner", "")), int(doc.get("bytes", 0)))
+            who = doc.get("payer", doc.get("owner", ""))  # made before payers: its owner pays
+            known = _known[folder.name] = (mtime, str(who), int(doc.get("bytes", 0)))
     except (OSError, ValueError, TypeError):
         return "", 0  # not reserved yet (being created) or made before budgets: counted as nothing
     return known[1], known[2]
 
 
-def usage(root: Path, owner: str) -> tuple[int, int]:
-    """(bytes reserved by every job, by this owner's jobs) under `root` (<data_dir>/jobs)."""
+def usage(root: Path, paid_by: str) -> tuple[int, int]:
+    """(bytes reserved by every job, by the jobs `paid_by` pays for) under `root` (<data_dir>/jobs)."""
     total = mine = 0
     names = set()
     for folder in root.iterdir() if root.is_dir() else ():
@@ -81,7 +125,7 @@ def usage(root: Path, owner: str) -> tuple[int, int]:
         names.add(folder.name)
         who, n = _read(folder)
         total += n
-        mine += n if who == owner else 0
+        mine += n if who == paid_by else 0
     for gone in set(_known) - names:
         _known.pop(gone, None)
     return total, mine
@@ -91,13 +135,17 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def reserve(settings: Settings, job_dir: Path, owner: str | None, nbytes: int) -> None:
-    """Reserve `nbytes` for the job in `job_dir` (owner None: the anonymous owner), or refuse it in
-    words naming the limit it would pass."""
+def reserve(
+    settings: Settings, job_dir: Path, owner: str | None, nbytes: int, paid_by: str | None = None
+) -> None:
+    """Reserve `nbytes` for the job in `job_dir` (owner None: the anonymous owner), counted against
+    `paid_by`'s share (see `payer`; None: the owner's), or refuse it in words naming the limit it
+    would pass. A job admitted has room for all it may write: the next one is refused instead."""
     owner = owner or ""
+    paid_by = paid_by or owner
     root = job_dir.parent
     with _locked(root):
-        total, mine = usage(root, owner)
+        total, mine = usage(root, paid_by)
         if settings.max_data_bytes and total + nbytes > settings.max_data_bytes:
             raise InvalidInputError(
                 f"The service's disk for batch jobs is full: this job needs up to {_gb(nbytes)} and"
@@ -112,7 +160,13 @@ def reserve(settings: Settings, job_dir: Path, owner: str | None, nbytes: int) -
             )
         job_dir.mkdir(parents=True, exist_ok=True)
         # the creating process, by host and pid: a job held in its memory is unreachable once it is gone
-        doc = {"owner": owner, "bytes": nbytes, "host": socket.gethostname(), "pid": os.getpid()}
+        doc = {
+            "owner": owner,
+            "payer": paid_by,
+            "bytes": nbytes,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
         (job_dir / RESERVED).write_text(json.dumps(doc))
 
 

@@ -1,9 +1,11 @@
 """CSV cells that a spreadsheet shows as text, never runs (OWASP's CSV injection guidance).
 
 A cell that begins with `=`, `+`, `-`, `@`, a tab or a carriage return is read as a formula by
-Excel, LibreOffice and Google Sheets (`=HYPERLINK(...)` in a file name or a query): such a text
-cell gets a leading single quote, which those programs take as "this is text". Numbers are
-written as they are. Every CSV the project writes passes its rows through `safe_row`.
+Excel, LibreOffice and Google Sheets (`=HYPERLINK(...)` in a file name or a query); so is one that
+begins with a line feed or a space before such a character (spreadsheets trim them), or with `;`
+(a file opened with `;` as its separator starts the next cell there: `;=cmd`). Such a text cell gets
+a leading single quote, which those programs take as "this is text". Numbers are written as they
+are. Every CSV the project writes passes its rows through `safe_row`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n", " ", ";")
 
 
 def safe_cell(value: Any) -> Any:
