@@ -1,4 +1,5 @@
-# ARR-COC Serve image: the worker and the demo run from it (compose.yaml picks the command).
+# ARR-COC Serve image: the worker and the demo run from it (compose.yaml picks the command; compose
+# builds it once, for the worker service, and the demo runs the same image).
 #   GPU (default): CUDA torch from PyPI + onnxruntime-gpu and triton (the `gpu` extra)
 #   CPU:           docker build --build-arg EXTRAS=cpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu .
 ARG PYTHON=3.11
@@ -16,7 +17,9 @@ ENV PIP_NO_CACHE_DIR=1 \
     ARRCOC_CACHE_DIR=/cache \
     ARRCOC_DATA_DIR=/data
 
-# gcc: torch.compile's Inductor builds C++ for the CPU path; curl: nothing (healthchecks use python)
+# gcc and g++ in both images: on the GPU Triton builds its kernel launchers with gcc at run time; on
+# the CPU, which serves eager by default, ARRCOC_BACKEND=compiled or aot and the Benchmark tab's
+# compiled and aot runs build C++ with Inductor. No curl: the healthchecks use Python.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc g++ \
  && rm -rf /var/lib/apt/lists/*
