@@ -3,20 +3,17 @@ time, where the pixels are.
 
 On a GPU the step's pictures are drawn together as tensors (arrcoc.render.blend_overlays); JPEGs
 are encoded there in one batched `encode_jpeg` call and come to the host in one copy, PNGs come to
-the host in one copy and Pillow encodes them in the thread pool. torchvision's nvJPEG encoder is
-one per process and encodes one picture at a time, waiting for each, so steps from several callers
-take turns on it; Pillow instead was slower on both paths (docs/service.md#concurrency). On a CPU worker Pillow draws (arrcoc.render.overlay)
-and encodes each picture in a thread pool: its C code lets go of the GIL, so the step's pictures
-use every core, where the same tensor operations run several times slower. Both draw the same
-picture (to one level of rounding: tests/test_decode.py). The foveated view is tensor work on
-either device (arrcoc.foveate.foveate_views: one call per size of picture in the step).
+the host in one copy and Pillow encodes them. On a CPU worker Pillow draws (arrcoc.render.overlay)
+and encodes each picture, where the same tensor operations run several times slower. Both draw the
+same picture (to one level of rounding: tests/test_decode.py). The foveated view is tensor work on
+either device (arrcoc.foveate.foveate_views: one call per size of picture in the step). All of it
+runs in the calling step thread (docs/service.md#concurrency).
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from concurrent.futures import Executor
 
 import numpy as np
 import torch
@@ -33,7 +30,6 @@ def encode(
     views: Sequence[torch.Tensor],
     maps: np.ndarray,
     fmt: str,
-    pool: Executor | None = None,
     quality: int = JPEG_QUALITY,
     kind: str = DEFAULT_OVERLAY_KIND,
 ) -> list[bytes]:
@@ -42,21 +38,15 @@ def encode(
     foveated under the map (tokens per cell, a budget map)."""
     if not len(views):
         return []
-    run = (
-        (lambda work, items: list(pool.map(work, items)))
-        if pool is not None
-        else (lambda work, items: [work(x) for x in items])
-    )
     if kind == "foveated":
         pictures = foveate_views(views, maps)  # tensor work on either device
     elif views[0].is_cuda:
         pictures = blend_overlays(views, maps)
-    else:  # a CPU worker: Pillow draws and encodes each picture in the pool
-
-        def draw(vm):
-            return _save(overlay(Image.fromarray(vm[0].numpy().transpose(1, 2, 0)), vm[1]), fmt, quality)
-
-        return run(draw, list(zip(views, maps, strict=True)))
+    else:  # a CPU worker: Pillow draws and encodes each picture
+        return [
+            _save(overlay(Image.fromarray(v.numpy().transpose(1, 2, 0)), m), fmt, quality)
+            for v, m in zip(views, maps, strict=True)
+        ]
     if fmt == "jpeg" and views[0].is_cuda:
         from torchvision.io import encode_jpeg
 
@@ -64,7 +54,7 @@ def encode(
         # for the one they were drawn on
         torch.cuda.current_stream(views[0].device).synchronize()
         return _to_host_bytes(encode_jpeg(pictures, quality=quality))
-    return run(lambda a: _save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality), to_host(pictures))
+    return [_save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality) for a in to_host(pictures)]
 
 
 def to_host(pictures: Sequence[torch.Tensor]) -> list[np.ndarray]:

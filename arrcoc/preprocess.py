@@ -3,8 +3,8 @@
 Two paths, one per device, so every way of serving a request on a given device gives the same
 pixels:
 - CPU (and any image the GPU cannot decode): Pillow, with a large JPEG decoded at 1/2, 1/4 or 1/8
-  scale (arrcoc.images.decode_image), resized with Pillow's bilinear filter; batches decode in a
-  thread pool (Pillow releases the GIL while it decodes and resizes).
+  scale (arrcoc.images.decode_image), resized with Pillow's bilinear filter; a batch decodes in the
+  calling thread, one image after another.
 - GPU with torchvision's nvJPEG: the JPEGs of a batch decode in one call on the device, EXIF
   orientation is applied there, and the resize runs there (bilinear with antialiasing: the same
   filter as Pillow's). Pillow still reads every header first, so the limits and errors are the
@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -105,17 +104,15 @@ class Decoder:
         side: int,
         limits: ImageLimits,
         resample: str = "bilinear",
-        threads: int = 8,
     ):
         self.device = device
         self.side = side
         self.limits = limits
         self.resample = resample
         self.gpu = uses_gpu_decoder(device)
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="arrcoc-decode")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release: decoding runs in the calling thread (kept for the engine's lifecycle)."""
 
     def start(self, data: bytes, view_side: int | None = None) -> Pixels | Encoded:
         """Check one image; decode it now unless the GPU will (ImageError for a bad one)."""
@@ -150,16 +147,14 @@ class Decoder:
             except ArrcocError as e:
                 return e
 
-        # the GPU's header checks are a few microseconds of Python each: here, one after another,
-        # not each through a hand-off to the pool; Pillow's decodes, which let go of the GIL, in
-        # parallel in the pool
+        # Pillow's decodes in this thread: a batch job's steps in flight already decode side by side
+        # on a GPU, and on a CPU the engine's threads take every core
         out: list[Any] = (
             [guarded(self._encoded, data) for data in images] if self.gpu else [None] * len(images)
         )
-        cpu = [i for i, got in enumerate(out) if got is None]
-        decoded = self._pool.map(lambda i: guarded(self._cpu_one, images[i], view_side), cpu)
-        for i, got in zip(cpu, decoded, strict=True):
-            out[i] = got
+        for i, got in enumerate(out):
+            if got is None:
+                out[i] = guarded(self._cpu_one, images[i], view_side)
         pending = [i for i, got in enumerate(out) if isinstance(got, Encoded)]
         for i, got in zip(pending, self.finish([out[i] for i in pending], view_side), strict=True):
             out[i] = got
@@ -217,11 +212,6 @@ class Decoder:
                 views[i] = view
             views = [images[i] if v is None else v for i, v in enumerate(views)]
         return [Pixels(px, (w, h), view) for px, (h, w), view in zip(pixels, shapes, views, strict=True)]
-
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        """The decoder's thread pool: Pillow's work for a batch (decoding here, encoding overlays)."""
-        return self._pool
 
 
 # torch warns, once per process, that a tensor over immutable bytes is not writable; nothing here

@@ -82,12 +82,9 @@ class Settings(BaseSettings):
     # results.jsonl in a batch job's results zip beside results.parquet (the same rows as JSON lines):
     # off by default, as it is several times the Parquet file and built at the job's end
     results_jsonl: bool = False
-    # a batch job writes step k-1's results on a second thread while step k runs on the engine
-    # (docs/service.md#concurrency, which links its A/B)
-    batch_write_behind: bool = True
-    # steps of a batch chunk on the engine host at once, each read and run by a thread of its own, where
-    # the engine is in the job's process on a GPU: one step decodes and runs while another's overlays
-    # encode (docs/service.md#concurrency); a CPU host and a worker group's Celery processes run one
+    # a batch chunk's steps at once on an accelerator, each carried from its files to its recorded
+    # results by a thread of its own: while one is written, the next decodes and runs
+    # (docs/service.md#concurrency); a CPU host runs one
     batch_steps_in_flight: int = Field(2, ge=1, le=4)
 
     # Service

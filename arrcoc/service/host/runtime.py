@@ -274,7 +274,6 @@ class Runtime(EngineHost):
                 [prepared[i][1] for i in done],
                 maps[done],
                 overlay,
-                pipe.decoder.pool,
                 self.settings.overlay_jpeg_quality,
                 kind,
             )

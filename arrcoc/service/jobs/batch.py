@@ -19,13 +19,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import JobError
 from ...request import Controls, check_overlays
 from ...settings import DEFAULT_OVERLAY_KIND, OVERLAY_EXTENSIONS, Settings
-from ..host.interface import StepOutputs
+from ..host.interface import ProcessedBatch, StepOutputs
 from .archive import Item, load_items, skipped_note, unpack
 from .budget import release
 from .files import job_dir, new_job_id
@@ -254,16 +255,6 @@ def _read(jd: Path, items: list[Item]) -> list[bytes]:
     return out
 
 
-def _process_step(host: Runtime, jd: Path, step: list[Item], controls: Controls, fmt: str, kind: str):
-    """One step, from its files to its outputs and encoded overlays (a step thread's work)."""
-    t0 = time.perf_counter()
-    datas = _read(jd, step)
-    read_ms = (time.perf_counter() - t0) * 1e3
-    batch = process_isolated(host, datas, [it.query for it in step], controls, fmt, kind)
-    batch.stage_ms["read"] = batch.stage_ms.get("read", 0.0) + read_ms
-    return batch
-
-
 def _run_group(
     job_id: str,
     jd: Path,
@@ -278,101 +269,95 @@ def _run_group(
     streamed: ResultsZip | None,
     yield_now: Callable[[], bool] | None = None,
 ) -> int | None:
-    """The group's items, step by step; how many ran, or None if the job was cancelled. Each
-    step's pictures go straight into `streamed`, its rows once they are recorded (it gives up if
-    steps come out of order). `yield_now`, asked before each step, ends the group
-    early (another owner's turn)."""
-    steps = iter(steps_of(group, step_items(host)))
+    """The group's items through the batch pipeline, step by step; how many ran, or None if the
+    job was cancelled. Each step goes read -> decode -> engine -> outputs (overlays when asked) ->
+    sink on one of `steps_in_flight` step threads, the sink in step order: a step is written and
+    recorded after the one before it, so while one writes, the next is on the device. This thread
+    hands the steps out, asking before each whether the job was cancelled, another owner waits
+    (`yield_now`) or the deadline passed; what was handed out is recorded whatever stops it."""
     fmt = "none" if drawn == "none" else settings.overlay_format
     kind = DEFAULT_OVERLAY_KIND if drawn == "none" else drawn
-    ext = OVERLAY_EXTENSIONS.get(fmt, "")  # "none": no picture
-    ran = 0
-    writing: Future | None = None
-    running: deque[tuple[list[Item], Future]] = deque()
-    stopped = cancelled = False
-    # beside this thread, which orders the steps: step threads, each reading a step's files and
-    # running it on the host (one decodes and runs while another's overlays encode), and one
-    # thread writing the last step's results while later ones run (docs/service.md#concurrency)
+    sink = _Sink(job_id, jd, store, OVERLAY_EXTENSIONS.get(fmt, ""), stages, streamed)
     in_flight = steps_in_flight(host, settings)
-    with (
-        ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-step") as pool,
-        ThreadPoolExecutor(1, thread_name_prefix="arrcoc-write") as writer,
-    ):
-        try:
-            while True:
-                while not stopped and len(running) < in_flight:
-                    step = next(steps, None)
-                    if step is None:
-                        break
-                    if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
-                        stopped = cancelled = True
-                    elif yield_now is not None and yield_now():
-                        stopped = True
-                    elif deadline is not None and time.monotonic() > deadline:
-                        _fail_items(
-                            jd,
-                            store,
-                            job_id,
-                            [
-                                (it, "The chunk ran past its time limit; this item was not processed.")
-                                for it in step
-                            ],
-                        )
-                    else:
-                        store.attempt_items(job_id, [it.index for it in step])
-                        running.append(
-                            (step, pool.submit(_process_step, host, jd, step, controls, fmt, kind))
-                        )
-                if not running:
-                    break
-                step, future = running.popleft()
-                batch = future.result()
-                for name, ms in batch.stage_ms.items():
-                    stages[name] = stages.get(name, 0.0) + ms
-                if writing is not None:  # one step waits to be written at most: memory stays bounded
-                    writing.result()
-                args = (job_id, jd, step, batch, ext, store, stages, streamed)
-                if settings.batch_write_behind:
-                    writing = writer.submit(_write_step, *args)
-                else:
-                    _write_step(*args)
-                ran += len(step)
-        finally:
-            for (
-                _,
-                future,
-            ) in running:  # stopping early: steps not begun are dropped, those running end unwritten
-                future.cancel()
-            if writing is not None:  # what was processed is recorded, also when the job stops early
-                writing.result()
+    running: deque[tuple[list[Item], Future]] = deque()
+    before: Future | None = None  # the step handed out last: the next one is written after it
+    ran = 0
+    cancelled = False
+    with ThreadPoolExecutor(
+        in_flight, thread_name_prefix="arrcoc-step"
+    ) as pool:  # docs/service.md#concurrency
+        for step in steps_of(group, step_items(host)):
+            if len(running) == in_flight:  # a step is over (written) before another starts: bounded memory
+                done, future = running.popleft()
+                future.result()
+                ran += len(done)
+            if JobState(store.record(job_id)["state"]) == JobState.CANCELLED:
+                cancelled = True
+                break
+            if yield_now is not None and yield_now():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                late = "The chunk ran past its time limit; this item was not processed."
+                _fail_items(jd, store, job_id, [(it, late) for it in step])
+                continue
+            store.attempt_items(job_id, [it.index for it in step])
+            before = pool.submit(_run_step, host, jd, step, controls, fmt, kind, before, sink)
+            running.append((step, before))
+    for done, future in running:  # every step handed out has ended: written, or failed
+        future.result()
+        ran += len(done)
     return None if cancelled else ran
 
 
-def _write_step(
-    job_id: str,
+def _run_step(
+    host: Runtime,
     jd: Path,
     step: list[Item],
-    batch,
-    ext: str,
-    store: JobStore,
-    stages: dict[str, float],
-    streamed: ResultsZip | None,
+    controls: Controls,
+    fmt: str,
+    kind: str,
+    before: Future | None,
+    sink: _Sink,
 ) -> None:
-    """A processed step's pictures on disk (straight into `streamed` when it takes them, else
-    into the part), then its part, then its items recorded, then its rows into `streamed`."""
-    keys = [_key(it) for it in step]
-    names = picture_names(keys, batch.overlays, batch.outputs.ok, ext)
-    stored = (
-        streamed.add_pictures([it.index for it in step], names, batch.overlays)
-        if streamed is not None
-        else None
-    )
-    t1 = time.perf_counter()
-    _, marks, rows = write_part(jd, keys, batch.outputs, batch.errors, names, batch.overlays, stored)
-    store.mark_items(job_id, marks)  # recorded once its part is on disk
-    _add(stages, "write", t1)
-    if stored is not None:
-        streamed.add_rows(rows)
+    """A step thread's work: the step from its files to its outputs, then, once the step before it
+    is written (a step after a failed one is not: its items are run again), into the sink."""
+    t0 = time.perf_counter()
+    datas = _read(jd, step)
+    read_ms = (time.perf_counter() - t0) * 1e3
+    batch = process_isolated(host, datas, [it.query for it in step], controls, fmt, kind)
+    if before is not None:
+        before.result()
+    batch.stage_ms["read"] = batch.stage_ms.get("read", 0.0) + read_ms
+    sink.write(step, batch)
+
+
+@dataclass
+class _Sink:
+    """Where a chunk's steps end, one at a time and in order: each step's pictures on disk (straight
+    into `streamed` when it takes them, else into the part), then its part, then its items
+    recorded, then its rows into `streamed`."""
+
+    job_id: str
+    jd: Path
+    store: JobStore
+    ext: str  # the pictures' extension; "": none drawn
+    stages: dict[str, float]
+    streamed: ResultsZip | None
+
+    def write(self, step: list[Item], batch: ProcessedBatch) -> None:
+        for name, ms in batch.stage_ms.items():
+            self.stages[name] = self.stages.get(name, 0.0) + ms
+        t0 = time.perf_counter()
+        keys = [_key(it) for it in step]
+        names = picture_names(keys, batch.overlays, batch.outputs.ok, self.ext)
+        stored = None
+        if self.streamed is not None:
+            stored = self.streamed.add_pictures([it.index for it in step], names, batch.overlays)
+        _, marks, rows = write_part(self.jd, keys, batch.outputs, batch.errors, names, batch.overlays, stored)
+        self.store.mark_items(self.job_id, marks)  # recorded once its part is on disk
+        if stored is not None:
+            self.streamed.add_rows(rows)
+        _add(self.stages, "write", t0)
 
 
 def _add(stages: dict[str, float], name: str, since: float) -> None:
