@@ -40,7 +40,7 @@ space_environment()
 
 from arrcoc.service.client.zerogpu import SpacesExecutor  # noqa: E402
 from demo import service  # noqa: E402
-from demo.app import build_demo, launch  # noqa: E402
+from demo.app import build_demo  # noqa: E402
 
 if os.environ.get("SPACE_ID"):
     executor = SpacesExecutor()
@@ -50,4 +50,7 @@ if os.environ.get("SPACE_ID"):
 demo = build_demo()
 
 if __name__ == "__main__":
-    launch(demo, server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"))
+    from arrcoc.cli.demo import serve, stop_on_sigterm
+
+    stop_on_sigterm()  # a Space restarts or stops its container with SIGTERM
+    serve(demo, server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"))

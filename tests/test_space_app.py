@@ -160,3 +160,51 @@ def test_on_zero_gpu_requests_run_in_a_forked_worker_and_come_back_pickled(zero_
         assert zerogpu._runtime is None  # the forked worker's Runtime stayed there
     finally:
         ex.close()
+
+
+def test_python_app_py_exits_0_on_sigterm(tmp_path):
+    """A Space stops or restarts its container with SIGTERM: `python app.py` closes its server and
+    exits 0 at once, rather than being killed when the platform's grace period ends."""
+    import signal
+    import urllib.request
+
+    from tests.demo_server import free_port
+    from tests.helpers import wait_for
+
+    port = free_port()
+    env = dict(
+        os.environ,
+        GRADIO_SERVER_NAME="127.0.0.1",
+        GRADIO_SERVER_PORT=str(port),
+        ARRCOC_DATA_DIR=str(tmp_path / "data"),
+        ARRCOC_CACHE_DIR=str(tmp_path / "cache"),
+        HF_HUB_OFFLINE="1",
+    )
+    for key in ("SPACE_ID", "ARRCOC_BROKER_URL"):  # the in-process demo, as `python app.py` runs locally
+        env.pop(key, None)
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    app = subprocess.Popen(
+        [sys.executable, "app.py"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: answers() or app.poll() is not None, 300, "python app.py serves")
+        assert app.poll() is None, app.stdout.read()[-3000:]
+        app.send_signal(signal.SIGTERM)
+        assert app.wait(timeout=30) == 0, app.stdout.read()[-3000:]
+        assert not answers()
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait(30)

@@ -4,8 +4,13 @@ ARRCOC_BROKER_URL points at a Redis broker)."""
 from __future__ import annotations
 
 import os
+import signal
+from typing import TYPE_CHECKING, Any
 
 from ..settings import DTYPES
+
+if TYPE_CHECKING:
+    import gradio as gr
 
 
 def add_parser(sub) -> None:
@@ -24,9 +29,30 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (docker stop, systemd, a Space's restart) stops the demo as Ctrl+C does: it raises
+    KeyboardInterrupt, on which Gradio's launch() closes the server and returns. Without a handler a
+    demo that is PID 1 in a container ignores SIGTERM until the engine kills it."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def serve(blocks: gr.Blocks, **kwargs: Any) -> int:
+    """The demo's launch, blocking until Ctrl+C or SIGTERM; 0 once its server is closed."""
+    from demo.app import launch
+
+    try:
+        launch(blocks, **kwargs)
+    except KeyboardInterrupt:  # the signal came while launch() was still starting the server
+        pass
+    finally:
+        blocks.close()
+    return 0
+
+
 def run(args) -> int:
     import logging
 
+    stop_on_sigterm()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.dtype:  # the demo reads its settings from the environment
         from ..settings import get_settings
@@ -34,8 +60,7 @@ def run(args) -> int:
         os.environ["ARRCOC_DTYPE"] = args.dtype
         get_settings.cache_clear()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from demo.app import launch
+    from demo.app import build_demo
 
     print(f"ARR-COC demo on http://{args.host}:{args.port} (Ctrl+C to stop)")
-    launch(server_name=args.host, server_port=args.port)
-    return 0
+    return serve(build_demo(), server_name=args.host, server_port=args.port)
