@@ -4,7 +4,7 @@
 Nothing heavy happens at import: the executor (and with it the model) is built on the first run.
 Every number the page shows about the model (grid, K, token budget) comes from the serving
 variant's config; every limit from the settings. Rate limits apply at the HTTP door
-(demo/guard.py's RateGate), before Gradio queues or checks a call.
+(demo/guard.py's RateGate), before Gradio queues or checks a call, whatever its route.
 """
 
 from __future__ import annotations
@@ -72,13 +72,15 @@ def launch(demo: gr.Blocks | None = None, **kwargs: Any) -> tuple:
     # proxies as ours (its default would be loopback, whatever ARRCOC_TRUSTED_PROXIES says)
     os.environ["FORWARDED_ALLOW_IPS"] = guard.uvicorn_proxies(get_settings().trusted_proxies)
     start_housekeeping()  # expired jobs' files and old temp files, on a schedule
-    demo.queue(default_concurrency_limit=2)
+    # api_open=False: the direct routes (/run/, /api/) refuse queued functions, so every call of
+    # one waits its turn under the queue's concurrency limits
+    demo.queue(default_concurrency_limit=2, api_open=False)
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(guard.RateGate, blocks=demo)]
     opts: dict[str, Any] = {
         "theme": THEME,
         "css": CSS,
-        "max_file_size": get_settings().max_image_bytes,
+        "max_file_size": guard.max_upload_bytes(),  # a batch zip; a photo is held to the image limit
         "footer_links": ["api"],
         "app_kwargs": app_kwargs,
     }

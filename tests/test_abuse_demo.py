@@ -337,22 +337,3 @@ def test_owner_from_cookie_token_or_session():
     assert guard.owner_of(browser) == "client:" + "ab" * 16  # survives a refresh: the cookie stays
     assert guard.owner_of(Req(session_hash="s1")) != guard.owner_of(Req(session_hash="s2"))
     assert guard.owner_of(Req(cookies={guard.CLIENT_COOKIE: "<script>"})) == guard.owner_of(Req())
-
-
-@pytest.mark.parametrize(
-    ("path", "kind"),
-    [
-        ("/gradio_api/call/infer", "infer"),
-        ("/gradio_api/call/v2/infer/", "infer"),
-        ("/gradio_api/run/run", "infer"),
-        ("/gradio_api/call/batch_submit", "jobs"),
-        ("/gradio_api/api/bench_submit", "jobs"),
-        ("/gradio_api/call/batch_status", "status"),
-        ("/gradio_api/call/anything_else", "status"),
-    ],
-)
-def test_every_rest_route_counts_against_its_endpoints_limit(path, kind):
-    """The REST routes (/call, /run, /api, /call/v2) are counted like the queue's calls."""
-    from demo.guard import RateGate
-
-    assert RateGate(None)._kind(path, b"") == kind

@@ -4,7 +4,8 @@ Torch-free; used by the demo (each request) and by `arrcoc submit/job`. docs/sec
 this protects and what it does not.
 
 - **Token** (`ARRCOC_API_TOKEN`): when set, the job kinds in `ARRCOC_TOKEN_SCOPE` need it. It is
-  compared in constant time and never stored: jobs and Redis hold only its SHA-256.
+  compared in constant time and never stored: jobs and Redis hold only its SHA-256. Without a
+  token, benchmarks are closed unless `ARRCOC_OPEN_BENCHMARKS` opens them to anyone.
 - **Owner**: every job made through the demo or the CLI records who made it — the token's hash,
   or else the browser (a random id in a cookie) or the Gradio session. Another owner asking for
   that id gets "No job", the same answer as for an id never issued.
@@ -46,6 +47,12 @@ def check_token(settings: Settings, kind: str, given: object) -> str | None:
         raise AccessDenied(
             f"{kind.capitalize()} jobs on this server need the API token (ARRCOC_API_TOKEN):"
             " enter it in the token field, or send it in the X-Arrcoc-Token header."
+        )
+    if kind == "bench" and not expected and not settings.open_benchmarks:
+        raise AccessDenied(
+            "Benchmarks are closed on this server: a benchmark holds the device for minutes, and no"
+            " API token says who may run one. The operator opens them with ARRCOC_API_TOKEN (token"
+            " holders benchmark) or ARRCOC_OPEN_BENCHMARKS=1 (anyone)."
         )
     return None
 
