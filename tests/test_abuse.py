@@ -427,8 +427,10 @@ def test_jobs_are_visible_only_to_their_owner(settings):
 def test_token_checks_and_rate_limit():
     from arrcoc.service.access import RateLimiter, anonymous_owner, check_token, token_owner
 
-    open_ = default_settings()
+    open_ = default_settings(open_benchmarks=True)
     assert check_token(open_, "bench", None) is None
+    with pytest.raises(AccessDenied, match="Benchmarks are closed"):  # no token, not opened: closed
+        check_token(default_settings(), "bench", None)
     s = default_settings(api_token="t" * 20, token_scope=("bench",))
     assert check_token(s, "batch", "") is None  # batch jobs open on this server
     with pytest.raises(AccessDenied, match="need the API token"):
