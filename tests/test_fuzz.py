@@ -65,6 +65,35 @@ def test_parse_manifest_gives_text_rows_or_a_clear_error(raw, name, default):
 
 
 @FAST
+@given(
+    st.text(max_size=300),
+    st.sampled_from(["manifest.csv", "manifest.jsonl"]),
+    st.integers(1, 4),
+)
+def test_a_manifest_read_from_the_zip_a_line_at_a_time_reads_as_its_text(raw, name, limit):
+    """The zip's manifest is decompressed and decoded a piece at a time: the same rows, or the same
+    error, as its whole text gives; never more rows than the item limit."""
+    assume(not raw.startswith("\ufeff"))  # a BOM is the file's, not the text's
+    try:
+        data = raw.encode()
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 file holds it
+        assume(False)
+
+    def outcome(read):
+        try:
+            return read()
+        except InvalidInputError as e:
+            return str(e)
+
+    with zipfile.ZipFile(io.BytesIO(make_zip({name: data}))) as zf:
+        s = default_settings(max_batch_items=limit)
+        streamed = outcome(lambda: archive._read_manifest(zf, zf.getinfo(name), "q", s))
+    whole = outcome(lambda: archive.parse_manifest(raw, name, "q", 500, limit))
+    assert streamed == whole
+    assert isinstance(whole, str) or len(whole) <= limit
+
+
+@FAST
 @given(st.lists(st.fixed_dictionaries({"file": anything, "query": anything}), min_size=1, max_size=5))
 def test_jsonl_values_of_the_wrong_type_are_refused_not_converted(rows):
     import json
