@@ -10,6 +10,8 @@ args=()
 for a in "$@"; do
   if [ "$a" = --quick ]; then args+=(-m quick); else args+=("$a"); fi
 done
+# as root, Debian's chromium (the browser tests), docker-compose (tests/test_compose.py checks
+# compose.yaml with it) and redis-server (a Redis of the session's own when none answers)
 if [ "$(id -u)" = 0 ] && { ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null \
     || ! command -v redis-server >/dev/null; }; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose redis-server >/dev/null
