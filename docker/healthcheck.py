@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Container healthchecks. `arrcoc-healthcheck worker`: each of this container's Celery processes
-answers a ping over the broker and, in a worker group, every engine process (every device's)
-answers one of them. `arrcoc-healthcheck demo`: the demo answers HTTP on its port and, with a
-broker (ARRCOC_BROKER_URL), a worker answers a ping over it."""
+answers a ping over the broker and reports nothing that stops it serving (a model that cannot
+load, a job data directory it cannot read: printed), and, in a worker group, every engine process
+(every device's) answers one of them. `arrcoc-healthcheck demo`: the demo answers HTTP on its port
+and, with a broker (ARRCOC_BROKER_URL), a worker answers a ping over it."""
 
 import os
 import socket
@@ -18,12 +19,23 @@ def worker() -> int:
     from worker.group import count_gpus, node_name  # no torch here: the naming and counting rules
 
     processes = int(os.environ.get("ARRCOC_WORKER_PROCESSES", "1"))
-    grouped = processes > 1 or bool(os.environ.get("ARRCOC_DEVICES", "").strip())  # as `arrcoc worker` decides
+    grouped = processes > 1 or bool(
+        os.environ.get("ARRCOC_DEVICES", "").strip()
+    )  # as `arrcoc worker` decides
     name = f"arrcoc@{socket.gethostname()}"
-    names = [node_name(name, i) for i in range(1, processes * _devices(count_gpus) + 1)] if grouped else [name]
+    names = (
+        [node_name(name, i) for i in range(1, processes * _devices(count_gpus) + 1)] if grouped else [name]
+    )
     replies = app.control.ping(destination=names, timeout=5.0)
     if len(replies) != len(names):
         print(f"unhealthy: {len(replies)} of {len(names)} Celery processes answered", file=sys.stderr)
+        return 1
+    # a process that answers may still be unable to serve: its model did not load, or it cannot
+    # read the jobs' data directory (worker/state.py)
+    health = app.control.broadcast("arrcoc_health", destination=names, reply=True, timeout=10.0)
+    problems = [f"{node}: {p}" for reply in health for node, ps in reply.items() for p in ps]
+    if problems:
+        print("unhealthy: " + "; ".join(problems), file=sys.stderr)
         return 1
     if not grouped:
         return 0  # the engine is inside the one Celery process that answered

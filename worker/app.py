@@ -57,7 +57,7 @@ configure(get_settings())
 @signals.worker_process_init.connect
 def _warm_child(**_) -> None:  # prefork child: after the fork, before the first task
     state.reset()  # (the parent started the reaper in celeryd_after_setup)
-    state.host().warm()
+    state.warm()
 
 
 @signals.celeryd_after_setup.connect
@@ -66,12 +66,12 @@ def _warm_before_consuming(sender=None, instance=None, **_) -> None:
     message sits unacknowledged behind a cold engine (past the visibility timeout it would be
     delivered again while still running). Every worker's main process also starts the reaper of
     expired jobs' files (the data store is shared; sweeping twice is harmless)."""
-    state.on_start()
+    state.on_start(sender)
     cls = getattr(instance, "pool_cls", "")
     pool = f"{getattr(cls, '__module__', '')}.{getattr(cls, '__name__', cls)}".lower()
     if "prefork" in pool or "processes" in pool:
         return  # children build their own (worker_process_init); this parent must stay CUDA-free
-    state.host().warm()
+    state.warm()  # a model that cannot load is reported (arrcoc_health), and the worker stays up
 
 
 @signals.task_received.connect
@@ -92,3 +92,11 @@ def arrcoc_engines(_panel) -> list[dict]:
     """`app.control.broadcast("arrcoc_engines", reply=True)`: the engines this process sends work
     to, each with whether it answers and what it has served (docker/healthcheck.py asks it)."""
     return state.engines()
+
+
+@inspect_command()
+def arrcoc_health(_panel) -> list[str]:
+    """`app.control.broadcast("arrcoc_health", reply=True)`: what stops this worker serving, in
+    words (a model that cannot load, a job data directory it cannot read); empty when healthy
+    (docker/healthcheck.py fails on any)."""
+    return state.problems()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -17,10 +18,10 @@ import threading
 import time
 from typing import Any
 
-from arrcoc.errors import ArrcocError, ServiceUnavailableError
+from arrcoc.errors import ArrcocError, EngineError, ServiceUnavailableError
 from arrcoc.request import Controls
 from arrcoc.result import RelevanceResult
-from arrcoc.service.client.queue import UNACKED_INDEX
+from arrcoc.service.client.queue import UNACKED_INDEX, problems_key
 from arrcoc.service.codec import error_to_frame, error_to_wire, result_to_frame, result_to_wire
 from arrcoc.service.host.interface import EngineHost
 from arrcoc.service.jobs import batch, bench
@@ -32,6 +33,19 @@ from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# How long a worker that cannot read a job's data holds its chunk before giving it back: a worker
+# that sees the data may take it meanwhile, and the chunk does not spin between the two.
+GIVE_BACK_WAIT_S = 2.0
+
+# A model that failed to load is tried again by the first request after this long; the requests
+# in between get the reason at once (a load with the hub out of reach takes minutes to fail).
+LOAD_RETRY_S = 300.0
+
+
+class DataUnreachable(ArrcocError):
+    """This worker cannot see a job's data (another ARRCOC_DATA_DIR, shared storage not mounted):
+    the chunk goes back to the queue for a worker that can, its items untouched."""
 
 
 def _riding_out_redis(fn, waits: tuple[float, ...] = (0.5, 1, 2, 4, 8, 15)):
@@ -141,6 +155,7 @@ class Heartbeat:
             self.state.raw.zadd(UNACKED_INDEX, dict.fromkeys(tags, time.time()), xx=True)
         for job_id, start, stop in chunks:
             self.state.store().chunk_alive(job_id, start, stop, self.every_s, self.resume_s)
+        self.state.publish_problems()
 
     def start(self) -> None:
         if self._thread is None:
@@ -161,8 +176,13 @@ class Heartbeat:
 class WorkerState:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
         self.settings: Settings | None = None
+        self.node = f"arrcoc@{socket.gethostname()}"  # Celery's node name, once the worker starts
         self.heartbeat = Heartbeat(self)
+        # what stops this worker serving, by kind ("model", "data"): its health check fails on them
+        self._problems: dict[str, str] = {}
+        self._load_failure: tuple[float, ArrcocError] | None = None  # (when, what a request hears)
         self.reset()
 
     def configure(self, settings: Settings) -> None:
@@ -195,6 +215,58 @@ class WorkerState:
                     self._host = Runtime(s)
         return self._host
 
+    # -- health: what stops this worker serving ---------------------------------------------------
+    def warm(self) -> None:
+        """Build and warm the engine before the first task. A model that cannot load is recorded,
+        not raised: the worker stays up, answers every request with the reason at once and fails
+        its health check (`arrcoc_health`) saying why."""
+        with self._load_lock:
+            try:
+                self.host().warm()
+            except Exception as e:  # noqa: BLE001 -- whatever stops the model loading is reported
+                log.error("the model could not load: %s", e, exc_info=True)
+                error = e if isinstance(e, ArrcocError) else EngineError(f"{type(e).__name__}: {e}")
+                self._load_failure = (time.monotonic(), error)
+                self._set_problem("model", f"its model ({self.settings.variant}) could not load: {error}")
+            else:
+                self._load_failure = None
+                self._set_problem("model", None)
+
+    def loaded_host(self) -> EngineHost:
+        """The engine host with its model loaded. A load that failed lately is answered again at
+        once, with its reason; an older failure is tried again first."""
+        failure = self._load_failure
+        if failure is not None and time.monotonic() - failure[0] >= LOAD_RETRY_S:
+            self.warm()
+            failure = self._load_failure
+        if failure is not None:
+            raise type(failure[1])(str(failure[1]))
+        return self.host()
+
+    def problems(self) -> list[str]:
+        """What stops this worker serving, in words (empty: healthy)."""
+        return list(self._problems.values())
+
+    def _set_problem(self, kind: str, reason: str | None) -> None:
+        if self._problems.get(kind) == reason:
+            return
+        if reason is None:
+            self._problems.pop(kind, None)
+        else:
+            self._problems[kind] = reason
+        self.publish_problems()
+
+    def publish_problems(self) -> None:
+        """Keep this worker's problems in Redis while they last (the heartbeat renews them; a dead
+        worker's expire), where a client that hears no answer finds the reason."""
+        with contextlib.suppress(Exception):  # Redis away: the next heartbeat publishes them
+            key = problems_key(self.settings.redis_prefix, self.node)
+            if self._problems:
+                ttl = max(30, int(self.heartbeat.every_s * 3))
+                self.raw.set(key, json.dumps(self.problems()), ex=ttl)
+            else:
+                self.raw.delete(key)
+
     def engines(self) -> list[dict[str, Any]]:
         """The engines this process sends work to, each with whether it answers (the health check)."""
         from arrcoc.service.host.engine_process import EngineClient
@@ -217,12 +289,13 @@ class WorkerState:
         self.store()
         return self._raw
 
-    def on_start(self) -> None:
-        """Once per worker: the reaper of expired jobs' files, and the API token's hash where
-        `arrcoc submit/job` checks tokens (arrcoc.service.access)."""
+    def on_start(self, node: str | None = None) -> None:
+        """Once per worker (`node`: its Celery node name): the reaper of expired jobs' files, and
+        the API token's hash where `arrcoc submit/job` checks tokens (arrcoc.service.access)."""
         from arrcoc.service.access import publish_token
         from arrcoc.service.jobs.files import Reaper, sweep_unreachable
 
+        self.node = node or self.node
         self.heartbeat.start()
         if getattr(self, "_reaper", None) is None:
             # expired jobs' files, and those of jobs nobody can fetch (Redis lost their records)
@@ -236,6 +309,8 @@ class WorkerState:
 
     def close(self) -> None:
         self.heartbeat.stop()
+        self._problems.clear()
+        self.publish_problems()
         if getattr(self, "_reaper", None) is not None:
             self._reaper.stop()
         if self._host is not None:
@@ -291,7 +366,7 @@ class WorkerState:
                     "The image expired before a worker picked it up (queue too long); submit again."
                 )
             # decoded once, where it is resized (a bad image raises ImageError there)
-            result = self.host().infer(data, query, Controls.from_wire(controls), timeout, backend)
+            result = self.loaded_host().infer(data, query, Controls.from_wire(controls), timeout, backend)
             # the task thread's own CPU (waits excluded) and its wall time: a client's latency minus
             # task_wall_ms is what the queue, Celery and the result's way back cost
             task = {
@@ -327,14 +402,38 @@ class WorkerState:
         except Exception:  # noqa: BLE001 -- Redis blinked or the job is gone: the chunk says so itself
             return job_id
 
+    def check_job_data(self, job_id: str) -> None:
+        """DataUnreachable, after GIVE_BACK_WAIT_S, when a live job's folder is not in this worker's
+        data directory (recorded as this worker's problem until it sees a job's folder again); a
+        job that is over or unknown goes on to run_chunk, which says so."""
+        s = self.settings
+        folder = job_dir(s, job_id)
+        if os.access(folder, os.R_OK | os.W_OK | os.X_OK):
+            self._set_problem("data", None)
+            return
+        try:
+            if JobState(self.store().record(job_id)["state"]).finished:
+                return
+        except Exception:  # noqa: BLE001 -- an unknown job, Redis away: run_chunk says what is wrong
+            return
+        reason = (
+            f"it cannot read batch jobs' data: {folder} is not there or not readable (ARRCOC_DATA_DIR="
+            f"{s.data_dir}; is the shared job data directory mounted here?); it gives their chunks back"
+        )
+        self._set_problem("data", reason)
+        log.error("batch job %s: %s", job_id, reason)
+        time.sleep(GIVE_BACK_WAIT_S)
+        raise DataUnreachable(reason)
+
     def batch_chunk(self, job_id: str, start: int, stop: int) -> dict[str, Any]:
         s = self.settings
+        self.check_job_data(job_id)
         with self.chunk_gate.turn(self._owner(job_id)):
             deadline = time.monotonic() + s.task_time_limit_s  # from its turn: waiting is not working
             try:
                 with self.heartbeat.chunk(job_id, start, stop):
                     out = _riding_out_redis(
-                        lambda: self.host().run_chunk(job_id, start, stop, self.store(), deadline)
+                        lambda: self.loaded_host().run_chunk(job_id, start, stop, self.store(), deadline)
                     )
             except TRANSPORT_ERRORS:
                 raise  # Redis or the engine process gone: the chunk is tried again
@@ -377,4 +476,6 @@ class WorkerState:
                     lock.release()
 
         with self.chunk_gate.turn(self._owner(job_id)):
-            return _riding_out_redis(lambda: bench.run_bench_job(job_id, self.host(), store, s, device_lock))
+            return _riding_out_redis(
+                lambda: bench.run_bench_job(job_id, self.loaded_host(), store, s, device_lock)
+            )

@@ -3,10 +3,13 @@ over worker/state.py. New parameters get defaults so queued messages keep workin
 
 from __future__ import annotations
 
+from celery.exceptions import Reject
+
 from arrcoc.errors import ServiceUnavailableError
 from arrcoc.service.client.queue import TASK_BENCH, TASK_CHUNK, TASK_INFER
 
 from .app import app, state
+from .state import DataUnreachable
 
 # transient: Redis blinked. Retried with exponential backoff and jitter.
 _TRANSIENT = dict(
@@ -35,7 +38,10 @@ def infer(
 # job state lives in the job store: chunk and bench results are not kept in the result backend
 @app.task(name=TASK_CHUNK, bind=True, ignore_result=True, **_TRANSIENT)
 def batch_chunk(self, job_id: str, start: int, stop: int) -> dict:
-    return state.batch_chunk(job_id, start, stop)
+    try:
+        return state.batch_chunk(job_id, start, stop)
+    except DataUnreachable as e:  # back to the queue for a worker that sees the data; no attempt counted
+        raise Reject(str(e), requeue=True) from e
 
 
 @app.task(name=TASK_BENCH, bind=True, ignore_result=True, **_TRANSIENT)

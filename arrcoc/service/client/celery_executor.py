@@ -8,6 +8,7 @@ Every call has a timeout: a dead Redis or no worker gives ServiceUnavailableErro
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -22,7 +23,15 @@ from ..jobs import batch, bench
 from ..jobs.store import RedisJobStore, redis_client
 from ..jobs.types import BenchRequest, JobState
 from .executor import Executor
-from .queue import PRIORITY_CHUNK, PRIORITY_INFER, TASK_BENCH, TASK_CHUNK, TASK_INFER, client_app
+from .queue import (
+    PRIORITY_CHUNK,
+    PRIORITY_INFER,
+    TASK_BENCH,
+    TASK_CHUNK,
+    TASK_INFER,
+    client_app,
+    problems_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +119,33 @@ class CeleryExecutor(Executor):
                     return popped[1]
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             raise _unavailable(e, "Lost the result") from e
+        problems = self.worker_problems()
+        if problems:  # a worker runs but cannot serve: that, not "busy", is the reason
+            raise ServiceUnavailableError(
+                f"No worker answered within {timeout:.0f} s. " + " ".join(f"{p}." for p in problems)
+            )
         raise ServiceUnavailableError(
             f"No worker answered within {timeout:.0f} s; the workers are busy or not running. Try again."
         )
+
+    def worker_problems(self) -> list[str]:
+        """What stops running workers serving, in words ("Worker arrcoc@host: its model ... could
+        not load: ..."), as they report it (worker/state.py); empty when none does."""
+        import redis
+
+        s = self.settings
+        try:
+            keys = sorted(self.raw.scan_iter(problems_key(s.redis_prefix), count=1000))
+            values = self.raw.mget(keys) if keys else []
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return []
+        node_at = len(problems_key(s.redis_prefix, ""))
+        return [
+            f"Worker {key[node_at:].decode(errors='replace')}: {problem}"
+            for key, value in zip(keys, values, strict=True)
+            if value
+            for problem in json.loads(value)
+        ]
 
     # -- jobs --------------------------------------------------------------------------------
     def submit_batch(

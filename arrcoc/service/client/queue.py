@@ -29,6 +29,13 @@ PRIORITY_CHUNK = 6
 UNACKED_INDEX = "unacked_index"
 
 
+def problems_key(prefix: str, node: str = "*") -> str:
+    """Where a worker keeps what stops it serving (a model that cannot load, a job data directory it
+    cannot read) while it lasts, with a TTL its heartbeat renews: the client names the reason when
+    no answer comes. `node` "*": the pattern of every worker's."""
+    return f"{prefix}:worker-problems:{node}"
+
+
 def queue_config(settings: Settings) -> dict[str, Any]:
     """What sender and worker must agree on."""
     timeout = settings.redis_timeout_s

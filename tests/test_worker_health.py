@@ -1,0 +1,131 @@
+"""A worker that runs but cannot serve says so: its health check fails naming the reason, requests
+hear the reason at once, and batch chunks it cannot read go back to a worker that can. Real
+redis-server (its own port, AOF on), real worker processes, the real `arrcoc-healthcheck`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+from helpers import make_zip, png_bytes, result_rows, seeded_weights, wait_for
+
+from arrcoc.bench.processes import REPO, RedisServer, Worker, worker_env
+from arrcoc.errors import WeightsError
+from arrcoc.service.jobs.types import JobState
+from arrcoc.settings import default_settings
+
+HEALTHCHECK = REPO / "docker" / "healthcheck.py"
+
+
+@pytest.fixture
+def redis(tmp_path):
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def workers():
+    started: list[Worker] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+def celery_ready(worker: Worker, timeout: float = 240.0) -> Worker:
+    """Until the Celery worker consumes (it logs '<name> ready.'), whatever its engine did."""
+    wait_for(
+        lambda: " ready." in worker.text() or not worker.alive(),
+        timeout,
+        "the worker consuming",
+        every=0.5,
+    )
+    assert worker.alive(), worker.text()[-3000:]
+    return worker
+
+
+def healthcheck(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`arrcoc-healthcheck worker` as compose runs it in the worker's container (node arrcoc@<host>)."""
+    return subprocess.run(
+        [sys.executable, str(HEALTHCHECK), "worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+
+
+def test_a_model_that_cannot_load_fails_the_healthcheck_and_requests_hear_why_at_once(
+    redis, workers, tmp_path
+):
+    from arrcoc.service.client.celery_executor import CeleryExecutor
+
+    # arrcoc-clip-b16's weights come from the hub: offline and not cached, they cannot load
+    env = worker_env(redis.url, tmp_path / "data", variant="arrcoc-clip-b16") | {"HF_HUB_OFFLINE": "1"}
+    workers.append(Worker(env, tmp_path / "worker.log", concurrency=3, name="arrcoc@%h"))
+    celery_ready(workers[0])
+
+    check = healthcheck(env)
+    assert check.returncode == 1, (check.stdout, check.stderr)
+    assert "could not load" in check.stderr and "arrcoc-clip-b16" in check.stderr, check.stderr
+    assert "arrcoc-texture" in check.stderr, "the reason names the variant that works offline"
+
+    ex = CeleryExecutor(default_settings(broker_url=redis.url, data_dir=tmp_path / "data"))
+    try:
+        for _ in range(3):
+            t0 = time.monotonic()
+            with pytest.raises(WeightsError, match="Could not load CLIP weights") as err:
+                ex.infer(png_bytes(1), "a cat", timeout=60)
+            assert time.monotonic() - t0 < 10, "the request waited instead of hearing the reason"
+            assert "No worker answered" not in str(err.value)
+        assert any("could not load" in p for p in ex.worker_problems()), ex.worker_problems()
+    finally:
+        ex.close()
+    # the load is not tried again for every request: the reason recorded at start is answered
+    assert workers[0].text().count("the model could not load") == 1
+
+
+def test_a_worker_that_cannot_read_a_jobs_data_gives_its_chunks_back_and_says_why(redis, workers, tmp_path):
+    from arrcoc.service.client.celery_executor import CeleryExecutor
+
+    weights = str(seeded_weights(tmp_path / "w.safetensors"))
+    settings = {"weights": weights, "buckets": "[1,2,4]", "batch_chunk_items": "4"}
+    good_dir, wrong_dir = tmp_path / "shared-data", tmp_path / "not-mounted"
+    wrong_env = worker_env(redis.url, wrong_dir, **settings)
+    # the worker with the wrong data directory runs alone first: every chunk reaches it
+    wrong = Worker(wrong_env, tmp_path / "wrong.log", concurrency=3, name="arrcoc@%h")
+    workers.append(wrong)
+    wrong.ready(timeout=240)
+    ex = CeleryExecutor(
+        default_settings(broker_url=redis.url, data_dir=good_dir, weights=weights, batch_chunk_items=4)
+    )
+    try:
+        total = 24
+        job = ex.submit_batch(make_zip({f"{i:02d}.png": png_bytes(i) for i in range(total)}), "the sky")
+        wait_for(lambda: wrong.text().count("gives their chunks back") >= 2, 120, "chunks given back")
+        st = ex.status(job)
+        assert (st.done, st.failed) == (0, 0) and not st.state.finished, st
+
+        check = healthcheck(wrong_env)
+        assert check.returncode == 1, (check.stdout, check.stderr)
+        assert "cannot read batch jobs' data" in check.stderr and str(wrong_dir) in check.stderr
+        assert any("cannot read batch jobs' data" in p for p in ex.worker_problems())
+
+        good = Worker(worker_env(redis.url, good_dir, **settings), tmp_path / "good.log", concurrency=3)
+        workers.append(good)
+        good.ready(timeout=240)
+        st = wait_for(lambda: (s := ex.status(job)).state.finished and s, 240, "the job finished")
+        assert (st.state, st.done, st.failed) == (JobState.DONE, total, 0), st
+        with zipfile.ZipFile(ex.batch_results(job)) as zf:
+            rows = result_rows(zf)
+        assert sorted(r["index"] for r in rows) == list(range(total)) and all(r["ok"] for r in rows)
+        assert wrong.alive() and good.alive()
+        assert healthcheck(wrong_env).returncode == 1, "still unhealthy: it still cannot read the data"
+    finally:
+        ex.close()
+    assert not os.path.exists(wrong_dir / "jobs" / job), "the wrong worker wrote nothing of the job"
