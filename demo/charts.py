@@ -123,7 +123,10 @@ def _grouped_bars(
     log_y: bool = False,
     reference: float | None = None,
 ) -> go.Figure:
-    """Bars grouped by bucket, one per backend other than eager (eager is the reference)."""
+    """Bars grouped by bucket, one per backend other than eager (eager is the reference). A report
+    without this value (a timing-only report has no parity) gets the empty chart, not an error."""
+    if value not in df.columns:
+        return empty(title, "This report does not measure it.")
     df = df[df["backend"] != "eager"].dropna(subset=["bucket", value]) if len(df) else df
     if log_y and len(df):
         df = df[df[value] > 0]

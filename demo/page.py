@@ -18,7 +18,7 @@ CSS = """
 .arr-progress span {position:absolute; inset:0; text-align:center; font-size:0.85em; line-height:22px;}
 .arr-caption {color: var(--body-text-color-subdued); font-size: 0.9em;}
 .arr-match {padding:8px 12px; border-radius:8px; font-size:0.95em; border:1px solid var(--border-color-primary);}
-.arr-match-ok {background: rgba(22,163,74,0.10); border-color: rgba(22,163,74,0.5);}
+.arr-match-unsure {background: rgba(99,102,241,0.08); border-color: rgba(99,102,241,0.45);}
 .arr-match-weak {background: rgba(245,158,11,0.16); border-color: rgba(217,119,6,0.7);}
 .arr-match-none {color: var(--body-text-color-subdued);}
 .arr-gallery {display:grid; grid-template-columns:repeat(auto-fill, minmax(220px, 1fr)); gap:12px;}

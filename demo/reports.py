@@ -201,20 +201,16 @@ def report_markdown(report: dict[str, Any] | None, source: str) -> str:
         if env.get(k)
     ]
     rec = report.get("recompiles_after_warmup")
-    tail = f" · recompiles after warmup: **{rec}**" if rec is not None else ""
+    if rec is not None:
+        bits.append(f"recompiles after warmup: **{rec}**")
     elsewhere = (
         " — **on another machine**: this one may be much faster or slower; a benchmark run here "
         "(above, or `arrcoc bench`) is listed first and shown instead."
         if source.startswith("Stored report")
         else ""
     )
-    return (
-        f"**{source}**, {measured_on(report)}{elsewhere}\n\n"
-        f"<span class='arr-caption'>schema {report.get('schema', '?')} · "
-        + " · ".join(bits)
-        + tail
-        + "</span>"
-    )
+    versions = " · ".join([f"schema {report.get('schema', '?')}", *bits])
+    return f"**{source}**, {measured_on(report)}{elsewhere}\n\n<span class='arr-caption'>{versions}</span>"
 
 
 def report_files(report: dict[str, Any], stem: str) -> list[str]:

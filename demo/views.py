@@ -129,9 +129,26 @@ def position_only(query: str) -> bool:
     return bool(words) and all(w in POSITION_WORDS for w in words)
 
 
+# what a score at or above WEAK_MATCH can and cannot say: the line was checked on synthetic scenes
+# only, and on photos queries for things that are not there score above it too
+UNCALIBRATED = (
+    "Not calibrated on photos: the {line} line was checked on synthetic scenes, and on a photo a thing "
+    "that is not there can score above it (“the text” does on a cat photo with no text)."
+)
+
+
+def _knows(variant: str) -> str:
+    """What the served model can match on a photo, in a few words (docs/model.md's model cards)."""
+    if variant.startswith("arrcoc-texture"):
+        return " This model matches colours, edges, positions and text-like marks, not kinds of objects:"
+    return ""
+
+
 def match_html(r: RelevanceResult | None) -> str:
-    """The match score, what it measures, and what a weak one means for this map: the bright cells
-    are still the photo's best candidates, not a confirmed find (nor noise)."""
+    """The match score, what it measures, and what it means for this map: a weak one says that no
+    cell resembles the query closely (the bright cells are still the photo's best candidates); a
+    higher one is a possible match, not a confirmed find, since the score is not calibrated on
+    photos (said here, beside the number, not only in the About section)."""
     if r is None:
         return '<div class="arr-match arr-match-none">Match score: run the model to see how well the query matches.</div>'
     if r.match_score is None:
@@ -139,9 +156,10 @@ def match_html(r: RelevanceResult | None) -> str:
     q = escape(r.query)
     if not r.weak_match:
         return (
-            f'<div class="arr-match arr-match-ok"><b>Match score: {r.match_score:.2f}</b> '
-            f"(a match from {WEAK_MATCH:.2f} up; comparable across photos). “{q}” matches something here: "
-            "the map's bright cells are where.</div>"
+            f'<div class="arr-match arr-match-unsure"><b>Match score: {r.match_score:.2f} — a possible match</b> '
+            f"(a match starts at {WEAK_MATCH:.2f}): a cell here resembles “{q}” to this model. "
+            f"{UNCALIBRATED.format(line=f'{WEAK_MATCH:.2f}')}{_knows(r.variant)} "
+            "check the bright cells against the photo.</div>"
         )
     where = (
         f" “{q}” names a place, not a thing: the score rates what is in a cell, not where it is, so position "
@@ -174,7 +192,8 @@ def summary_markdown(r: RelevanceResult) -> str:
     match = (
         "n/a"
         if r.match_score is None
-        else f"**{r.match_score:.2f}**" + (" (**weak match**)" if r.weak_match else "")
+        else f"**{r.match_score:.2f}**"
+        + (" (**weak match**)" if r.weak_match else " (a possible match; not calibrated on photos)")
     )
     weights = " · ".join(f"{n} **{w:.2f}**" for n, w in zip(SCORER_NAMES, r.balance, strict=True))
     top = ", ".join(_cell(int(i), r.grid) for i in r.selected[:3])

@@ -62,9 +62,20 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    with serve(tmp_path_factory.mktemp("browser-data")) as url:
-        yield url
+def local_reports(tmp_path_factory) -> Path:
+    """This machine's benchmark reports (what `arrcoc bench` wrote here): none until a test adds one."""
+    return tmp_path_factory.mktemp("bench-out")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory, local_reports):
+    from demo import reports
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reports, "LOCAL_DIR", local_reports)
+        mp.setenv("ARRCOC_OPEN_BENCHMARKS", "1")  # the Benchmark tab's job runs without a token
+        with serve(tmp_path_factory.mktemp("browser-data")) as url:
+            yield url
 
 
 @pytest.fixture(scope="module")
@@ -254,9 +265,53 @@ def test_examples_and_model_note(page):
     page.locator("#model-note").get_by_text("About the model").first.click()
     limit = page.get_by_text(re.compile("^LIMIT"))
     assert limit.first.is_visible(), "the example that shows the model's limit is not labelled"
-    page.get_by_text("colour · the black one (pupils)", exact=True).first.click()
+    before = (
+        page.locator("#relevance-map img").get_attribute("src")
+        if page.locator("#relevance-map img").count()
+        else None
+    )
+    page.get_by_text("colour · the black one (pupils)", exact=True).first.click()  # no Run pressed
     page.wait_for_function("() => document.querySelector('#query textarea')?.value === 'the black one'")
-    shot(page, "08-example-loaded", full=False)
+    # the empty state says "press Run — or click an example": the click runs it, every view included
+    page.wait_for_function(
+        "(s) => { const i = document.querySelector('#relevance-map img'); return i && i.complete && i.naturalWidth > 0"
+        " && i.getAttribute('src') !== s && (document.querySelector('#summary')?.innerText || '').includes('the black one'); }",
+        arg=before,
+        timeout=180_000,
+    )
+    page.wait_for_function(
+        "() => (document.querySelector('#views-status')?.innerText || '').includes('All views are drawn for “the black one”')",
+        timeout=120_000,
+    )
+    page.wait_for_timeout(1_000)  # the new photo's reset must not land after the run and wipe it
+    assert "the black one" in page.locator("#summary").inner_text()
+    assert re.search(r"[Mm]atch( score)?: \d\.\d\d", page.locator("#match").inner_text())
+    assert heatmap_pixels(page).std() > 5, "the example's heatmap is blank"
+    page.locator("#results").scroll_into_view_if_needed()
+    shot(page, "08-example-clicked-and-run")
+
+
+def test_a_score_above_the_line_on_a_photo_is_a_possible_match_said_beside_it(page, examples_dir):
+    """ "the text" on the cat photo scored 0.69 and was shown in green as a match "comparable across
+    photos": now a possible match, not green, with the caveat in the same box as the number."""
+    page.locator("#photo input[type=file]").set_input_files(str(examples_dir / "chelsea.jpg"))
+    page.wait_for_selector("#photo img")
+    run_query(page, "the text")
+    box = page.locator("#match .arr-match")
+    said = box.inner_text()
+    assert re.search(r"Match score: \d\.\d\d — a possible match", said), said
+    assert "Not calibrated on photos" in said and "comparable across photos" not in said, said
+    red, green, blue = (
+        float(c) for c in re.findall(r"[\d.]+", box.evaluate("e => getComputedStyle(e).backgroundColor"))[:3]
+    )
+    assert not (green > red + 20 and green > blue + 20), (
+        "a possible match is painted as a confirmed (green) one"
+    )
+    assert box.is_visible() and in_viewport(page, "#match")
+    shot(page, "09-possible-match-the-text-on-the-cat", full=False)
+    page.locator("#match-views").scroll_into_view_if_needed()
+    assert "Not calibrated on photos" in page.locator("#match-views").inner_text()  # above every view too
+    shot(page, "09-possible-match-above-the-views", full=False)
 
 
 def test_long_query_is_refused_in_words(page):
@@ -301,6 +356,8 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
         for p in photos:
             zf.write(p, p.name)
     open_tab(page, "#main-tabs", "Batch")
+    said = page.locator("#main-tabs [role=tabpanel]:visible").first.inner_text()
+    assert "shown only to the browser that submitted it" in said and "not in another one" in said
     page.locator("#batch-zip input[type=file]").set_input_files(str(archive))
     page.locator("#batch-query textarea").fill("the red one")
     page.locator("#batch-submit").click()
@@ -339,6 +396,19 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
     )
     assert "done" in page.locator("#batch-status").inner_text()
     shot(page, "05-batch-after-refresh")
+    other = page.context.browser.new_context(viewport=VIEWPORT)  # another browser: no cookie of ours
+    try:
+        elsewhere = other.new_page()
+        elsewhere.goto(f"{app_url}?job={job_id}")
+        elsewhere.wait_for_function(
+            "() => (document.querySelector('#batch-status')?.innerText || '').includes('whoever submitted it')",
+            timeout=45_000,
+        )
+        assert job_id in elsewhere.locator("#batch-status").inner_text()
+        elsewhere.locator("#batch-status").scroll_into_view_if_needed()
+        shot(elsewhere, "05-batch-job-from-another-browser", full=False)
+    finally:
+        other.close()
 
     open_tab(page, "#main-tabs", "Benchmark")  # a stored report measured like this server, or a clear "none"
     page.wait_for_function(
@@ -373,7 +443,7 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
         shot(page, f"06-benchmark-{name.removesuffix('.json')}", full=False)
 
 
-def test_benchmark_tab_shows_what_the_server_runs_and_names_a_new_jobs_report(page):
+def test_benchmark_tab_shows_what_the_server_runs_and_names_a_new_jobs_report(page, local_reports):
     """On load: a stored report of this server's variant on its kind of device (never an H100 report
     of another model as if it were ours), its label whole; after a job, the job's report is named in
     the dropdown and the table fits its box; the job says what it is doing while it runs."""
@@ -385,10 +455,11 @@ def test_benchmark_tab_shows_what_the_server_runs_and_names_a_new_jobs_report(pa
     )
     title = page.locator("#bench-report-title").inner_text()
     chosen = page.locator("#bench-stored input").input_value()
-    if title.startswith("Stored report"):
-        assert "device cpu" in title and "H100" not in title, (
-            title
-        )  # the test server runs arrcoc-texture on a CPU
+    if title.startswith("Stored report"):  # the test server runs arrcoc-texture on a CPU
+        assert (
+            re.search(r"measured on a CPU.* on \d{4}-\d\d-\d\d \d\d:\d\d UTC", title) and "H100" not in title
+        ), title
+        assert "on another machine" in title, title  # beside the figures: they are not this machine's
         assert chosen.startswith("arrcoc-texture · CPU — ") and chosen.endswith(".json"), chosen
         box = page.locator("#bench-stored input")
         assert box.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the report's name is cut off"
@@ -398,7 +469,48 @@ def test_benchmark_tab_shows_what_the_server_runs_and_names_a_new_jobs_report(pa
         page.locator(f"{g} input:checked").count() for g in ("#bench-backends", "#bench-buckets")
     )
     assert backends >= 2 and buckets >= 2, "the default job compares nothing (one dot, two empty panels)"
+    checked = [
+        page.locator(f"{g} input:checked").evaluate_all(
+            "bs => bs.map(b => b.closest('label').innerText.trim())"
+        )
+        for g in ("#bench-backends", "#bench-buckets")
+    ]
+    assert checked[1] == ["1", "4"], checked  # what `arrcoc bench` runs on a CPU, from the same defaults
+    iters = page.locator("#bench-iters input[type=number]").input_value()
+    assert iters == "10", iters
     shot(page, "06-benchmark-on-load", full=False)
+
+    # a report `arrcoc bench` wrote on this machine comes first, and is shown on load
+    import json
+
+    mine = {
+        "schema": "arrcoc-bench/1",
+        "env": {
+            "gpu": None,
+            "device": "cpu",
+            "cpu": "x86_64",
+            "cpu_count": 2,
+            "date": "2026-11-27T10:15:00+00:00",
+        },
+        "results": [
+            dict(variant="arrcoc-texture", backend="eager", bucket=1, p50_ms=157.6, speedup_vs_eager=1.0),
+            dict(variant="arrcoc-texture", backend="onnx", bucket=1, p50_ms=60.2, speedup_vs_eager=2.6),
+        ],
+    }
+    (local_reports / "bench-2026-11-27-101500-cpu.json").write_text(json.dumps(mine))
+    page.goto(page.url.split("?")[0])
+    page.wait_for_selector("#run")
+    open_tab(page, "#main-tabs", "Benchmark")
+    page.wait_for_function(
+        "() => (document.querySelector('#bench-report-title')?.innerText || '').startsWith('Run on this machine')"
+    )
+    title = page.locator("#bench-report-title").inner_text()
+    assert "2026-11-27 10:15 UTC" in title and "another machine" not in title, title
+    chosen = page.locator("#bench-stored input").input_value()
+    assert chosen == "this machine · arrcoc-texture · CPU — bench-2026-11-27-101500-cpu.json", chosen
+    assert coloured_marks(page, "#bench-latency")
+    shot(page, "06-benchmark-this-machines-report", full=False)
+    (local_reports / "bench-2026-11-27-101500-cpu.json").unlink()
     for group in ("#bench-backends", "#bench-buckets"):  # a quick job for the test: the first of each
         for box in page.locator(f"{group} input:checked").all()[1:]:
             box.uncheck()

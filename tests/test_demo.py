@@ -28,6 +28,7 @@ def client(tmp_path_factory) -> Client:
     # tests/test_abuse_demo.py)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ARRCOC_RATE_LIMIT_JOBS_PER_MIN", "60")
+        mp.setenv("ARRCOC_OPEN_BENCHMARKS", "1")  # this module runs benchmarks without a token
         with serve(tmp_path_factory.mktemp("demo-data")) as url:
             yield Client(url, verbose=False)
 
@@ -196,26 +197,33 @@ def test_a_job_asked_for_by_another_client_says_who_may_read_it(client, examples
     assert "submitted the job" in description["description"]
 
 
-def test_batch_submit_takes_an_optional_overlay_kind(client, examples_dir, tmp_path):
+def test_batch_submit_takes_an_optional_overlays_choice(client, examples_dir, tmp_path):
     """/batch_submit's fourth input: "foveated" overlays (the photo, not the map: no heatmap colours
-    over it) and a bad kind refused in words naming the choices; three inputs still mean "relevance"."""
+    over it), "relevance" (the map over the photo), and without it none (results.parquet and
+    summary.csv only; the status says so); a bad choice is refused in words naming the choices."""
     archive = tmp_path / "one.zip"
     with zipfile.ZipFile(archive, "w") as zf:
         zf.write(examples_dir / "coffee.jpg", "coffee.jpg")
-    with pytest.raises(AppError, match="relevance.*foveated"):
+    with pytest.raises(AppError, match="none.*relevance.*foveated"):
         client.predict(handle_file(str(archive)), None, "the cup", "heatmap", api_name="/batch_submit")
     pictures = {}
-    for kind in ("foveated", None):
+    for kind in ("foveated", "relevance", None):
         args = (handle_file(str(archive)), None, "the cup") + ((kind,) if kind else ())
         job_id = client.predict(*args, api_name="/batch_submit")["job_id"]
         status, results = wait_for(client, "/batch_status", job_id)
         assert status["state"] == "done", status
         with zipfile.ZipFile(results) as zf:
-            (name,) = [n for n in zf.namelist() if n.startswith("overlays/")]
+            drawn = [n for n in zf.namelist() if n.startswith("overlays/")]
+            if kind is None:
+                assert drawn == [] and status["results"]["overlays"] is None, (drawn, status)
+                assert {"results.parquet", "summary.csv"} <= set(zf.namelist())
+                continue
+            assert status["results"]["overlays"] == "overlays/"
+            (name,) = drawn
             pictures[kind] = np.asarray(Image.open(io.BytesIO(zf.read(name))).convert("RGB"), dtype=float)
     photo = np.asarray(Image.open(examples_dir / "coffee.jpg").convert("RGB"), dtype=float)
     # JPEG overlays: the foveated view stays near the photo, the heatmap blend does not
-    assert np.abs(pictures["foveated"] - photo).mean() < 0.5 * np.abs(pictures[None] - photo).mean()
+    assert np.abs(pictures["foveated"] - photo).mean() < 0.5 * np.abs(pictures["relevance"] - photo).mean()
 
 
 def test_batch_refuses_a_non_zip(client, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import gradio as gr
 
 from arrcoc.request import Controls
+from arrcoc.result import WEAK_MATCH
 from arrcoc.service.jobs.archive import MANIFEST_NAMES
 from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import OVERLAYS, Settings
@@ -129,14 +130,17 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
                 bar = gr.HTML(jobs.progress_html(None), elem_id="batch-progress")
                 status = gr.Markdown("No job yet.", elem_id="batch-status")
                 file = gr.File(
-                    label="results (.zip: overlays, results.parquet, summary.csv)",
+                    label="results (.zip: results.parquet, summary.csv and the overlays asked for)",
                     interactive=False,
                     elem_id="batch-results",
                 )
         gr.Markdown(
-            "**Results**: each overlay with its file, query, match score and most relevant cell; failed items "
-            "are listed under it with their reason.",
+            "**Results**: each overlay (without overlays: each relevance map, from results.parquet) with its "
+            "file, query, match score and most relevant cell; failed items "
+            f"are listed under it with their reason. A score from {WEAK_MATCH:.2f} up is a possible match, not "
+            "a confirmed find (the score is not calibrated on photos); below it, a weak match.",
             elem_classes="arr-caption",
+            elem_id="batch-results-caption",
         )
         gallery = gr.HTML(elem_id="batch-gallery")
         failures = gr.Markdown(elem_id="batch-failures")

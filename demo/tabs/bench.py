@@ -198,7 +198,9 @@ def build_bench_tab(settings: Settings) -> tuple:
                     label="batch buckets",
                     elem_id="bench-buckets",
                 )
-                iters = gr.Slider(1, 300, value=iters0, step=1, label="timed iterations")
+                iters = gr.Slider(
+                    1, 300, value=iters0, step=1, label="timed iterations", elem_id="bench-iters"
+                )
                 cuda_label = "cuda" if settings.broker_url or local_gpu() else "cuda (no GPU here)"
                 device = gr.Radio(
                     [("auto", "auto"), ("cpu", "cpu"), (cuda_label, "cuda")], value="auto", label="device"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
@@ -181,6 +182,7 @@ class InferenceTab:
     k: gr.Slider
     budget: gr.Slider
     backend: gr.Dropdown
+    examples: gr.Examples  # a click loads its photo and query, then runs them as Run does
 
 
 def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
@@ -199,7 +201,7 @@ def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
         info=f"up to {settings.max_query_chars} characters; colours, positions and text work best",
     )
     run = gr.Button("Run", variant="primary", elem_id="run")
-    gr.Examples(
+    examples = gr.Examples(
         [[str(EXAMPLES_DIR / f), q] for f, q, _ in EXAMPLES],
         [image, query],
         elem_id="examples",
@@ -234,7 +236,7 @@ def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
             elem_id="backend",
             info="the engine that runs the model; the Benchmark tab compares them",
         )
-    return InferenceTab(image, query, run, scales, k, budget, backend)
+    return InferenceTab(image, query, run, scales, k, budget, backend, examples)
 
 
 def build_inference_tab(settings: Settings, variant: Variant) -> tuple[InferenceTab, Views]:
@@ -256,25 +258,42 @@ def build_inference_tab(settings: Settings, variant: Variant) -> tuple[Inference
 
 def wire_inference(inp: InferenceTab, v: Views) -> None:
     state = gr.State(None)
-    ran = inp.run.click(
-        run_model,
-        [inp.image, inp.query, *inp.scales, inp.k, inp.budget, inp.backend, v.scale],
-        [*v.match, *v.overview, state, v.status],
-        api_name="run",
+    run_in = [inp.image, inp.query, *inp.scales, inp.k, inp.budget, inp.backend, v.scale]
+    run_out = [*v.match, *v.overview, state, v.status]
+    # Run and a click on an example share one queue slot ("run") and the same views after it
+    shared: dict[str, Any] = dict(
         concurrency_limit=2,
+        concurrency_id="run",
         scroll_to_output=True,
         show_progress_on=[v.match[0], v.overview[1]],
+    )
+    ran = inp.run.click(
+        run_model,
+        run_in,
+        run_out,
+        api_name="run",
         api_description="Run the model on one photo and query with the page's controls: (photo, query, information "
         "scale, perspectival scale, participatory scale, K, token budget, backend or 'server default', "
         "colour scale) -> the match score, the photo, the relevance map, the selected cells and a summary.",
+        **shared,
     )
+    # the page says "press Run — or click an example": the example's photo and query are in place
+    # when this runs (Gradio loads them first, in the click's own event)
+    ran_example = inp.examples.load_input_event.then(run_model, run_in, run_out, **shared, **PRIVATE)
     inp.query.submit(lambda: None, None, None, js="() => document.querySelector('#run').click()", **PRIVATE)
-    inp.image.change(
-        new_photo, None, [*v.match, *v.overview], show_progress="hidden", js=CLOSE_ERRORS_JS, **PRIVATE
+    inp.image.change(  # not queued: an example's run, queued after it, must not be wiped by it
+        new_photo,
+        None,
+        [*v.match, *v.overview],
+        show_progress="hidden",
+        js=CLOSE_ERRORS_JS,
+        queue=False,
+        **PRIVATE,
     )  # no stale results (or "Upload a photo first") beside it
-    ran.success(render_views, [state, v.map, v.opacity], v.rest, **PRIVATE).then(
-        run_without_query, [state, inp.image, *inp.scales[:2], inp.backend], state, **PRIVATE
-    ).then(render_impact, state, [*v.impact, v.status], **PRIVATE)
+    for event in (ran, ran_example):
+        event.success(render_views, [state, v.map, v.opacity], v.rest, **PRIVATE).then(
+            run_without_query, [state, inp.image, *inp.scales[:2], inp.backend], state, **PRIVATE
+        ).then(render_impact, state, [*v.impact, v.status], **PRIVATE)
     v.scale.change(
         set_scale, [state, v.scale], [state, v.overview[1], *v.impact[:2]], show_progress="hidden", **PRIVATE
     ).then(render_views, [state, v.map, v.opacity], v.rest, show_progress="hidden", **PRIVATE)
