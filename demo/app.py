@@ -19,7 +19,7 @@ from starlette.middleware import Middleware
 from arrcoc.service.jobs.types import JobKind
 from arrcoc.settings import get_settings
 
-from . import guard, jobs
+from . import guard, jobs, service
 from .housekeeping import start_housekeeping
 from .inputs import strict_inputs
 from .page import CSS, PRIVATE, THEME, TITLE
@@ -50,6 +50,7 @@ def build_demo() -> gr.Blocks:
     # Gradio's cache (uploads, served results) is swept on the reaper's schedule
     with gr.Blocks(title=TITLE, delete_cache=(settings.reap_interval_s, settings.temp_max_age_s)) as demo:
         gr.Markdown(intro_markdown(settings, variant))
+        notice = gr.Markdown(elem_id="worker-problems")  # filled on load when a worker cannot serve
         with gr.Accordion("About the model: what it can and cannot find", open=False, elem_id="model-note"):
             gr.Markdown(model_note(variant))
         with gr.Tabs(elem_id="main-tabs") as tabs:
@@ -61,6 +62,7 @@ def build_demo() -> gr.Blocks:
         demo.load(load_matching_report, None, [bn_stored, *bench_out], **PRIVATE)
         demo.load(None, None, None, js=guard.SET_CLIENT_COOKIE_JS, **PRIVATE)  # this browser's id: its jobs
         demo.load(on_load, None, [b_job, b_timer, bn_job, bn_timer, tabs], **PRIVATE)
+        demo.load(service.worker_notice, None, notice, **PRIVATE)
     strict_inputs(demo)  # API values of the wrong type: a clear error, never converted
     return demo
 

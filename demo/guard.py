@@ -63,6 +63,7 @@ LIMIT_KIND = {
     "load_matching_report": "status",
     "load_example": "status",
     "on_load": "status",
+    "worker_notice": "status",  # the page's warning when a worker cannot serve
     "new_photo": "status",
     "set_scale": "status",
     "render_views": "status",

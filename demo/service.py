@@ -49,6 +49,15 @@ def is_ready(backend: str) -> bool:
     return backend in _ready or bool(get_settings().broker_url)
 
 
+def worker_notice() -> str:
+    """The page's warning when a worker runs but cannot serve (its model did not load, it cannot
+    read the jobs' data): its own words. Empty without a broker (in process, a request says why)."""
+    if not get_settings().broker_url:
+        return ""
+    problems = executor().worker_problems()
+    return "**The service cannot serve every request now.** " + " ".join(problems) if problems else ""
+
+
 def infer(image: bytes, query: str, controls: Controls, backend: str | None = None) -> RelevanceResult:
     """One image + query through the executor, on the chosen backend (None: the server's default)."""
     result = executor().infer(image, query, controls, backend=backend)

@@ -61,9 +61,11 @@ def healthcheck(env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_a_model_that_cannot_load_fails_the_healthcheck_and_requests_hear_why_at_once(
-    redis, workers, tmp_path
+    redis, workers, tmp_path, monkeypatch
 ):
     from arrcoc.service.client.celery_executor import CeleryExecutor
+    from arrcoc.settings import get_settings
+    from demo import service
 
     # arrcoc-clip-b16's weights come from the hub: offline and not cached, they cannot load
     env = worker_env(redis.url, tmp_path / "data", variant="arrcoc-clip-b16") | {"HF_HUB_OFFLINE": "1"}
@@ -84,7 +86,15 @@ def test_a_model_that_cannot_load_fails_the_healthcheck_and_requests_hear_why_at
             assert time.monotonic() - t0 < 10, "the request waited instead of hearing the reason"
             assert "No worker answered" not in str(err.value)
         assert any("could not load" in p for p in ex.worker_problems()), ex.worker_problems()
+        with monkeypatch.context() as m:  # the demo's page says it too
+            m.setenv("ARRCOC_BROKER_URL", redis.url)
+            get_settings.cache_clear()
+            service.set_executor(ex)
+            notice = service.worker_notice()
+        assert "cannot serve" in notice and "Could not load CLIP weights" in notice, notice
     finally:
+        service.set_executor(None)
+        get_settings.cache_clear()
         ex.close()
     # the load is not tried again for every request: the reason recorded at start is answered
     assert workers[0].text().count("the model could not load") == 1

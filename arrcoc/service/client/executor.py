@@ -96,5 +96,10 @@ class Executor(ABC):
         if controls is not None and not isinstance(controls, Controls):
             raise InvalidInputError(f"The controls must be a Controls, got {type(controls).__name__}.")
 
+    def worker_problems(self) -> list[str]:
+        """What stops the workers behind this executor serving, in words; none in process (a
+        request there raises its own reason)."""
+        return []
+
     def close(self) -> None:  # noqa: B027 -- optional hook
         """Release connections and threads."""
