@@ -8,7 +8,8 @@
 #   scripts/gpu_bench.sh startup VARIANT... cold/warm start of compiled and onnx -> $OUT
 #   scripts/gpu_bench.sh extra              bfloat16 CLIP (eager, compiled) and its compiled start-up
 #   scripts/gpu_bench.sh e2e [ARGS...]      arrcoc bench e2e, in-process and through Celery (.whl,
-#                                           .redis, the query encoder in /tmp/mlm.part) -> $OUT
+#                                           .redis, the query encoder in /tmp/mlm.part) -> $OUT, named
+#                                           e2e-DATE-GPU-compiled-COMMIT[-inprocess|-celery] (.json .md .png .log)
 #
 # Carried packages (onnxruntime-gpu chunks, wheels): see scripts/device_env.sh.
 # ARRCOC_COMMIT names the commit under test (the device copy has no .git).
@@ -72,8 +73,14 @@ EOF
         done > "$OUT/stall-dump.txt"; nvidia-smi >> "$OUT/stall-dump.txt" ) &
       watchdog=$!
     fi
+    # a run of one half says so in its file names (a later --name replaces the whole name)
+    half=""
+    case " $* " in
+      *" --no-celery "*) half="-inprocess" ;;
+      *" --no-inprocess "*) half="-celery" ;;
+    esac
     $PY -m arrcoc bench e2e --device cuda --backend compiled --out "$OUT" \
-      --name "e2e-$DAY-$GPU-compiled-${ARRCOC_COMMIT:-unknown}" "$@" 2>&1 | tee "$OUT/e2e.log" | grep -vE "Warning|warn\("
+      --name "e2e-$DAY-$GPU-compiled-${ARRCOC_COMMIT:-unknown}$half" "$@" 2>&1 | tee "$OUT/e2e$half.log" | grep -vE "Warning|warn\("
     [ -n "${watchdog:-}" ] && kill "$watchdog" 2>/dev/null
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;

@@ -186,6 +186,30 @@ def test_peer_scripts_write_a_parquet_row_per_photo_with_the_engines_relevance(t
             np.testing.assert_allclose(row, result.relevance.reshape(-1), atol=PEER_RELEVANCE_ATOL)
 
 
+def test_the_standard_e2e_job_is_8192_photos_on_a_gpu_and_its_limits_let_it_in():
+    """On a GPU the 800x600 job runs for seconds (8,192 photos), on a CPU it keeps its size; the
+    run raises the input limits its largest zip needs (entries and bytes), and no more than that."""
+    import dataclasses
+
+    import torch
+
+    from arrcoc.bench.e2e import E2EConfig, _limits, standard_items, workload
+    from arrcoc.settings import Settings
+
+    assert standard_items(E2EConfig(), torch.device("cuda")) == 8192
+    assert standard_items(E2EConfig(), torch.device("cpu")) == 2048
+    assert standard_items(E2EConfig(items=16), torch.device("cuda")) == 16
+    cfg = dataclasses.replace(E2EConfig(), items=8192)
+    photos = workload()["jpeg_800x600"]
+    zipped = sum(len(photos[i % len(photos)]) + 100 for i in range(8192))  # + each entry's headers
+    limits = _limits(cfg)
+    assert limits["max_batch_items"] == 8192 and limits["max_archive_entries"] > 8192
+    assert limits["max_archive_bytes"] >= zipped and limits["max_unpacked_bytes"] >= zipped
+    Settings(**limits)  # values the settings accept
+    defaults = _limits(dataclasses.replace(cfg, items=16, large_items=0, png_items=0))
+    assert defaults["max_archive_bytes"] == Settings.model_fields["max_archive_bytes"].default
+
+
 def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(tmp_path):
     """`arrcoc bench e2e` on CPU, in-process, a tiny workload: every batch item and every request
     succeeds, each stage is timed, and the report compares the job with the engine alone timed
@@ -221,7 +245,8 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     assert ratio["against_mean"] == round(job["images_per_s"] / mean, 3)
     assert ratio["against_faster"] <= ratio["against_mean"]
     alone = report["stages_alone"]  # the job's other stages alone: what one process cannot outrun
-    assert {"decode", "overlays", "decode_interactive"} <= set(alone) and "decode_12mp" not in alone
+    assert {"decode", "decode_pixels", "overlays", "decode_interactive"} <= set(alone)
+    assert "decode_12mp" not in alone
     assert (
         all(a["images_per_s"] > 0 for a in alone.values())
         and alone["overlays"]["batch"] == alone["decode"]["batch"]
@@ -244,21 +269,33 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     assert f"no files, rows or job store): **{steps['images_per_s']} images/s**" in text
     assert (
         f"**{ratio['against_mean']}** against the mean" in text
-        and "| inprocess | jpeg_800x600 | 16 (0 failed)" in text
+        and "| inprocess | jpeg_800x600 | 16 (0 failed) | relevance |" in text
     )
     assert " / ".join(str(r["throughput_rps"]) for r in rounds) in text
     assert f"[{' / '.join(str(r['images_per_s']) for r in jobs)}]" in text
     bare = report["batch_inprocess"]["jpeg_800x600_no_overlays"]  # the job without overlays, its own row
     assert bare["items"] == bare["rows"] == 16 and bare["failed"] == 0
+    # each row's job asked for what its name says: the relevance row drew a picture per photo, the other none
+    assert job["overlays"] == "relevance" and job["pictures"] == 16
+    assert bare["overlays"] == "none" and bare["pictures"] == 0
     peers = report["peers"]  # the hand-written scripts, on the same photos, each writing every row
     assert set(peers) == {"dataloader", "batched"}
     assert all(p["items"] == p["rows"] == 16 and p["images_per_s"] > 0 for p in peers.values()), peers
+    assert all(
+        f"- {k}: **{p['images_per_s']} images/s**, 16 rows. {p['does']}." in text for k, p in peers.items()
+    )
+    assert text.splitlines()[0].startswith(f"# End to end — {report['env']['date'][:10]}, ")
+    assert f"torch {report['env']['torch']}" in text and f"pyarrow {report['env']['pyarrow']}" in text
+    assert (
+        "Command: `python -m arrcoc bench e2e --device cpu --backend eager --items 16 --large-items 0"
+        " --png-items 0 --requests 8 --clients 2 --no-celery`" in text
+    )
     best = report["job_over_best_peer"]
     fastest = max(p["images_per_s"] for p in peers.values())
     assert best["overlays"] == round(job["images_per_s"] / fastest, 3) and "no_overlays" in best
     assert (
         f"**{best['overlays']}x**" in text
-        and "| inprocess | jpeg_800x600_no_overlays | 16 (0 failed)" in text
+        and "| inprocess | jpeg_800x600_no_overlays | 16 (0 failed) | none |" in text
     )
     paths = write(report, tmp_path / "e2e")
     assert json.loads(paths[0].read_text())["job_over_engine_alone"] == ratio

@@ -7,9 +7,9 @@ JPEG, plus PNGs) through the project's own executors:
   decode, engine, render + encode, write; the job runner's own accounting);
 - the engine alone on the same items at the same batch size, for comparison, and the job's other
   stages each alone on one thread (decoding, overlays), which bound a job in one process;
-- two hand-written peer scripts on the same 800x600 photos and model (arrcoc.bench.peers: a
-  DataLoader with Pillow workers, and one process decoding a batch at a time), beside the job
-  with and without overlays;
+- two peer scripts as a competent user writes them, on the same 800x600 photos and model
+  (arrcoc.bench.peers: a DataLoader with Pillow worker processes; one process with a read-ahead
+  thread and batched nvJPEG decoding), beside the job with and without overlays;
 - interactive requests: p50/p99 with 1 caller, throughput and p50/p99 with 32 concurrent callers,
   with the per-request split the results carry (decode + resize, engine, the rest);
 - all of it in-process and through Celery (a redis-server and an `arrcoc worker` started here).
@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import io
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -81,7 +82,8 @@ class E2EConfig:
     # random weights of its real shapes ("random": same speed, nothing downloaded; the report says so)
     weights: str | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16, as ARRCOC_DTYPE (auto: bfloat16 for CLIP on a GPU)
-    items: int = 2048  # 800x600 JPEGs in the batch job
+    # 800x600 JPEGs in the batch job; None: ITEMS for the device (a GPU's job runs for seconds)
+    items: int | None = None
     large_items: int = 256  # 4032x3024 JPEGs (12 MP)
     png_items: int = 128  # 800x600 PNGs
     requests: int = 2048  # interactive requests with one caller (at most 256) and, twice as many, with many
@@ -102,6 +104,12 @@ class E2EConfig:
     # round of median req/s or images/s, every round listed beside it (runs of the same code minutes
     # apart differ on a lent machine: BENCHMARKS.md)
     rounds: int = 3
+
+
+# what the zip of the largest job may take per item: well above any of the workload's 800x600 JPEGs
+ZIPPED_ITEM_BYTES = 256 * 1024
+# the standard 800x600 job per device type: seconds of work on a GPU, minutes on a small CPU
+ITEMS = {"cuda": 8192, "cpu": 2048}
 
 
 # -- the workload ---------------------------------------------------------------------------------
@@ -137,6 +145,9 @@ def workload() -> dict[str, list[bytes]]:
         "jpeg_4032x3024": [_encode(_fit(p, 4032, 3024), "JPEG") for p in photos[:4]],
         "png_800x600": [_encode(_fit(p, 800, 600), "PNG") for p in photos[:4]],
     }
+
+
+EXTENSIONS = {"jpeg_800x600": ".jpg", "jpeg_4032x3024": ".jpg", "png_800x600": ".png"}
 
 
 def _zip(images: list[bytes], n: int, ext: str) -> bytes:
@@ -197,12 +208,13 @@ class GpuBusy:
 
 
 def batch_job(
-    ex, archive: bytes, n: int, device: torch.device, query: str = "the red one", devices: int = 1
+    ex, archive: bytes, n: int, device: torch.device, overlays: str, devices: int = 1
 ) -> dict[str, Any]:
-    """One batch job from submission until its results zip is complete."""
+    """One batch job asking for `overlays` (none, relevance or foveated), from submission until its
+    results zip is complete."""
     with GpuBusy(device, devices) as busy:
         t0, cpu0 = time.perf_counter(), time.process_time()
-        job = ex.submit_batch(archive, query)
+        job = ex.submit_batch(archive, "the red one", overlays=overlays)
         t_unpacked = time.perf_counter()
         while not ex.status(job).state.finished:
             time.sleep(0.01)
@@ -213,15 +225,17 @@ def batch_job(
     stages = json.loads(ex.store.record(job).get("stage_ms") or "{}")
     stages["unpack"] = (t_unpacked - t0) * 1e3
     with zipfile.ZipFile(path) as zf, zf.open("results.parquet") as f:
-        rows = pq.ParquetFile(f).metadata.num_rows
+        table = pq.read_table(f, columns=["overlay"])  # each row's picture in the zip, or null
     # measured: its files go, so that the next job does not write while the kernel still writes
     # this one's back to disk (and the runs of a session do not fill it)
     shutil.rmtree(job_dir(ex.settings, job), ignore_errors=True)
     return {
         "items": n,
+        "overlays": overlays,
         "done": st.done,
         "failed": st.failed,
-        "rows": rows,
+        "rows": table.num_rows,
+        "pictures": table.num_rows - table["overlay"].null_count,
         "wall_s": round(wall, 3),
         "images_per_s": round(n / wall, 1),
         "gpu_busy": busy.fraction,
@@ -233,14 +247,14 @@ def batch_job(
 
 
 def repeated_job(
-    ex, archive: bytes, n: int, device: torch.device, rounds: int = 1, devices: int = 1
+    ex, archive: bytes, n: int, device: torch.device, overlays: str, rounds: int = 1, devices: int = 1
 ) -> dict[str, Any]:
     """The job once, then `rounds` times: the figure is the timed job of median images/s, the first
     beside it (the first large job after start-up runs slower: caches and allocators still warming),
     and every timed job's images/s and GPU busy under `rounds` (the same code's job moves from one
     run to the next on a lent machine)."""
-    first = batch_job(ex, archive, n, device, devices=devices)
-    runs = [batch_job(ex, archive, n, device, devices=devices) for _ in range(max(1, rounds))]
+    first = batch_job(ex, archive, n, device, overlays, devices)
+    runs = [batch_job(ex, archive, n, device, overlays, devices) for _ in range(max(1, rounds))]
     return _median(runs, "images_per_s", ("gpu_busy",)) | {"first_images_per_s": first["images_per_s"]}
 
 
@@ -277,8 +291,9 @@ def engine_alone(runtime, images: list[bytes], n: int, step: int) -> dict[str, A
 
 def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large: int = 0) -> dict[str, Any]:
     """The job's other stages each alone on one thread, on the same photos at the same step size:
-    decoding (the engine's pixels and the overlays' views, as a job decodes) and drawing and
-    encoding the overlays (the job's format and quality); the 12 MP photos' decoding when `large`;
+    decoding (the engine's pixels and the overlays' views, as a job with overlays decodes; the
+    pixels alone, as one without) and drawing and encoding the overlays (the job's format and
+    quality); the 12 MP photos' decoding (with views) when `large`;
     and an interactive batch's decoding (`interactive_batch` images, no views). In one process
     each is one nvJPEG decoder or encoder on a GPU, which serves one call at a time: a job there
     cannot run its items faster than the slowest of them."""
@@ -286,7 +301,7 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
 
     pipe, s = runtime.pipeline, runtime.settings
     sync = torch.cuda.synchronize if pipe.device.type == "cuda" else (lambda: None)
-    view_side = None if s.overlay_format == "none" else s.overlay_max_side
+    view_side = s.overlay_max_side
 
     def rate(work_fn, items: int, per_call: int) -> dict[str, Any]:
         work_fn()  # warm
@@ -303,16 +318,18 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
         }
 
     photos = _cycle(work["jpeg_800x600"], step)
-    out = {"decode": rate(lambda: pipe.decoder.decode(photos, view_side), n, step)}
-    if view_side is not None:
-        done = runtime.process(photos, ["the red one"] * step, Controls(), s.overlay_format)
-        views = [p.view for p in pipe.decoder.decode(photos, view_side)]
-        maps = done.outputs.relevance
-        out["overlays"] = rate(
-            lambda: overlays.encode(views, maps, s.overlay_format, pipe.decoder.pool, s.overlay_jpeg_quality),
-            n,
-            step,
-        )
+    out = {
+        "decode": rate(lambda: pipe.decoder.decode(photos, view_side), n, step),
+        "decode_pixels": rate(lambda: pipe.decoder.decode(photos), n, step),
+    }
+    done = runtime.process(photos, ["the red one"] * step, Controls(), s.overlay_format)
+    views = [p.view for p in pipe.decoder.decode(photos, view_side)]
+    maps = done.outputs.relevance
+    out["overlays"] = rate(
+        lambda: overlays.encode(views, maps, s.overlay_format, s.overlay_jpeg_quality),
+        n,
+        step,
+    )
     if large:
         big = _cycle(work["jpeg_4032x3024"], min(step, large))
         out["decode_12mp"] = rate(lambda: pipe.decoder.decode(big, view_side), large, len(big))
@@ -455,7 +472,7 @@ def _settings(cfg: E2EConfig, data_dir: Path, **more: Any) -> Settings:
         dtype=cfg.dtype,
         overlay_format=cfg.overlay,
         broker_url=None,
-        max_batch_items=_max_items(cfg),
+        **_limits(cfg),
         **more,
     )
 
@@ -487,9 +504,55 @@ def serving_dtype_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any
         return dtype_parity(pipe.model, pixels, query, dtype=pipe.backend.dtype).to_json()
 
 
+def standard_items(cfg: E2EConfig, device: torch.device) -> int:
+    """The 800x600 job's items: the configured number, else the device type's standard job."""
+    return cfg.items if cfg.items is not None else ITEMS.get(device.type, ITEMS["cpu"])
+
+
 def _max_items(cfg: E2EConfig) -> int:
     """The largest job the run submits (over several devices, the 800x600 job times their number)."""
     return max(cfg.items * max(1, len(cfg.devices)), cfg.large_items, cfg.png_items, 1)
+
+
+def _limits(cfg: E2EConfig) -> dict[str, int]:
+    """The input limits raised to let the run's largest job in (its items, its zip's entries and
+    bytes); the whole data store for the run's one owner, whose jobs go one after another."""
+    n = _max_items(cfg)
+    zipped = max(Settings.model_fields["max_archive_bytes"].default, n * ZIPPED_ITEM_BYTES)
+    return {
+        "max_batch_items": n,
+        "max_archive_entries": n + 16,
+        "max_archive_bytes": zipped,
+        "max_unpacked_bytes": 2 * zipped,
+        "max_owner_bytes": Settings.model_fields["max_data_bytes"].default,
+    }
+
+
+def versions() -> dict[str, str | None]:
+    """The versions of the libraries a job's decoding and results use, beside collect_env's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in ("torchvision", "pyarrow", "pillow", "celery", "redis"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def command(cfg: E2EConfig) -> str:
+    """The `arrcoc bench e2e` command line that runs this configuration again."""
+    flags = {"celery": "--no-celery", "peers": "--no-peers", "inprocess": "--no-inprocess"}
+    args = ["python", "-m", "arrcoc", "bench", "e2e"]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in flags:
+            args += [] if value else [flags[f.name]]
+        elif value != f.default and value is not None and value != ():
+            shown = ",".join(value) if isinstance(value, tuple) else str(value)
+            args += [f"--{f.name.replace('_', '-')}", shown]
+    return shlex.join(args)
 
 
 class _Lent:
@@ -511,12 +574,14 @@ class _Lent:
 
 def run_e2e(cfg: E2EConfig, progress=print) -> dict[str, Any]:
     device = resolve_device(cfg.device)
+    cfg = dataclasses.replace(cfg, items=standard_items(cfg, device))
     work = workload()
     root = Path(tempfile.mkdtemp(prefix="arrcoc-e2e-"))
     report: dict[str, Any] = {
         "schema": "arrcoc.bench.e2e/1",
-        "env": collect_env(device),
+        "env": collect_env(device) | versions(),
         "config": asdict(cfg),
+        "command": command(cfg),
     }
     try:
         if cfg.inprocess:
@@ -552,11 +617,12 @@ def _inprocess(
     ex.warmup()
     report["warmup_s"] = round(time.perf_counter() - t0, 1)
     report["serving"] = serving(ex.runtime)
-    jobs = {
-        "jpeg_800x600": (cfg.items, ".jpg"),
-        "jpeg_4032x3024": (cfg.large_items, ".jpg"),
-        "png_800x600": (cfg.png_items, ".png"),
-    }
+    jobs = (
+        ("jpeg_800x600", "jpeg_800x600", cfg.items, "relevance"),
+        ("jpeg_4032x3024", "jpeg_4032x3024", cfg.large_items, "relevance"),
+        ("png_800x600", "png_800x600", cfg.png_items, "relevance"),
+        ("jpeg_800x600_no_overlays", "jpeg_800x600", cfg.items, "none"),
+    )
     # the engine alone at a batch job's batch size: a step's items per engine-host call
     step = batch_step_items(ex.runtime)
     alone = functools.partial(engine_alone, ex.runtime, work["jpeg_800x600"], min(cfg.items, 1024), step)
@@ -573,30 +639,18 @@ def _inprocess(
         report["decode_parity"] = decode_parity(ex.runtime, work)
         report["dtype_parity"] = serving_dtype_parity(ex.runtime, work)
         report["batch_inprocess"] = {}
-        for kind, (n, ext) in jobs.items():
+        for row, kind, n, overlays in jobs:
             if n:
-                progress(f"batch job in-process: {n} x {kind}")
-                report["batch_inprocess"][kind] = repeated_job(
-                    ex, _zip(work[kind], n, ext), n, device, cfg.rounds
+                progress(f"batch job in-process: {n} x {kind}, overlays {overlays}")
+                report["batch_inprocess"][row] = repeated_job(
+                    ex, _zip(work[kind], n, EXTENSIONS[kind]), n, device, overlays, cfg.rounds
                 )
-            if kind == "jpeg_800x600":
+            if row == "jpeg_800x600":
                 # again right after this job: a shared machine's speed drifts over a run, and the
                 # job is compared with the engine beside it, before and after
                 report["engine_alone_after"] = alone()
         report["job_over_engine_alone"] = job_over_engine_alone(report)
         report["stages_in_series"] = stages_in_series(report)
-        if cfg.items:
-            progress(f"batch job in-process, no overlays: {cfg.items} x jpeg_800x600")
-            bare = InProcessExecutor(
-                settings.model_copy(update={"overlay_format": "none", "data_dir": root / "bare"}),
-                ex.runtime.pipeline,
-            )  # the same engine, lent
-            try:
-                report["batch_inprocess"]["jpeg_800x600_no_overlays"] = repeated_job(
-                    bare, _zip(work["jpeg_800x600"], cfg.items, ".jpg"), cfg.items, device, cfg.rounds
-                )
-            finally:
-                bare.close()
         image = work["jpeg_800x600"][1]
         shared = _Lent(ex)
         progress("interactive in-process: 1 caller")
@@ -609,16 +663,22 @@ def _inprocess(
         ex.close()
     if cfg.peers and cfg.items:
         dtype = (report.get("serving") or {}).get("dtype", "float32")
-        report["peers"] = run_peers(cfg, work["jpeg_800x600"], root, device, dtype, progress)
+        report["peers"] = run_peers(cfg, work["jpeg_800x600"], root, device, dtype, step, progress)
         report["job_over_best_peer"] = job_over_best_peer(report)
 
 
 def run_peers(
-    cfg: E2EConfig, photos: list[bytes], root: Path, device: torch.device, dtype: str, progress
+    cfg: E2EConfig,
+    photos: list[bytes],
+    root: Path,
+    device: torch.device,
+    dtype: str,
+    batch: int,
+    progress,
 ) -> dict[str, Any]:
     """Each peer script (arrcoc.bench.peers) in a process of its own on the job's 800x600 photos,
-    written out as files, with the model the job served (`dtype`: as it ran); its own timing, and
-    the rows it wrote."""
+    written out as files, with the model the job served (`dtype`: as it ran) at the job's step
+    size (`batch`); its own timing and what it does, and the rows its Parquet file holds."""
     folder = root / "photos"
     folder.mkdir(exist_ok=True)
     for i in range(cfg.items):
@@ -626,7 +686,7 @@ def run_peers(
     out: dict[str, Any] = {}
     for peer in ("dataloader", "batched"):
         progress(f"peer script: {peer} on {cfg.items} photos")
-        rows = root / f"peer-{peer}.jsonl"
+        rows = root / f"peer-{peer}.parquet"
         proc = subprocess.run(
             [
                 sys.executable,
@@ -647,6 +707,8 @@ def run_peers(
                 e2e_weights(cfg) or "default",
                 "--dtype",
                 dtype,
+                "--batch",
+                str(batch),
             ],
             capture_output=True,
             text=True,
@@ -656,8 +718,7 @@ def run_peers(
             out[peer] = {"error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
             continue
         out[peer] = json.loads(proc.stdout.strip().splitlines()[-1])
-        with open(rows, "rb") as f:
-            out[peer]["rows"] = sum(1 for _ in f)
+        out[peer]["rows"] = pq.ParquetFile(rows).metadata.num_rows
     return out
 
 
@@ -733,7 +794,7 @@ def _celery_group(
         engine_processes=str(engines),
         overlay_format=cfg.overlay,
         worker_threads=str(cfg.clients + 4),
-        max_batch_items=str(_max_items(cfg)),
+        **{k: str(v) for k, v in _limits(cfg).items()},
     )
     root.mkdir(parents=True, exist_ok=True)
     worker = Worker(env, root / "worker.log")
@@ -746,20 +807,21 @@ def _celery_group(
         worker.ready(900)
         make = functools.partial(
             CeleryExecutor,
-            default_settings(broker_url=redis.url, data_dir=data, max_batch_items=_max_items(cfg)),
+            default_settings(broker_url=redis.url, data_dir=data, **_limits(cfg)),
         )
         ex = make()
         try:
             out["batch_celery"] = {}
             jobs = (
-                ("jpeg_800x600", cfg.items * per_device, ".jpg"),
-                ("jpeg_4032x3024", cfg.large_items if full else 0, ".jpg"),
+                ("jpeg_800x600", "jpeg_800x600", cfg.items * per_device, "relevance"),
+                ("jpeg_800x600_no_overlays", "jpeg_800x600", cfg.items * per_device, "none"),
+                ("jpeg_4032x3024", "jpeg_4032x3024", cfg.large_items if full else 0, "relevance"),
             )
-            for kind, n, ext in jobs:
+            for row, kind, n, overlays in jobs:
                 if n:
-                    progress(f"batch job through Celery{where}: {n} x {kind}")
-                    out["batch_celery"][kind] = repeated_job(
-                        ex, _zip(work[kind], n, ext), n, device, cfg.rounds, per_device
+                    progress(f"batch job through Celery{where}: {n} x {kind}, overlays {overlays}")
+                    out["batch_celery"][row] = repeated_job(
+                        ex, _zip(work[kind], n, EXTENSIONS[kind]), n, device, overlays, cfg.rounds, per_device
                     )
         finally:
             ex.close()
@@ -808,15 +870,16 @@ def markdown(report: dict[str, Any]) -> str:
         f"# End to end — {env['date'][:10]}, {env.get('gpu') or env['cpu']} ({env['device']}), "
         f"{_served(report)}, backend {cfg['backend']}, commit {str(env.get('commit'))[:7]}",
         "",
-        f"torch {env['torch']}, CUDA {env.get('cuda')}, {env['cpu_count']} CPUs; warm-up {report.get('warmup_s')} s.",
+        _versions_line(env) + f"; warm-up {report.get('warmup_s')} s.",
+        *(["", f"Command: `{report['command']}`"] if "command" in report else []),
         *_serving_lines(report),
         "",
         "## Batch jobs (submission to results zip complete)",
         "",
-        "| path | workload | items | images/s (first job) | GPU busy | cores | per item ms: "
+        "| path | workload | items | overlays | images/s (first job) | GPU busy | cores | per item ms: "
         + ", ".join(STAGES)
         + " |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for path in ("inprocess", "celery"):
         for kind, row in report.get(f"batch_{path}", {}).items():
@@ -825,7 +888,8 @@ def markdown(report: dict[str, Any]) -> str:
             each = _each(row, "images_per_s", "[]")
             busy = "-" if row["gpu_busy"] is None else f"{row['gpu_busy']}{_each(row, 'gpu_busy', '[]')}"
             lines.append(
-                f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | **{row['images_per_s']}**{first}{each} | "
+                f"| {path} | {kind} | {row['items']} ({row['failed']} failed) | {row.get('overlays', '-')} |"
+                f" **{row['images_per_s']}**{first}{each} | "
                 f"{busy} | {row.get('process_cores', '-')} | "
                 + ", ".join(f"{st.get(s, 0):.2f}" for s in STAGES)
                 + " |"
@@ -851,6 +915,7 @@ def markdown(report: dict[str, Any]) -> str:
     if alone:
         named = (
             ("decode", "decoding a step's 800x600 photos (pixels and views)"),
+            ("decode_pixels", "decoding them without views (a job without overlays)"),
             ("overlays", "drawing and encoding their overlays"),
             ("decode_12mp", "decoding 12 MP photos"),
             ("decode_interactive", "decoding an interactive batch (no views)"),
@@ -913,15 +978,15 @@ def markdown(report: dict[str, Any]) -> str:
     if peers:
         lines += [
             "",
-            "Peer scripts on the same photos and model (arrcoc.bench.peers; maps and selections as JSON lines,"
-            " no overlays): "
-            + "; ".join(
-                f"{k} **{v['images_per_s']} images/s**"
+            "Peer scripts on the same photos and model (arrcoc.bench.peers; each photo's maps and selected"
+            " cells to a Parquet file, no overlays):",
+            "",
+            *(
+                f"- {k}: **{v['images_per_s']} images/s**, {v['rows']} rows. {v.get('does', '')}."
                 if "images_per_s" in v
-                else f"{k} failed: {v.get('error')}"
+                else f"- {k}: failed: {v.get('error')}"
                 for k, v in peers.items()
-            )
-            + ".",
+            ),
         ]
     best = report.get("job_over_best_peer")
     if best:
@@ -970,6 +1035,18 @@ def markdown(report: dict[str, Any]) -> str:
         ]
     lines += _devices_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _versions_line(env: dict[str, Any]) -> str:
+    """The machine and the versions a report's figures depend on, in one line."""
+    gpu = (
+        f"{env['gpu']} ({env.get('gpu_memory_gb')} GB, driver {env.get('driver')}), "
+        if env.get("gpu")
+        else ""
+    )
+    libs = ("torch", "torchvision", "triton", "pyarrow", "pillow", "celery", "redis")
+    named = ", ".join(f"{k} {env[k]}" for k in libs if env.get(k))
+    return f"{gpu}{env['cpu_count']} CPUs, Python {env.get('python')}, CUDA {env.get('cuda')}, {named}"
 
 
 def _devices_lines(report: dict[str, Any]) -> list[str]:

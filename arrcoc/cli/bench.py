@@ -97,7 +97,7 @@ def add_parser(sub) -> None:
         " weights of the real shapes ('random'); or a hub id or directory",
     )
     e.add_argument("--dtype", choices=DTYPES, help="auto: bfloat16 for CLIP on a GPU, else float32 (auto)")
-    e.add_argument("--items", type=int, help="800x600 JPEGs in the batch job (2048)")
+    e.add_argument("--items", type=int, help="800x600 JPEGs in the batch job (8192 on a GPU, 2048 on a CPU)")
     e.add_argument("--large-items", type=int, help="4032x3024 JPEGs in a second job (256)")
     e.add_argument("--png-items", type=int, help="800x600 PNGs in a third job (128)")
     e.add_argument(
@@ -120,7 +120,11 @@ def add_parser(sub) -> None:
     )
     e.add_argument("--client-processes", type=int)
     e.add_argument("--redis-io-threads", type=int, help="redis-server's I/O threads (1: none)")
-    e.add_argument("--overlay", choices=("jpeg", "png", "none"))
+    e.add_argument(
+        "--overlay",
+        choices=("jpeg", "png"),
+        help="how the jobs that ask for overlays encode them (jpeg); jpeg_800x600_no_overlays asks for none",
+    )
     e.add_argument(
         "--rounds",
         type=int,
