@@ -1121,12 +1121,10 @@ def test_a_million_row_manifest_is_refused_while_reading_at_small_memory(setting
     data = make_zip({"a.png": png_bytes(16), name: header + row * rows})
     assert len(data) < 40_000
     t0 = time.monotonic()
-    with (
-        PeakRSS() as mem,
-        pytest.raises(InvalidInputError, match=f"more than {settings.max_batch_items} items"),
-    ):
+    with PeakRSS() as mem, pytest.raises(InvalidInputError) as refused:
         unpack(data, settings)
     assert mem.growth < 24 * MIB, f"+{mem.growth / MIB:.0f} MiB"
+    assert f"more than {settings.max_batch_items} items" in str(refused.value)
     assert time.monotonic() - t0 < 10
     assert du(Path(settings.data_dir)) == 0
     at_limit = make_zip({"a.png": png_bytes(16), name: header + row * settings.max_batch_items})
@@ -1212,3 +1210,42 @@ def test_an_item_reserves_its_row_and_a_picture_no_larger_than_its_photo(setting
     reserved = json.loads((jd / "reserved.json").read_text())["bytes"]
     expected = outputs_estimate([(2000, 1500), (16, 16)], settings) + len(buf.getvalue()) + len(png_bytes(16))
     assert reserved == expected
+
+
+def test_a_jobs_reservation_covers_all_it_writes(tmp_path, pipeline):
+    """A job admitted must have room to finish (another owner is refused instead of its items
+    failing for a full disk): its reservation covers the most its folder holds while it runs, with
+    PNG overlays of noise (the largest pictures) at several photo sizes, and a photo named twice."""
+    import threading
+
+    from PIL import Image
+
+    def noise(w: int, h: int, seed: int) -> bytes:
+        buf = io.BytesIO()
+        rng = __import__("numpy").random.default_rng(seed)
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype="uint8")).save(buf, "PNG")
+        return buf.getvalue()
+
+    files = {"wide.png": noise(1500, 700, 0), "tall.png": noise(90, 1300, 1), "small.png": noise(40, 30, 2)}
+    manifest = "file,query\n" + "".join(f"{n},the sky\n" for n in [*files, "wide.png"])
+    ex = _inprocess(tmp_path, pipeline, overlay_format="png")
+    try:
+        job = ex.submit_batch(make_zip(files | {"manifest.csv": manifest.encode()}), overlays="relevance")
+        jd = tmp_path / "data" / "jobs" / job
+        reserved = json.loads((jd / "reserved.json").read_text())["bytes"]
+        peak, stop = [0], threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], du(jd) - (jd / "reserved.json").stat().st_size)
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        st = _finished(ex, job)
+        stop.set()
+        sampler.join()
+        assert st.done == 4, st
+        assert 0 < peak[0] <= reserved, (peak[0], reserved)
+    finally:
+        ex.close()
