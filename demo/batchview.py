@@ -126,8 +126,11 @@ def _map_uris(zip_path: str | Path, rows: list[int]) -> dict[int, str]:
                         THUMB_SIDE,
                     )
                 )
-                peak = max(float(values.max()), 1e-6)  # as the page's maps: from 0 to the map's peak
-                out[i] = _jpeg_uri(heatmap_image(values.reshape(grid, grid) / peak, size))
+                # as the page's maps by default: from 0 to the map's peak on a square-root scale,
+                # so faint cells stay visible beside the peak
+                peak = max(float(values.max()), 1e-6)
+                shown = np.sqrt(np.clip(values / peak, 0.0, 1.0)).reshape(grid, grid)
+                out[i] = _jpeg_uri(heatmap_image(shown, size))
         start += batch.num_rows
         if start > max(wanted):
             break

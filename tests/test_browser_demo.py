@@ -443,6 +443,41 @@ def test_batch_job_download_and_refresh(page, app_url, examples_dir, tmp_path):
         shot(page, f"06-benchmark-{name.removesuffix('.json')}", full=False)
 
 
+def test_a_batch_job_without_overlays_shows_each_items_relevance_map(page, examples_dir, tmp_path):
+    """The Batch tab asks for relevance overlays unless told otherwise (a person is looking); a job
+    submitted with "none" has no pictures in its zip, and its gallery shows each item's relevance map
+    from results.parquet, said under each."""
+    archive = tmp_path / "two.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name in ("coffee.jpg", "chelsea.jpg"):
+            zf.write(examples_dir / name, name)
+    page.goto(page.url.split("?")[0])
+    page.wait_for_selector("#run")
+    open_tab(page, "#main-tabs", "Batch")
+    checked = page.locator("#batch-overlay input:checked")
+    assert checked.evaluate("b => b.closest('label').innerText.trim()") == "relevance"
+    page.locator("#batch-overlay").get_by_text("none", exact=True).click()
+    page.locator("#batch-zip input[type=file]").set_input_files(str(archive))
+    page.locator("#batch-query textarea").fill("the red one")
+    page.locator("#batch-submit").click()
+    page.wait_for_function(
+        "() => (document.querySelector('#batch-status')?.innerText || '').includes('done')"
+    )
+    page.wait_for_function("() => document.querySelectorAll('#batch-gallery img').length >= 2")
+    close_toasts(page)
+    settle_images(page, "#batch-gallery")
+    text = page.locator("#batch-gallery").inner_text()
+    assert text.count("relevance map (no overlays drawn)") == 2 and "coffee.jpg" in text, text
+    heat = page.locator("#batch-gallery img").first.evaluate(
+        "i => { const c = document.createElement('canvas'); c.width = i.naturalWidth; c.height = i.naturalHeight;"
+        " const x = c.getContext('2d'); x.drawImage(i, 0, 0); const d = x.getImageData(0, 0, c.width, c.height).data;"
+        " let warm = 0; for (let k = 0; k < d.length; k += 4) if (d[k] > 180 && d[k + 2] < 120) warm++;"
+        " return warm / (d.length / 4); }"
+    )
+    assert heat > 0.005, "the map has no bright (warm) cells"
+    shot(page, "04-batch-without-overlays")
+
+
 def test_benchmark_tab_shows_what_the_server_runs_and_names_a_new_jobs_report(page, local_reports):
     """On load: a stored report of this server's variant on its kind of device (never an H100 report
     of another model as if it were ours), its label whole; after a job, the job's report is named in
