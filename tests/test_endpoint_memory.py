@@ -1,5 +1,5 @@
 """Every request's peak memory, per endpoint that decodes a photo, on the hostile images: each
-endpoint's handler (what Gradio runs for /infer and /infer_foveated) is called in a fresh process
+endpoint's handler (what Gradio runs for /infer, /infer_foveated and the page's /run) is called in a fresh process
 on a small photo first (the model loaded, the caches warm), then on each hostile image; a sampling
 thread records the process's peak RSS during each call. The bound is each call's peak over the warm
 process's RSS (memory a call keeps counts against the calls after it), generous enough to hold on a
@@ -26,9 +26,23 @@ PROBE = """
 import json, sys, time
 sys.path.insert(0, "tests")
 from abuse_inputs import PeakRSS, rss_bytes
-from demo.tabs import api
 
-endpoint = getattr(api, sys.argv[1])
+
+def page_run(path, query):  # /run: the page's Run button with its sliders at their defaults
+    from arrcoc.settings import get_settings
+    from arrcoc.registry import get_variant
+    from demo.tabs.infer import run_model
+
+    c = get_variant(get_settings().variant).config
+    return run_model(path, query, 1.0, 1.0, 1.0, c.k, c.token_budget, "server default", "sqrt", lambda *a, **k: None)
+
+
+if sys.argv[1] == "run_model":
+    endpoint = page_run
+else:
+    from demo.tabs import api
+
+    endpoint = getattr(api, sys.argv[1])
 small, paths = sys.argv[2], sys.argv[3:]
 endpoint(small, "the sky")
 endpoint(small, "the sky")
@@ -73,7 +87,7 @@ def hostile(tmp_path_factory) -> dict[str, Path]:
 
 # the most a request may add to a warm process, per endpoint: the photo decoded (a 40 MP photo is
 # 120 MB as 8-bit RGB, decoded once by the service and once for the picture) and the picture drawn
-PEAK_BOUND = {"api_infer": 900 * MIB, "api_infer_foveated": 900 * MIB}
+PEAK_BOUND = {"api_infer": 900 * MIB, "api_infer_foveated": 900 * MIB, "run_model": 900 * MIB}
 
 
 @pytest.mark.parametrize("endpoint", sorted(PEAK_BOUND))
