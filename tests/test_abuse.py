@@ -185,6 +185,10 @@ def test_a_manifest_that_is_not_utf8_is_refused_in_words(settings, encoding):
     manifest = "file,query\na.png,café au lait\n".encode(encoding)
     with pytest.raises(InvalidInputError, match="not UTF-8"):
         unpack(make_zip({"a.png": png_bytes(), "manifest.csv": manifest}), settings)
+    # read a piece at a time, the byte is still named where it is in the file
+    long = b"file,query\n" + b"a.png,sky\n" * 1500 + "a.png,café\n".encode("latin-1")
+    with pytest.raises(InvalidInputError, match="byte 0xe9 at offset 15020 "):
+        unpack(make_zip({"a.png": png_bytes(), "manifest.csv": long}), settings)
     ok = "\ufefffile,query\na.png,café au lait\n".encode()  # UTF-8 with a BOM is fine
     _, items = unpack(make_zip({"a.png": png_bytes(), "manifest.csv": ok}), settings)
     assert items[0].query == "café au lait"
