@@ -870,7 +870,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"# End to end — {env['date'][:10]}, {env.get('gpu') or env['cpu']} ({env['device']}), "
         f"{_served(report)}, backend {cfg['backend']}, commit {str(env.get('commit'))[:7]}",
         "",
-        _versions_line(env) + f"; warm-up {report.get('warmup_s')} s.",
+        _versions_line(env) + (f"; warm-up {report['warmup_s']} s." if "warmup_s" in report else "."),
         *(["", f"Command: `{report['command']}`"] if "command" in report else []),
         *_serving_lines(report),
         "",
