@@ -181,6 +181,8 @@ def test_a_second_run_never_overwrites_the_first_and_nothing_lands_in_benchmarks
     assert bench._stem(report, args).name == "bench-2026-11-27-101500-cpu-3"
     later = {"env": {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-27T10:16:00+00:00"}}
     assert bench._stem(later, args).name == "bench-2026-11-27-101600-h100"
+    dated = {"env": {"gpu": None, "date": "2026-11-22"}}  # an older report's date, merged by --render
+    assert bench._stem(dated, args).name == "bench-2026-11-22-cpu"
     bench, args = parsed("--name", "mine")  # a name given is used as given
     assert bench._stem(report, args) == Path("bench-out") / "mine"
 

@@ -185,7 +185,8 @@ def new_stem(folder: Path, kind: str, env: dict, tail: str = "") -> Path:
     there already: a run never overwrites another's report."""
     dev = (env.get("gpu") or "cpu").replace("NVIDIA ", "").split()[0].lower()
     date = str(env.get("date") or "")  # ISO 8601, UTC, to the second (arrcoc.bench.env)
-    base = f"{kind}-{date[:10]}-{date[11:19].replace(':', '')}-{dev}{tail}"
+    when = "-".join(filter(None, (date[:10], date[11:19].replace(":", ""))))
+    base = f"{kind}-{when}-{dev}{tail}"
     stem, n = folder / base, 1
     while folder.is_dir() and any(folder.glob(f"{glob.escape(stem.name)}.*")):
         n += 1
