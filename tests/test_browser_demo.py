@@ -2,8 +2,12 @@
 
 Uploads a real photo, types a query, runs it, sees the heatmap and the match score inside the
 window (1440x900), changes the query and sees the map change, switches views, checks that every
-chart draws coloured marks, runs a small batch job and sees its gallery, downloads its zip, finds
-the job again from the URL after a reload, and reads the stored benchmark report's charts.
+chart draws coloured marks, clicks an example and sees it run, sees a score above the weak line
+shown as a possible match with its caveat beside it, runs a small batch job and sees its gallery,
+downloads its zip, finds the job again from the URL after a reload (and not from another
+browser, which is told why), runs one without overlays and sees its relevance maps, and reads the
+benchmark reports' charts: a stored one says where and when it was measured, this machine's comes
+first.
 Screenshots of every view go to artifacts/screenshots/ (git-ignored): look at them. Prints the
 median time from clicking Run to the heatmap appearing.
 """
