@@ -19,14 +19,14 @@ def worker() -> int:
     from worker.group import count_gpus, node_name  # no torch here: the naming and counting rules
 
     processes = int(os.environ.get("ARRCOC_WORKER_PROCESSES", "1"))
-    grouped = processes > 1 or bool(
-        os.environ.get("ARRCOC_DEVICES", "").strip()
-    )  # as `arrcoc worker` decides
+    # a worker group or one Celery process, as `arrcoc worker` decides
+    grouped = processes > 1 or bool(os.environ.get("ARRCOC_DEVICES", "").strip())
     name = f"arrcoc@{socket.gethostname()}"
     names = (
         [node_name(name, i) for i in range(1, processes * _devices(count_gpus) + 1)] if grouped else [name]
     )
-    replies = app.control.ping(destination=names, timeout=5.0)
+    # it returns once every process has answered: the timeout waits only for a slow or missing one
+    replies = app.control.ping(destination=names, timeout=10.0)
     if len(replies) != len(names):
         print(f"unhealthy: {len(replies)} of {len(names)} Celery processes answered", file=sys.stderr)
         return 1

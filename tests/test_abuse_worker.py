@@ -42,7 +42,7 @@ def worker(env):
     root, settings = env
     w = Worker(worker_env(BROKER, root / "data", **settings), root / "worker.log")
     try:
-        yield w.ready()
+        yield w.ready(300)
     finally:
         w.stop()
 
@@ -185,7 +185,7 @@ def test_cancelled_benchmark_frees_a_worker_groups_engine_process(env, tmp_path)
     )
     ex = None
     try:
-        w.ready(timeout=240)
+        w.ready(timeout=300)
         fields = {
             k: v
             for k, v in (s | queues).items()
@@ -265,7 +265,7 @@ def test_a_chunk_whose_worker_was_killed_resumes_within_a_minute(tmp_path):
         tmp_path, "arrcoc-lost", buckets="[1,2]", batch_max_size="2", visibility_timeout_s="8"
     ) as s:
         env = worker_env(BROKER, tmp_path / "data", **s)
-        first = Worker(env, tmp_path / "w1.log").ready()
+        first = Worker(env, tmp_path / "w1.log").ready(300)
         second = None
         fields = {
             k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "visibility_timeout_s")
@@ -298,7 +298,7 @@ def test_a_chunk_whose_worker_was_killed_resumes_within_a_minute(tmp_path):
                 lambda: "worker was lost" in (m := ex.status(job).message) and m, 30, "the status said so"
             )
             assert "resuming" in lost, lost
-            second.ready()
+            second.ready(300)
             wait(lambda: ex.status(job).done > at_kill.done, 120, "the job resumed")
             resumed_s = time.monotonic() - t_kill
             assert resumed_s < 90, resumed_s

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import signal
+import socket
 import subprocess
 import sys
 import zipfile
@@ -32,14 +33,25 @@ GROUP = {
 }
 
 
-def engines(ex) -> dict[str, dict]:
-    """Every engine process of every group, by address, as the Celery processes see them."""
-    replies = ex.app.control.broadcast("arrcoc_engines", reply=True, timeout=5.0)
-    return {e["address"]: e for reply in replies for node in reply.values() for e in node}
+# the rig's Celery processes (worker/group.py names them): only they are asked, whatever else
+# answers broadcasts on the tests' Redis
+NODES = [f"arrcoc-{i}@{socket.gethostname()}" for i in (1, 2)]
+
+
+def engines(ex, up: bool = False, timeout: float = 120.0) -> dict[str, dict]:
+    """The rig's two engine processes, by address, as its Celery processes see them (`up`: both
+    answering). Asked again until both are there: on a busy machine a reply can come late."""
+
+    def ask() -> dict[str, dict] | None:
+        replies = ex.app.control.broadcast("arrcoc_engines", destination=NODES, reply=True, timeout=10.0)
+        found = {e["address"]: e for reply in replies for node in reply.values() for e in node}
+        return found if len(found) == 2 and (not up or all(e["up"] for e in found.values())) else None
+
+    return wait_for(ask, timeout, "both engine processes reported", every=0.5)
 
 
 def served(ex) -> dict[str, int]:
-    return {address: e["served"]["items"] for address, e in engines(ex).items() if e["up"]}
+    return {address: e["served"]["items"] for address, e in engines(ex, up=True).items()}
 
 
 def finished(ex, job: str, timeout: float = 240.0):
@@ -133,9 +145,7 @@ def test_one_engine_killed_the_job_finishes_and_it_comes_back(rig):
         rows = result_rows(zf)
     assert sorted(r["index"] for r in rows) == list(range(36))  # every item exactly once
     assert worker.alive()  # the group stayed up
-    now = wait_for(
-        lambda: (e := engines(ex)) and all(x["up"] for x in e.values()) and e, 120, "the engine back"
-    )
+    now = engines(ex, up=True)  # the killed one back
     assert now[survivor]["pid"] == pids[survivor]  # the other engine was never touched
     assert now[victim]["pid"] != pids[victim]  # the killed one was started again, alone
 
@@ -164,10 +174,16 @@ def test_two_groups_as_two_hosts_share_one_data_directory(rig, tmp_path):
         assert (st.state, st.done, st.failed) == (JobState.DONE, 24, 0), st
         with zipfile.ZipFile(ex.batch_results(job)) as zf:
             assert sorted(r["index"] for r in result_rows(zf)) == list(range(24))
-        stats = ex.app.control.inspect(timeout=3.0).stats() or {}
-        chunks = {node: s.get("total", {}).get("arrcoc.batch_chunk", 0) for node, s in stats.items()}
-        hosts = {node.split("-")[0] for node, n in chunks.items() if n > 0}
-        assert hosts == {"hosta", "hostb"}, chunks  # both hosts ran chunks of it
+        nodes = [f"{h}-{i}@{socket.gethostname()}" for h in ("hosta", "hostb") for i in (1, 2)]
+
+        def chunks() -> dict[str, int] | None:  # every process's count, asked until all four answer
+            stats = ex.app.control.inspect(destination=nodes, timeout=10.0).stats() or {}
+            counts = {node: s.get("total", {}).get("arrcoc.batch_chunk", 0) for node, s in stats.items()}
+            return counts if len(counts) == len(nodes) else None
+
+        ran = wait_for(chunks, 120, "every Celery process of both hosts reported", every=0.5)
+        hosts = {node.split("-")[0] for node, n in ran.items() if n > 0}
+        assert hosts == {"hosta", "hostb"}, ran  # both hosts ran chunks of it
     finally:
         ex.close()
         a.stop()

@@ -11,7 +11,7 @@ import time
 import zipfile
 
 import pytest
-from helpers import BROKER, assert_same_result, make_zip, png_bytes, result_rows, worker_settings
+from helpers import BROKER, assert_same_result, make_zip, png_bytes, result_rows, wait_for, worker_settings
 
 from arrcoc.bench.processes import REPO, Worker, worker_env
 from arrcoc.errors import ImageError, InvalidInputError, JobError
@@ -48,7 +48,7 @@ def worker(env):
     root, settings = env
     w = Worker(worker_env(BROKER, root / "data", **settings), root / "worker.log")
     try:
-        yield w.ready()
+        yield w.ready(300)
     finally:
         w.stop()
 
@@ -204,7 +204,7 @@ def test_batch_job_with_progress_and_zip(celery_ex):
         f"{name},{'the sky' if i % 2 else 'a face'}\n" for i, name in enumerate(files)
     )
     files["manifest.csv"] = manifest.encode()
-    job = celery_ex.submit_batch(make_zip(files))
+    job = celery_ex.submit_batch(make_zip(files), overlays="relevance")
     seen: list[tuple[int, int]] = []
     st = wait_finished(celery_ex, job, seen=seen)
     assert (st.state, st.total, st.done, st.failed) == (JobState.DONE, n + 1, n, 1), st
@@ -238,9 +238,8 @@ def test_expired_job_reports_expired_not_pending(env, worker):
     ex = CeleryExecutor(make_settings(env, job_ttl_s=2))
     try:
         job = ex.submit_batch(make_zip({"a.png": png_bytes(1)}), "q")
-        wait_finished(ex, job, timeout=60)
-        time.sleep(3)
-        assert ex.status(job).state == JobState.EXPIRED
+        wait_finished(ex, job, timeout=120)
+        wait_for(lambda: ex.status(job).state == JobState.EXPIRED, 60, "the job expired")
         with pytest.raises(JobError, match="expired"):
             ex.batch_results(job)
     finally:
@@ -376,7 +375,7 @@ def test_prefork_worker_builds_the_engine_in_the_child_only(env, tmp_path):
     )
     ex = None
     try:
-        w.ready()
+        w.ready(300)
         log = w.text()
         assert "ForkPoolWorker-1] engine" in log and "MainProcess] engine" not in log  # CUDA-safe parent
         ex = CeleryExecutor(make_settings(env, **queues))

@@ -37,7 +37,7 @@ def rig(tmp_path_factory):
     def start_worker() -> Worker:
         w = Worker(env, root / f"worker{len(started)}.log", concurrency=3)
         started.append(w)
-        return w.ready()
+        return w.ready(300)
 
     def executor():
         from arrcoc.service.client.celery_executor import CeleryExecutor
@@ -164,7 +164,7 @@ def test_interactive_request_that_keeps_killing_workers_fails_with_a_reason(rig)
     for delivery in (1, 2, 3):
         w = Worker(slow, rig["root"] / f"crash{delivery}.log", concurrency=3)
         rig["workers"].append(w)
-        w.ready()
+        w.ready(300)
         t0 = time.monotonic()
         while not any(int(r.get(k) or 0) >= delivery for k in r.scan_iter("arrcoc:attempts:*")):
             assert time.monotonic() - t0 < 90, f"delivery {delivery} never reached a worker"

@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_result, make_zip, png_bytes, result_rows, seeded_weights
+from helpers import assert_same_result, make_zip, png_bytes, result_rows, seeded_weights, wait_for
 
 from arrcoc.bench.processes import REPO, RedisServer, Worker, child_pids, proc_stat, worker_env
 from arrcoc.errors import InvalidInputError
@@ -61,7 +61,7 @@ def rig(tmp_path_factory):
     def start() -> Worker:
         w = Worker(env, root / f"group{len(workers)}.log")
         workers.append(w)
-        return w.ready(180)
+        return w.ready(300)
 
     def settings_for(**overrides):
         fields = {k: json.loads(v) if k == "buckets" else v for k, v in settings.items()}
@@ -106,11 +106,16 @@ def test_results_equal_inprocess_and_batches_span_both_processes(rig, celery_ex)
     with cf.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: celery_ex.infer(image, "the sky", timeout=120), range(32)))
     assert max(r.bucket for r in results) > 1, [r.bucket for r in results]
+
     # both Celery processes took requests, each feeding its own engine process: the results are
     # the same whichever engine process served them
-    stats = celery_ex.app.control.inspect(timeout=3.0).stats() or {}
-    served = {node: s.get("total", {}).get("arrcoc.infer", 0) for node, s in stats.items()}
-    assert len(served) == 2 and all(n > 0 for n in served.values()), served
+    def served() -> dict[str, int] | None:  # asked again until both answer: a reply can come late
+        stats = celery_ex.app.control.inspect(timeout=10.0, limit=2).stats() or {}
+        counts = {node: s.get("total", {}).get("arrcoc.infer", 0) for node, s in stats.items()}
+        return counts if len(counts) == 2 else None
+
+    counts = wait_for(served, 120, "both Celery processes reported", every=0.5)
+    assert all(n > 0 for n in counts.values()), counts
     for r in results[1:]:
         assert_same_result(r, results[0])
 

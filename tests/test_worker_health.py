@@ -110,7 +110,7 @@ def test_a_worker_that_cannot_read_a_jobs_data_gives_its_chunks_back_and_says_wh
     # the worker with the wrong data directory runs alone first: every chunk reaches it
     wrong = Worker(wrong_env, tmp_path / "wrong.log", concurrency=3, name="arrcoc@%h")
     workers.append(wrong)
-    wrong.ready(timeout=240)
+    wrong.ready(timeout=300)
     ex = CeleryExecutor(
         default_settings(broker_url=redis.url, data_dir=good_dir, weights=weights, batch_chunk_items=4)
     )
@@ -128,7 +128,7 @@ def test_a_worker_that_cannot_read_a_jobs_data_gives_its_chunks_back_and_says_wh
 
         good = Worker(worker_env(redis.url, good_dir, **settings), tmp_path / "good.log", concurrency=3)
         workers.append(good)
-        good.ready(timeout=240)
+        good.ready(timeout=300)
         st = wait_for(lambda: (s := ex.status(job)).state.finished and s, 240, "the job finished")
         assert (st.state, st.done, st.failed) == (JobState.DONE, total, 0), st
         with zipfile.ZipFile(ex.batch_results(job)) as zf:
