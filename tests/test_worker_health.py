@@ -139,3 +139,45 @@ def test_a_worker_that_cannot_read_a_jobs_data_gives_its_chunks_back_and_says_wh
     finally:
         ex.close()
     assert not os.path.exists(wrong_dir / "jobs" / job), "the wrong worker wrote nothing of the job"
+
+
+def test_a_failed_load_is_answered_at_once_then_tried_again_after_a_while(monkeypatch):
+    """The retry rule of worker/state.py on a stand-in engine host whose first load fails (a real
+    one cannot be made to fail and then succeed on demand)."""
+    import uuid
+
+    from helpers import BROKER
+
+    import worker.state
+    from arrcoc.service.client.queue import problems_key
+    from worker.state import WorkerState
+
+    class FlakyHost:
+        loads = 0
+
+        def warm(self) -> None:
+            self.loads += 1
+            if self.loads == 1:
+                raise WeightsError("the hub is out of reach")
+
+        def close(self) -> None:
+            pass
+
+    state = WorkerState()
+    state.configure(default_settings(broker_url=BROKER, redis_prefix=f"health-{uuid.uuid4().hex[:8]}"))
+    state.node = "flaky@test"
+    host = state._host = FlakyHost()
+    key = problems_key(state.settings.redis_prefix, state.node)
+    try:
+        state.warm()
+        assert state.problems() == ["its model (arrcoc-texture) could not load: the hub is out of reach"]
+        assert state.raw.ttl(key) > 0  # published for clients, expiring unless renewed
+        for _ in range(3):
+            with pytest.raises(WeightsError, match="out of reach"):
+                state.loaded_host()
+        assert host.loads == 1, "answered from the record, not loaded again"
+        monkeypatch.setattr(worker.state, "LOAD_RETRY_S", 0.0)
+        assert state.loaded_host() is host and host.loads == 2
+        assert state.problems() == [] and not state.raw.exists(key)
+    finally:
+        state.close()

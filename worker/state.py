@@ -221,23 +221,28 @@ class WorkerState:
         not raised: the worker stays up, answers every request with the reason at once and fails
         its health check (`arrcoc_health`) saying why."""
         with self._load_lock:
-            try:
-                self.host().warm()
-            except Exception as e:  # noqa: BLE001 -- whatever stops the model loading is reported
-                log.error("the model could not load: %s", e, exc_info=True)
-                error = e if isinstance(e, ArrcocError) else EngineError(f"{type(e).__name__}: {e}")
-                self._load_failure = (time.monotonic(), error)
-                self._set_problem("model", f"its model ({self.settings.variant}) could not load: {error}")
-            else:
-                self._load_failure = None
-                self._set_problem("model", None)
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            self.host().warm()
+        except Exception as e:  # noqa: BLE001 -- whatever stops the model loading is reported
+            log.error("the model could not load: %s", e, exc_info=True)
+            error = e if isinstance(e, ArrcocError) else EngineError(f"{type(e).__name__}: {e}")
+            self._load_failure = (time.monotonic(), error)
+            self._set_problem("model", f"its model ({self.settings.variant}) could not load: {error}")
+        else:
+            self._load_failure = None
+            self._set_problem("model", None)
 
     def loaded_host(self) -> EngineHost:
         """The engine host with its model loaded. A load that failed lately is answered again at
-        once, with its reason; an older failure is tried again first."""
+        once, with its reason; an older failure is tried again first (by one request)."""
         failure = self._load_failure
         if failure is not None and time.monotonic() - failure[0] >= LOAD_RETRY_S:
-            self.warm()
+            with self._load_lock:
+                if self._load_failure is failure:  # no other request has tried meanwhile
+                    self._load()
             failure = self._load_failure
         if failure is not None:
             raise type(failure[1])(str(failure[1]))
