@@ -354,3 +354,47 @@ def test_a_batch_zip_over_the_image_limit_is_accepted_and_photos_stay_bounded(ap
         match=r"image_path: The image is 1\.\d MB; the limit is 1 MB \(ARRCOC_MAX_IMAGE_BYTES\)",
     ):
         c.predict(handle_file(str(big)), "the cup", api_name="/infer")
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)")
+def test_the_page_says_why_a_large_photo_and_a_benchmark_are_refused(app, tmp_path):
+    """In a real browser: a photo over the image limit is taken by the upload (zips that large must
+    be) and refused when Run is pressed, in words beside the photo; the Benchmark tab's Run says
+    benchmarks are closed and how an operator opens them."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    url, _ = app
+    big = tmp_path / "big.png"
+    big.write_bytes(png_bytes(640, seed=7))
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    flags = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=flags)
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+        page.set_default_timeout(60_000)
+        page.goto(url)
+        page.wait_for_selector("#run")
+        page.locator("#photo input[type=file]").set_input_files(str(big))
+        page.wait_for_selector("#photo img")  # uploaded: no "exceeds the maximum file size"
+        page.locator("#query textarea").fill("the red one")
+        page.locator("#run").click()
+        page.get_by_text(re.compile(r"The image is 1\.\d MB; the limit is 1 MB")).first.wait_for(
+            state="visible"
+        )
+        page.screenshot(path=str(SHOTS / "gate-photo-over-the-image-limit.png"))
+
+        page.locator("#main-tabs button[role=tab]:visible").filter(
+            has_text=re.compile("^Benchmark$")
+        ).first.click()
+        page.locator("#bench-submit").click()
+        toast = page.locator(".toast-body, [data-testid='toast-body']").filter(
+            has_text="Benchmarks are closed"
+        )
+        toast.first.wait_for(state="visible")
+        assert "ARRCOC_OPEN_BENCHMARKS" in toast.first.inner_text()
+        page.wait_for_timeout(600)  # the toast's entrance
+        page.screenshot(path=str(SHOTS / "gate-benchmarks-closed.png"))
+        browser.close()
