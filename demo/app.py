@@ -4,7 +4,7 @@
 Nothing heavy happens at import: the executor (and with it the model) is built on the first run.
 Every number the page shows about the model (grid, K, token budget) comes from the serving
 variant's config; every limit from the settings. Rate limits apply at the HTTP door
-(demo/guard.py's RateGate), before Gradio queues or checks a call, whatever its route.
+(demo/gate.py's RateGate), before Gradio queues or checks a call, whatever its route.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from starlette.middleware import Middleware
 from arrcoc.service.jobs.types import JobKind
 from arrcoc.settings import get_settings
 
-from . import guard, jobs, service
+from . import gate, guard, jobs, service
 from .housekeeping import start_housekeeping
 from .inputs import strict_inputs
 from .page import CSS, PRIVATE, THEME, TITLE
@@ -78,11 +78,11 @@ def launch(demo: gr.Blocks | None = None, **kwargs: Any) -> tuple:
     # one waits its turn under the queue's concurrency limits
     demo.queue(default_concurrency_limit=2, api_open=False)
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
-    app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(guard.RateGate, blocks=demo)]
+    app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(gate.RateGate, blocks=demo)]
     opts: dict[str, Any] = {
         "theme": THEME,
         "css": CSS,
-        "max_file_size": guard.max_upload_bytes(),  # a batch zip; a photo is held to the image limit
+        "max_file_size": gate.max_upload_bytes(),  # a batch zip; a photo is held to the image limit
         "footer_links": ["api"],
         "app_kwargs": app_kwargs,
     }

@@ -23,6 +23,11 @@ class RefusalLog:
         self._lock = threading.Lock()
         self._seen: dict[str, list[float]] = {}  # key -> [window start, lines, suppressed]
 
+    def reset(self) -> None:
+        """Forget every client's lines (tests; a restart does the same)."""
+        with self._lock:
+            self._seen.clear()
+
     def refused(self, key: str, message: str) -> bool:
         """Log one `refused:` line unless this client's lines are over budget; True when logged."""
         now = time.monotonic()

@@ -1,4 +1,4 @@
-"""The demo's door (demo/guard.py's RateGate) against the real app on a real port: every call counted
+"""The demo's door (demo/gate.py's RateGate) against the real app on a real port: every call counted
 by the function Gradio runs for it, whatever the route, index type or body size; uploads counted and
 reserved against the disk budget; wrong endpoints and files answered in words; benchmarks closed
 without a token; batch zips past the image limit accepted while photos stay bounded by it."""
@@ -118,12 +118,12 @@ def queue_result(url: str, fn_index: int, data: list, address: str) -> dict:
 def test_every_function_of_the_app_has_a_limit_class(fns):
     """Every function Gradio can run (a page event too: any is callable by its index) has a class;
     /infer_foveated had none and counted as a status call."""
-    from demo.guard import LIMIT_KIND, kind_of
+    from demo.gate import LIMIT_KIND, kind_of
 
     unclassed = [
         name for name, fn in fns.items() if fn.fn is not None and re.sub(r"_\d+$", "", name) not in LIMIT_KIND
     ]
-    assert not unclassed, f"give these a class in demo/guard.py's LIMIT_KIND: {unclassed}"
+    assert not unclassed, f"give these a class in demo/gate.py's LIMIT_KIND: {unclassed}"
     assert {kind_of(fns[n]) for n in ("infer", "infer_foveated", "run", "run_without_query")} == {"infer"}
     assert {
         kind_of(fns[n]) for n in ("batch_submit", "bench_submit", "page_batch_submit", "page_bench_submit")
@@ -187,7 +187,7 @@ def test_the_direct_routes_do_not_run_queued_functions(app, fns):
 def test_a_body_over_the_limit_is_refused_not_waved_through(app, fns):
     """A body over 1 MiB was not parsed and passed as a status call; it is refused unread, with a
     declared length or streamed without one."""
-    from demo.guard import MAX_BODY
+    from demo.gate import MAX_BODY
 
     url, _ = app
     address = caller()
