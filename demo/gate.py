@@ -7,6 +7,7 @@ the queue. docs/security.md says what this protects and what it does not.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import os
@@ -19,6 +20,7 @@ from arrcoc.errors import AccessDenied, ArrcocError
 from arrcoc.settings import get_settings
 
 from .guard import REFUSALS, address_of, check_rate, limit_key
+from .housekeeping import drop_upload, record_upload, reserve_upload
 
 # Which limit each of the app's functions counts against, by api_name (the page's private events
 # too: any function can be called by its index). "infer" runs the model, "jobs" submits a job,
@@ -258,8 +260,6 @@ class RateGate:
         """An upload is counted against the client's upload limit and reserved, at its declared
         length, against the data store's disk budget before a byte is written; its files and
         their reservation are swept together (demo/housekeeping.py)."""
-        from .housekeeping import drop_upload, record_upload, reserve_upload
-
         if not await _counted("upload", key, address, send):
             return
         try:
@@ -276,7 +276,8 @@ class RateGate:
             )
             return
         try:
-            folder = reserve_upload(length, key if key.startswith("token:") else "", address)
+            owner = key if key.startswith("token:") else ""
+            folder = await asyncio.to_thread(reserve_upload, length, owner, address)  # a lock and a scan
         except ArrcocError as e:
             REFUSALS.refused(address, f"upload of {_mb(length)} for {address}: {e}")
             await _json(send, 507, _error(f"This upload was refused: {e}"))
