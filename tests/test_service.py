@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -775,9 +776,13 @@ def test_a_chunk_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatc
             seen["written"] += 1
         return out
 
-    class CountedHost:  # the runtime, its engine calls counted
+    pool = ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-step")
+
+    class CountedHost:  # the runtime, its engine calls counted, its step threads as many as asked
         def __getattr__(self, name):
             return getattr(inprocess.runtime, name)
+
+        step_pool = pool
 
         @property
         def on_cpu(self):
@@ -977,3 +982,20 @@ def test_turns_keep_turning_after_a_job_yields(settings, tmp_path):
         assert ex.store.attempts_of(a, list(range(n))) == [1] * n
     finally:
         ex.close()
+
+
+def test_a_corrupt_stored_entry_fails_its_item_alone(inprocess):
+    """A stored entry's CRC is checked when the pipeline reads it: the corrupt photo fails with
+    that reason, its neighbours run (the zip was refused whole before, after a serial CRC pass)."""
+    files = {f"{i}.png": png_bytes(i) for i in range(4)}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:  # stored, as zip tools keep photos
+        for name, photo in files.items():
+            zf.writestr(name, photo)
+    data = bytearray(buf.getvalue())
+    data[data.find(files["2.png"]) + 100] ^= 0xFF  # one byte of one photo, its headers intact
+    job = inprocess.submit_batch(bytes(data), "the sky")
+    st = wait_finished(inprocess, job)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 1), st
+    failed = inprocess.store.failed_items(job)
+    assert list(failed) == [2] and "'2.png' is corrupt (its checksum does not match)" in failed[2]

@@ -46,9 +46,12 @@ class Item:
     path: str  # the file holding its bytes (a pack, or the archive), relative to the job dir
     offset: int = 0
     length: int = -1  # -1: to the end of the file
+    # the CRC the zip declares for an entry read in place from the archive, checked when it is read
+    # (in the batch pipeline's step threads, not serially at submission); None: checked while copied
+    crc: int | None = None
 
     def to_json(self) -> dict:
-        return {
+        doc = {
             "index": self.index,
             "file": self.file,
             "query": self.query,
@@ -56,14 +59,25 @@ class Item:
             "offset": self.offset,
             "length": self.length,
         }
+        return doc | ({"crc": self.crc} if self.crc is not None else {})
 
     def read(self, job_dir: Path, opened: dict[str, Any]) -> bytes:
-        """Its bytes; `opened` keeps the packs a caller reads from open (a step's items share one)."""
+        """Its bytes; `opened` keeps the packs a caller reads from open (a step's items share one).
+        CorruptEntry when they are not what the zip declared."""
         f = opened.get(self.path)
         if f is None:
             f = opened[self.path] = open(job_dir / self.path, "rb")  # noqa: SIM115 -- closed by the caller
         f.seek(self.offset)
-        return f.read(self.length)
+        data = f.read(self.length)
+        if self.crc is not None and zlib.crc32(data) != self.crc:
+            raise CorruptEntry(
+                f"The zip entry {self.file!r} is corrupt (its checksum does not match); rebuild the zip."
+            )
+        return data
+
+
+class CorruptEntry(OSError):
+    """An item's stored bytes do not match the zip's CRC: that item fails, its neighbours run."""
 
 
 # Inputs are unpacked PACK_ITEMS to a file (inputs/<first index>.pack, items at offsets): creating
@@ -71,8 +85,8 @@ class Item:
 PACK_ITEMS = 64
 # Entries stored as they are (photos mostly: deflate does not shrink a JPEG, so zip tools store
 # them) are not copied at all: the archive is written once, as ARCHIVE, and such an item is read
-# at its offset there, its CRC checked before the archive is written (zlib's CRC runs at memory
-# speed: one thread is enough). Copying them one by one through zipfile would be most of what is left of unpacking, a
+# at its offset there, its CRC checked when the batch pipeline reads it (an entry that does not
+# match fails its item alone). Copying them one by one through zipfile would be most of what is left of unpacking, a
 # serial stage before the job runs (docs/service.md#batch-jobs).
 ARCHIVE = "inputs/upload.zip"
 
@@ -432,26 +446,6 @@ def _stored_span(view: memoryview, info: zipfile.ZipInfo) -> tuple[int, int] | N
     return (start, info.file_size) if start + info.file_size <= len(view) else None
 
 
-def _corrupt(view: memoryview, spans: list[tuple[str, tuple[int, int, int]]]) -> list[str]:
-    """The names of the stored entries whose bytes do not match the CRC the zip declares (zipfile
-    checks the ones it copies)."""
-    return [name for name, (start, length, crc) in spans if zlib.crc32(view[start : start + length]) != crc]
-
-
-def _write_archive(
-    archive: bytes, view: memoryview, spans: dict[str, tuple[int, int, int]], path: Path
-) -> None:
-    """The archive written to `path` once its stored entries' CRCs match; a corrupt or truncated
-    entry refuses the zip, as a copied one does, and nothing is written."""
-    corrupt = _corrupt(view, list(spans.items()))
-    if not corrupt:
-        path.write_bytes(archive)
-        return
-    raise InvalidInputError(
-        f"Some zip entries are corrupt (their checksums do not match): {_listing(corrupt)}; rebuild the zip."
-    )
-
-
 def unpack(
     archive: bytes,
     query: str | None,
@@ -565,12 +559,12 @@ def _extract(
     """The items' bytes written under job_dir/inputs: stored ones in place in the archive (written
     once), compressed ones into packs, one copy per file."""
     (job_dir / "inputs").mkdir(parents=True, exist_ok=True)
-    if spans:
-        _write_archive(archive, view, spans, job_dir / ARCHIVE)
+    if spans:  # written as it came; each stored entry's CRC is checked when its item is read
+        (job_dir / ARCHIVE).write_bytes(archive)
     budget = _Budget(settings.max_unpacked_bytes)
     # one copy per file, however many manifest rows name it
-    written: dict[str, tuple[str, int, int]] = {
-        name: (ARCHIVE, start, length) for name, (start, length, _) in spans.items()
+    written: dict[str, tuple[str, int, int, int | None]] = {
+        name: (ARCHIVE, start, length, crc) for name, (start, length, crc) in spans.items()
     }
     items = []
     pack, packed, rel = None, 0, ""
@@ -601,7 +595,7 @@ def _extract(
                     raise InvalidInputError(
                         f"The zip entry {name!r} is corrupt or encrypted ({e}); rebuild the zip."
                     ) from e
-                where = written[name] = (rel, offset, length)
+                where = written[name] = (rel, offset, length, None)  # zipfile checked its CRC
                 packed += 1
             items.append(Item(index, name, q, *where))
     finally:

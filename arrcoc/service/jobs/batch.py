@@ -18,7 +18,7 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,7 @@ from ...errors import JobError
 from ...request import Controls, check_overlays
 from ...settings import DEFAULT_OVERLAY_KIND, OVERLAY_EXTENSIONS, Settings
 from ..host.interface import ProcessedBatch, StepOutputs
-from .archive import Item, load_items, skipped_note, unpack
+from .archive import CorruptEntry, Item, load_items, skipped_note, unpack
 from .budget import release
 from .files import job_dir, new_job_id
 from .guard import process_isolated
@@ -240,19 +240,26 @@ def run_chunk(
     return {"job_id": job_id, "processed": processed, "stage_ms": stages, "yielded": bool(yielded)}
 
 
-def _read(jd: Path, items: list[Item]) -> list[bytes]:
-    out = []
+def _read(jd: Path, items: list[Item]) -> tuple[list[bytes], list[str | None]]:
+    """The items' bytes, and per item why it could not be read (None: it was)."""
+    datas: list[bytes] = []
+    errors: list[str | None] = []
     opened: dict[str, Any] = {}
     try:
         for it in items:
             try:
-                out.append(it.read(jd, opened))
-            except OSError:
-                out.append(b"")  # reported by the decoder as an empty image
+                datas.append(it.read(jd, opened))
+                errors.append(None)
+            except CorruptEntry as e:
+                datas.append(b"")
+                errors.append(str(e))
+            except OSError as e:
+                datas.append(b"")
+                errors.append(f"The item's input could not be read ({type(e).__name__}); submit it again.")
     finally:
         for f in opened.values():
             f.close()
-    return out
+    return datas, errors
 
 
 def _run_group(
@@ -283,9 +290,7 @@ def _run_group(
     before: Future | None = None  # the step handed out last: the next one is written after it
     ran = 0
     cancelled = False
-    with ThreadPoolExecutor(
-        in_flight, thread_name_prefix="arrcoc-step"
-    ) as pool:  # docs/service.md#concurrency
+    try:
         for step in steps_of(group, step_items(host)):
             if len(running) == in_flight:  # a step is over (written) before another starts: bounded memory
                 done, future = running.popleft()
@@ -301,8 +306,11 @@ def _run_group(
                 _fail_items(jd, store, job_id, [(it, late) for it in step])
                 continue
             store.attempt_items(job_id, [it.index for it in step])
-            before = pool.submit(_run_step, host, jd, step, controls, fmt, kind, before, sink)
+            # the engine host's step threads (docs/service.md#concurrency), shared with other chunks
+            before = host.step_pool.submit(_run_step, host, jd, step, controls, fmt, kind, before, sink)
             running.append((step, before))
+    finally:  # nothing of this chunk runs on once it returns
+        wait([future for _, future in running])
     for done, future in running:  # every step handed out has ended: written, or failed
         future.result()
         ran += len(done)
@@ -322,9 +330,12 @@ def _run_step(
     """A step thread's work: the step from its files to its outputs, then, once the step before it
     is written (a step after a failed one is not: its items are run again), into the sink."""
     t0 = time.perf_counter()
-    datas = _read(jd, step)
+    datas, unread = _read(jd, step)
     read_ms = (time.perf_counter() - t0) * 1e3
     batch = process_isolated(host, datas, [it.query for it in step], controls, fmt, kind)
+    for i, why in enumerate(unread):  # said as it is, not as the empty image the decoder saw
+        if why is not None:
+            batch.errors[i] = why
     if before is not None:
         before.result()
     batch.stage_ms["read"] = batch.stage_ms.get("read", 0.0) + read_ms
