@@ -446,6 +446,10 @@ def _stored_span(view: memoryview, info: zipfile.ZipInfo) -> tuple[int, int] | N
     return (start, info.file_size) if start + info.file_size <= len(view) else None
 
 
+def _write_archive(archive: bytes, path: Path) -> None:
+    path.write_bytes(archive)
+
+
 def unpack(
     archive: bytes,
     query: str | None,
@@ -560,7 +564,7 @@ def _extract(
     once), compressed ones into packs, one copy per file."""
     (job_dir / "inputs").mkdir(parents=True, exist_ok=True)
     if spans:  # written as it came; each stored entry's CRC is checked when its item is read
-        (job_dir / ARCHIVE).write_bytes(archive)
+        _write_archive(archive, job_dir / ARCHIVE)
     budget = _Budget(settings.max_unpacked_bytes)
     # one copy per file, however many manifest rows name it
     written: dict[str, tuple[str, int, int, int | None]] = {
