@@ -50,11 +50,31 @@ def test_results_through_the_socket_equal_the_runtimes(served):
     with pytest.raises(InvalidInputError, match="eager"):
         client.infer(image, "the cup", controls, timeout=60, backend="onnx")
 
+    batch = client.process(
+        [png_bytes(i) for i in range(3)] + [b"not an image"], ["the sky"] * 4, Controls(), "jpeg"
+    )
+    assert batch.outputs.bucket[:3].tolist() == [4, 4, 4] and batch.outputs.ok.tolist() == [True] * 3 + [
+        False
+    ]
+    assert all(data[:2] == b"\xff\xd8" for data in batch.overlays[:3])  # JPEG overlays, encoded over there
+    assert batch.result(3) is None and batch.overlays[3] is None and "image" in batch.errors[3]
+    assert_same_result(
+        batch.result(0), runtime.process([png_bytes(0)], ["the sky"], Controls(), "none").result(0)
+    )
+    # the overlay kind crosses the socket: the foveated view, drawn over there as it is here
+    remote = client.process([png_bytes(4, 128)], ["the sky"], Controls(), "png", kind="foveated")
+    assert (
+        remote.overlays
+        == runtime.process([png_bytes(4, 128)], ["the sky"], Controls(), "png", kind="foveated").overlays
+    )
+    assert remote.overlays != runtime.process([png_bytes(4, 128)], ["the sky"], Controls(), "png").overlays
+
 
 def test_a_chunk_runs_in_the_engine_process_as_in_process(served, tmp_path):
-    """A worker group's Celery process sends a chunk's ids; the engine process reads its photos,
-    runs them, writes its rows and records its items (Redis), exactly as the in-process executor
-    does: the same rows as the runtime's own run of the same items, a bad item failed alone."""
+    """A worker group's Celery process runs a chunk over its engine client: it reads the photos,
+    the engine process decodes and runs each step, the Celery process writes the rows and records
+    the items (Redis): the same rows as the runtime's own run of the same items, a bad item failed
+    alone."""
     import uuid
 
     import pyarrow.parquet as pq
@@ -63,11 +83,10 @@ def test_a_chunk_runs_in_the_engine_process_as_in_process(served, tmp_path):
     from arrcoc.service.jobs import batch
     from arrcoc.service.jobs.store import RedisJobStore, redis_client
 
-    runtime, client, _, settings = served
+    runtime, _, address, settings = served
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     s = settings.model_copy(update={"data_dir": tmp_path, "broker_url": BROKER, "redis_prefix": prefix})
-    server_settings = runtime.settings
-    runtime.settings = s  # the engine process's settings: the same data dir and Redis as the workers'
+    client = EngineClient(s, address, KEY)  # a Celery process's, with the workers' data dir
     store = RedisJobStore(redis_client(BROKER, 5.0), prefix)
     try:
         files = {f"{i}.png": png_bytes(i) for i in range(3)} | {"bad.png": b"not an image"}
@@ -85,7 +104,7 @@ def test_a_chunk_runs_in_the_engine_process_as_in_process(served, tmp_path):
             )
             assert rows[i]["overlay"]
     finally:
-        runtime.settings = server_settings
+        client.close()
         store.r.delete(*(store.r.keys(f"{prefix}:*") or [b"none"]))
 
 

@@ -19,10 +19,11 @@ one holds its device in all of that device's engine processes (the `hold` operat
 Wire: pickled tuples over a local socket (`multiprocessing.connection`, AF_UNIX, an auth key the
 supervisor makes per group). One connection per client thread; a request is `(op, *args)`, the
 reply `("ok", value)` or `("err", error)` (the wire form of arrcoc.service.codec), with
-`("progress", fraction, message)` before a benchmark's reply. A request's image crosses as its
-encoded bytes (a JPEG is ~20x smaller than its decoded pixels); a batch job's chunk crosses as its
-ids alone: the engine process runs it as the in-process executor does (reads its files, writes its
-results, records its items in Redis), so a job's photos and results never cross the socket.
+`("progress", fraction, message)` before a benchmark's reply. Images cross as their encoded bytes
+(a JPEG is ~20x smaller than its decoded pixels), a batch step's outputs and encoded overlays come
+back: the Celery processes read a chunk's files and write its results (the batch pipeline of
+arrcoc.service.jobs.batch, run there over an EngineClient), so that writing spreads over their
+interpreters while the engine process decodes and runs.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
@@ -44,11 +46,10 @@ from typing import Any
 from ...errors import ArrcocError, DeadlineExceeded, EngineError, JobCancelled, ServiceUnavailableError
 from ...request import Controls
 from ...result import RelevanceResult
-from ...settings import Settings, get_settings
+from ...settings import DEFAULT_OVERLAY_KIND, Settings, get_settings
 from ..codec import error_from_wire, error_to_wire
-from ..jobs.store import JobStore, RedisJobStore, redis_client
 from ..jobs.types import BenchRequest
-from .interface import EngineHost, Progress
+from .interface import EngineHost, ProcessedBatch, Progress
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,6 @@ class EngineServer:
             "items": 0,
         }  # what this process has answered (the health check shows it)
         self.listener = Listener(address, family="AF_UNIX", authkey=authkey)
-        self._job_store: JobStore | None = None  # made on the first chunk
 
     def serve_forever(self) -> None:
         while True:
@@ -146,22 +146,19 @@ class EngineServer:
         self._count(1)
         return result
 
-    def _op_chunk(
-        self, peer: _Peer, job_id: str, start: int, stop: int, seconds: float | None
-    ) -> dict[str, Any]:
-        """A batch job's chunk run here, as the in-process executor runs it: its files read, its
-        results written and its items recorded by this process (the job store is Redis)."""
-        deadline = None if seconds is None else time.monotonic() + seconds
-        out = self.runtime.run_chunk(job_id, start, stop, self._store(), deadline)
-        self._count(out.get("processed", 0))
-        return out
-
-    def _store(self) -> JobStore:
-        with self._served_lock:
-            if self._job_store is None:
-                s = self.runtime.settings
-                self._job_store = RedisJobStore(redis_client(s.queue_url, s.redis_timeout_s), s.redis_prefix)
-            return self._job_store
+    def _op_process(
+        self,
+        peer: _Peer,
+        images: list[bytes],
+        queries: list[str],
+        controls: Controls,
+        overlay: str,
+        backend: str | None,
+        kind: str = DEFAULT_OVERLAY_KIND,
+    ) -> ProcessedBatch:
+        processed = self.runtime.process(images, queries, controls, overlay, backend, kind)
+        self._count(len(images))
+        return processed
 
     def _op_bench(self, peer: _Peer, request: BenchRequest) -> tuple[dict[str, Any], dict[str, Any]]:
         last = [0.0]
@@ -252,6 +249,7 @@ class EngineClient(EngineHost):
         self._authkey = authkey
         self._lock = threading.Lock()
         self._info: dict[str, Any] | None = None
+        self._steps: ThreadPoolExecutor | None = None
 
     def _conn(self, route: _Route) -> Connection:
         conn = getattr(route.local, "conn", None)
@@ -389,12 +387,38 @@ class EngineClient(EngineHost):
             result, timings_ms=result.timings_ms | {"engine_wall_ms": (time.perf_counter() - t0) * 1e3}
         )
 
+    def process(
+        self,
+        images: Sequence[bytes],
+        queries: Sequence[str],
+        controls: Controls,
+        overlay: str,
+        backend: str | None = None,
+        kind: str = DEFAULT_OVERLAY_KIND,
+    ) -> ProcessedBatch:
+        """A batch step on the least-loaded engine process: its photos go as their encoded bytes,
+        its outputs and encoded overlays come back (Runtime.process over there)."""
+        return self._routed(
+            ("process", list(images), list(queries), controls, overlay, backend, kind), len(images)
+        )
+
+    @property
+    def step_pool(self) -> ThreadPoolExecutor:
+        """This Celery process's step threads (batch_steps_in_flight): while one step is written
+        here, the next is decoded and run in the engine process."""
+        with self._lock:
+            if self._steps is None:
+                n = self.settings.batch_steps_in_flight
+                self._steps = ThreadPoolExecutor(n, thread_name_prefix="arrcoc-step")
+            return self._steps
+
     def run_chunk(self, job_id, start, stop, store, deadline=None, yield_now=None):
-        """Run by the least-loaded engine process, which has its own connection to the job store
-        (`store` is this process's); sent once more to another if that one stops answering: a
-        chunk skips what is recorded."""
-        seconds = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return self._routed(("chunk", job_id, start, stop, seconds), stop - start)
+        """The chunk's files read and its results written here, in this Celery process, its steps
+        decoded and run by the engine processes (`process`): writing spreads over the group's
+        Celery processes instead of sharing the engine process's one interpreter."""
+        from ..jobs.batch import run_chunk  # the job model's pipeline, over this host
+
+        return run_chunk(job_id, start, stop, self, store, self.settings, deadline, yield_now)
 
     def benchmark(
         self, request: BenchRequest, progress: Progress | None = None
@@ -408,6 +432,8 @@ class EngineClient(EngineHost):
             self._release(route, 0)
 
     def close(self) -> None:
+        if self._steps is not None:
+            self._steps.shutdown(wait=False, cancel_futures=True)
         for route in self._routes:
             self._drop(route)
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ...settings import DEFAULT_OVERLAY_KIND
 
 if TYPE_CHECKING:  # the types only: importing this module loads no engine
     from ...images import ImageLike
@@ -175,6 +178,27 @@ class EngineHost(ABC):
         """One interactive request through the dynamic batcher; waits at most `timeout` s."""
 
     @abstractmethod
+    def process(
+        self,
+        images: Sequence[bytes],
+        queries: Sequence[str],
+        controls: Controls,
+        overlay: str,
+        backend: str | None = None,
+        kind: str = DEFAULT_OVERLAY_KIND,
+    ) -> ProcessedBatch:
+        """A batch job's step, bytes to results: decoded together on the engine's path, run in as
+        few engine calls as the buckets allow, overlays drawn and encoded together (`overlay`:
+        jpeg, png or none; `kind`: what they show, arrcoc.settings.OVERLAY_KINDS). Results as
+        columns over the items, in order; a bad item fails alone."""
+
+    @property
+    @abstractmethod
+    def step_pool(self) -> ThreadPoolExecutor:
+        """The batch pipeline's step threads on this side (batch_steps_in_flight), shared by the
+        chunks this process runs: each carries a step from its files to its recorded results."""
+
+    @abstractmethod
     def run_chunk(
         self,
         job_id: str,
@@ -184,10 +208,9 @@ class EngineHost(ABC):
         deadline: float | None = None,
         yield_now: Callable[[], bool] | None = None,
     ) -> dict[str, Any]:
-        """Items [start, stop) of a batch job through the batch pipeline where the engine is
-        (arrcoc.service.jobs.batch.run_chunk: read, decoded, run, written and recorded there): a
-        worker group's Celery process sends a chunk's ids, never its images or outputs, and every
-        host runs a chunk the same way. `deadline` is a time.monotonic() of this process."""
+        """Items [start, stop) of a batch job through the batch pipeline
+        (arrcoc.service.jobs.batch.run_chunk) over this host: read and written in this process,
+        each step decoded and run by `process`. `deadline` is a time.monotonic() of this process."""
 
     @abstractmethod
     def benchmark(

@@ -38,7 +38,7 @@ from .store import JobStore
 from .types import JobKind, JobState
 
 if TYPE_CHECKING:
-    from ..host.runtime import Runtime
+    from ..host.interface import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +96,12 @@ MIN_STEP_ITEMS = 8
 STEP_BYTES = 64 << 20
 
 
-def step_items(host: Runtime) -> int:
+def step_items(host: EngineHost) -> int:
     """Items in one pipeline step (one engine-host call) on this host."""
     return min(STEP_ITEMS, max(MIN_STEP_ITEMS, 2 * host.max_batch))
 
 
-def steps_in_flight(host: Runtime, settings: Settings) -> int:
+def steps_in_flight(host: EngineHost, settings: Settings) -> int:
     """Steps of a chunk run at once: several on an accelerator, where one step decodes and runs
     while another's results are drawn (docs/service.md#concurrency); one on a CPU, where the
     engine's threads take every core that a second step's decoding would compete for."""
@@ -146,7 +146,7 @@ def run_chunk(
     job_id: str,
     start: int,
     stop: int,
-    host: Runtime,
+    host: EngineHost,
     store: JobStore,
     settings: Settings,
     deadline: float | None = None,
@@ -268,7 +268,7 @@ def _run_group(
     group: list[Item],
     controls: Controls,
     drawn: str,
-    host: Runtime,
+    host: EngineHost,
     store: JobStore,
     settings: Settings,
     deadline: float | None,
@@ -318,7 +318,7 @@ def _run_group(
 
 
 def _run_step(
-    host: Runtime,
+    host: EngineHost,
     jd: Path,
     step: list[Item],
     controls: Controls,

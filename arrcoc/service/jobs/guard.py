@@ -28,7 +28,7 @@ from .store import JobStore
 
 if TYPE_CHECKING:
     from ...request import Controls
-    from ..host.runtime import Runtime
+    from ..host.interface import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ TRANSPORT_ERRORS = (ServiceUnavailableError, ConnectionError, EOFError)
 
 
 def process_isolated(
-    host: Runtime,
+    host: EngineHost,
     images: Sequence[bytes],
     queries: Sequence[str],
     controls: Controls,
