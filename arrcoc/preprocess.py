@@ -223,7 +223,7 @@ with warnings.catch_warnings():
 
 def jpeg_tensor(data: bytes) -> torch.Tensor:
     """A JPEG's bytes as the uint8 tensor nvJPEG reads, over the same memory: no copy of a
-    12 MP photo's megabytes, under the GIL, per image (benchmarks/2026-11-26-h100-jpeg-bytes-ab)."""
+    12 MP photo's megabytes, under the GIL, per image."""
     return torch.frombuffer(data, dtype=torch.uint8)
 
 

@@ -149,7 +149,7 @@ def shared_runtime_cxx(candidates: tuple[str, ...] | None = None) -> str | None:
     ships only a static libstdc++ (some GCC builds installed under /opt) gives wrapper.so a private
     copy whose std::locale facet ids differ from the process's: std::regex (AOTInductor parses the
     device string with one) then fetches the wrong facet and every CUDA package, even a toy model's,
-    segfaults while loading (benchmarks/2026-11-23-h100-aot-debug.md tells how this was found).
+    segfaults while loading (how this was found: git history of BENCHMARKS.md, 2026-11-23).
     """
     for name in candidates or (os.environ.get("CXX", ""), "g++", "c++"):
         path = shutil.which(name) if name else None

@@ -88,7 +88,7 @@ def create_batch_job(
 # written as one part. Two engine batches a step, at least 8 so that progress moves on a CPU,
 # which runs one image at a time. A step's fixed costs (an nvJPEG call's device
 # wait, the step's part, row group and record) are paid per step, so the largest step the engine
-# batches allow (benchmarks/2026-11-26-h100-step-items-ab/).
+# batches allow.
 STEP_ITEMS = 128
 MIN_STEP_ITEMS = 8
 # A step also ends at this much input (at least one item): its photos' bytes are in memory while it
