@@ -14,6 +14,7 @@ from typing import Any
 from arrcoc.errors import InvalidInputError
 from arrcoc.request import Controls
 from arrcoc.service.jobs import archive as archive_checks
+from arrcoc.service.jobs.budget import payer
 from arrcoc.service.jobs.types import BenchRequest, JobKind, JobState, JobStatus
 from arrcoc.settings import get_settings
 
@@ -80,12 +81,18 @@ def submit_batch(
     controls: Controls,
     owner: str | None = None,
     overlays: str | None = None,
+    address: str | None = None,
 ) -> str:
+    """The job, its disk reservation counted against the submitter's address (an anonymous
+    browser or session is made anew for free) or token (arrcoc.service.jobs.budget.payer)."""
     q = text_field(query, "The query").strip() or None
     archive = build_archive(zip_path, manifest_path)
     if q is None and not manifest_path and not _zip_has_manifest(archive):
         raise InvalidInputError("Type a query for every image, or add a manifest (file,query) to the zip.")
-    return service.executor().submit_batch(archive, q, controls, owner=owner, overlays=overlays)
+    paid_by = payer(owner, address)
+    return service.executor().submit_batch(
+        archive, q, controls, owner=owner, overlays=overlays, paid_by=paid_by
+    )
 
 
 def _zip_has_manifest(archive: bytes) -> bool:

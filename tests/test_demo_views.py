@@ -598,3 +598,25 @@ def test_a_benchmark_says_what_it_is_doing_before_each_step():
     )
     assert first["arrcoc-texture: timing batches of 1"] < first["arrcoc-texture: bucket 1"]
     assert "timing" not in said  # every note names its step
+
+
+def test_a_batch_from_the_page_pays_by_its_address(tmp_path, monkeypatch):
+    """The demo hands the executor the payer of the submitter's address, so new sessions of one
+    address share one disk share. (A recording stand-in for the executor: what is asserted is the
+    demo's wiring; the budget itself is tested in test_service and test_abuse.)"""
+    from arrcoc.request import Controls
+    from demo import jobs, service
+
+    seen = {}
+
+    class Recording:
+        def submit_batch(self, archive, query, controls, **kwargs):
+            seen.update(kwargs)
+            return "batch-0123456789abcdef"
+
+    monkeypatch.setattr(service, "executor", lambda: Recording())
+    z = tmp_path / "a.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("a.png", b"x")
+    jobs.submit_batch(str(z), None, "the sky", Controls(), owner="session:q", address="203.0.113.7")
+    assert (seen["owner"], seen["paid_by"]) == ("session:q", "address:203.0.113.7")

@@ -999,3 +999,27 @@ def test_a_corrupt_stored_entry_fails_its_item_alone(inprocess):
     assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 1), st
     failed = inprocess.store.failed_items(job)
     assert list(failed) == [2] and "'2.png' is corrupt (its checksum does not match)" in failed[2]
+
+
+def test_a_jobs_disk_share_is_its_payers_whatever_the_session(settings, tmp_path):
+    """Two anonymous sessions from one address share one payer's disk share (each new session
+    used to get a share of its own); a job that asks for no overlays reserves rows only."""
+    from arrcoc.service.client.inprocess import InProcessExecutor
+    from arrcoc.service.jobs.budget import payer
+
+    manifest = b"file,query\n" + b"a.png,the sky\n" * 100
+    data = make_zip({"a.png": png_bytes(0), "manifest.csv": manifest})
+    probe = tmp_path / "probe" / "jobs" / "batch-0123456789abcdef"  # what one such job reserves
+    unpack(data, None, probe, settings, "x", pictures=False)
+    reserved = json.loads((probe / "reserved.json").read_text())["bytes"]
+    assert reserved > 0
+    s = settings.model_copy(update={"data_dir": tmp_path / "data", "max_owner_bytes": int(reserved * 1.5)})
+    ex = InProcessExecutor(s)
+    try:
+        a = ex.submit_batch(data, owner="session:a", paid_by=payer("session:a", "203.0.113.7"))
+        with pytest.raises(InvalidInputError, match="ARRCOC_MAX_OWNER_BYTES"):
+            ex.submit_batch(data, owner="session:b", paid_by=payer("session:b", "203.0.113.7"))
+        ex.submit_batch(data, owner="session:c", paid_by=payer("session:c", "198.51.100.9"))
+        assert wait_finished(ex, a).state == JobState.DONE
+    finally:
+        ex.close()

@@ -20,7 +20,7 @@ from arrcoc.settings import BACKENDS, DEFAULT_OVERLAYS, OVERLAYS, Settings
 
 from .. import batchview, jobs, reports, service
 from ..errors import user_error
-from ..guard import owner_of
+from ..guard import client_address, owner_of
 from ..inputs import photo_input, query_text, read_image
 
 API_OVERLAY_SIDE = (
@@ -67,6 +67,7 @@ def api_batch_submit(
             Controls(),
             owner=owner_of(request, None, "batch"),
             overlays=overlays,
+            address=client_address(request),
         )
         return jobs.status_doc(jobs.job_status(job_id, owner_of(request, None, "batch")))
     except Exception as e:

@@ -16,7 +16,7 @@ from arrcoc.settings import OVERLAYS, Settings
 
 from .. import batchview, jobs
 from ..errors import friendly, user_error
-from ..guard import owner_of
+from ..guard import client_address, owner_of
 from ..page import PRIVATE, PUSH_JOB_JS
 from ..page import caption as _caption
 from ..page import mb as _mb
@@ -33,7 +33,13 @@ def batch_submit(
     try:
         owner = owner_of(request, token, "batch")  # the job is bound to this token, browser or session
         job_id = jobs.submit_batch(
-            zip_path, manifest_path, query, Controls(), owner=owner, overlays=overlay_kind
+            zip_path,
+            manifest_path,
+            query,
+            Controls(),
+            owner=owner,
+            overlays=overlay_kind,
+            address=client_address(request),
         )
     except Exception as e:
         raise user_error(e) from e

@@ -155,11 +155,12 @@ class CeleryExecutor(Executor):
         controls: Controls | None = None,
         owner: str | None = None,
         overlays: str | None = None,
+        paid_by: str | None = None,
     ) -> str:
         self._check_types(archive, controls)
         # the kind is kept with the job (its record), so the chunk tasks' arguments stay as they were
         job_id, chunks = batch.create_batch_job(
-            bytes(archive), query, controls, self.settings, self.store, owner, overlays
+            bytes(archive), query, controls, self.settings, self.store, owner, overlays, paid_by
         )
         try:
             # a job's later chunks queue behind every job's first ones (Redis serves lower numbers

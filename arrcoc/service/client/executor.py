@@ -51,6 +51,7 @@ class Executor(ABC):
         controls: Controls | None = None,
         owner: str | None = None,
         overlays: str | None = None,
+        paid_by: str | None = None,
     ) -> str:
         """A zip of images (one query for all) or a zip with manifest.csv/.jsonl (file,query).
 
@@ -58,6 +59,8 @@ class Executor(ABC):
         overlays: the pictures the job draws beside its rows, one of arrcoc.settings.OVERLAYS ("none",
         the default: results.parquet and summary.csv only; "relevance": the map over each photo;
         "foveated": the photo under the result's token budgets).
+        paid_by: whose share of the disk budget the job counts against (arrcoc.service.jobs.budget.payer;
+        None: the owner's).
         """
 
     @abstractmethod

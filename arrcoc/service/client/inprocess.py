@@ -131,10 +131,11 @@ class InProcessExecutor(Executor):
         controls: Controls | None = None,
         owner: str | None = None,
         overlays: str | None = None,
+        paid_by: str | None = None,
     ) -> str:
         self._check_types(archive, controls)
         job_id, chunks = batch.create_batch_job(
-            bytes(archive), query, controls, self.settings, self.store, owner, overlays
+            bytes(archive), query, controls, self.settings, self.store, owner, overlays, paid_by
         )
         total = chunks[-1][1] if chunks else 0
         self._jobs.add(owner or "", lambda yield_now: self._run_batch(job_id, total, yield_now))

@@ -51,16 +51,18 @@ def create_batch_job(
     store: JobStore,
     owner: str | None = None,
     overlays: str | None = None,
+    paid_by: str | None = None,
 ) -> tuple[str, list[tuple[int, int]]]:
     """Check and unpack the zip, record the job; returns its id and its chunks [start, stop).
-    `overlays`: the pictures it draws (arrcoc.settings.OVERLAYS; None: none, rows only).
+    `overlays`: the pictures it draws (arrcoc.settings.OVERLAYS; None: none, rows only);
+    `paid_by`: whose disk share its reservation counts against (budget.payer; None: the owner's).
     Expired jobs' files are removed by the reaper (files.Reaper), not here."""
     drawn = check_overlays(overlays)  # a bad value is refused before anything is unpacked
     job_id = new_job_id(JobKind.BATCH)
     jd = job_dir(settings, job_id)
     jd.mkdir(parents=True)
     try:
-        items = unpack(archive, query, jd, settings, owner)
+        items = unpack(archive, query, jd, settings, owner, paid_by=paid_by, pictures=drawn != "none")
         chunk = max(1, settings.batch_chunk_items)
         # job.json is the reaper's: it tells when the folder's files go
         (jd / "job.json").write_text(json.dumps({"expires_at": time.time() + settings.job_ttl_s}))
