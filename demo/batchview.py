@@ -24,6 +24,8 @@ from arrcoc.render import heatmap_image
 from arrcoc.service.jobs.results import RESULTS_NAME
 from arrcoc.service.jobs.types import JobStatus
 
+from .jobs import status_doc
+
 GALLERY_MAX = 60  # overlays shown on the page; the zip holds them all
 THUMB_SIDE = 320
 
@@ -194,20 +196,7 @@ def status_json(st: JobStatus, zip_path: str | Path | None) -> dict[str, Any]:
     """A job's status as plain JSON (the /batch_status API): the job record's counts, and once the
     results exist, what the results file holds (it comes with the reply as a file; its rows are
     read from it, not from here)."""
-    doc: dict[str, Any] = {
-        "job_id": st.job_id,
-        "kind": st.kind.value,
-        "state": st.state.value,
-        "finished": st.state.finished,
-        "total": st.total,
-        "done": st.done,
-        "failed": st.failed,
-        "progress": round(st.progress, 4),
-        "message": st.message,
-        "queue_position": st.queue_position,
-        "created_at": st.created_at,
-        "updated_at": st.updated_at,
-    }
+    doc = status_doc(st)
     if zip_path:
         with zipfile.ZipFile(zip_path) as zf:  # the central directory only
             drawn = any(n.startswith("overlays/") for n in zf.namelist())
