@@ -166,19 +166,9 @@ class Settings(BaseSettings):
     # bound by its GIL while the GPU idles (docs/service.md); several share the device as model
     # instances do in Triton's instance groups. At most worker_processes of them are started.
     engine_processes: int = Field(1, ge=1, le=16)
-    # set by `arrcoc worker --processes N`: where an engine process listens; for a Celery process,
-    # the engine it prefers when engines are equally loaded
-    engine_socket: str | None = None
-    engine_authkey: str | None = None
-    # set by the supervisor for its Celery processes: every engine of the group (all devices),
-    # the preferred one first; each call goes to the one with the least work in flight
-    engine_pool: Annotated[tuple[str, ...], NoDecode] = ()
     # an engine process that exits is started again, at most this many times in ten minutes
     # (past that the whole group stops and its supervisor exits non-zero)
     engine_restarts: int = Field(5, ge=0, le=100)
-    # set by the supervisor for its engine processes: every engine socket on the same device, in
-    # order (a benchmark in one holds the device in all of them, taking their locks in this order)
-    engine_group: Annotated[tuple[str, ...], NoDecode] = ()
     # the engine process's GIL switch interval (sys.setswitchinterval): how long a thread may keep
     # the GIL while others wait for it; there, the batch threads share it with a connection thread
     # per request in flight
@@ -188,8 +178,6 @@ class Settings(BaseSettings):
         "backends",
         "buckets",
         "token_scope",
-        "engine_group",
-        "engine_pool",
         "devices",
         "trusted_proxies",
         mode="before",

@@ -184,3 +184,16 @@ def test_calls_go_to_the_least_loaded_engine_and_around_one_that_is_gone(served)
     pool._release(gone, 2)
     pool._release(live, 64)
     pool.close()
+
+
+def test_the_groups_wiring_travels_outside_the_users_settings():
+    """Where a group's engines are is the supervisor's wiring, in _ARRCOC_ENGINE_* variables: it
+    round-trips, and none of it is an ARRCOC_ setting a user could set by mistake."""
+    from arrcoc.service.host.wiring import Wiring
+    from arrcoc.settings import Settings
+
+    w = Wiring("/tmp/e0.sock", KEY, ("/tmp/e0.sock", "/tmp/e1.sock"), ("/tmp/e1.sock", "/tmp/e0.sock"))
+    env = w.to_env()
+    assert Wiring.from_env(env) == w and w.in_group and not Wiring.from_env({}).in_group
+    assert all(k.startswith("_ARRCOC_ENGINE_") for k in env)
+    assert not {"engine_socket", "engine_authkey", "engine_pool", "engine_group"} & set(Settings.model_fields)

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Client
 from pathlib import Path
 
+from arrcoc.service.host.wiring import Wiring
 from arrcoc.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -129,10 +130,7 @@ def plan_engines(
         for di, device in enumerate(devices):
             env = dict(
                 base,
-                ARRCOC_ENGINE_SOCKET=addresses[di][e],
-                ARRCOC_ENGINE_AUTHKEY=authkey.hex(),
-                ARRCOC_ENGINE_GROUP=",".join(addresses[di]),
-                ARRCOC_ENGINE_POOL="",
+                **Wiring(addresses[di][e], authkey, tuple(addresses[di])).to_env(),
                 ARRCOC_DEVICES="",
                 ARRCOC_WORKER_PROCESSES="1",
                 ARRCOC_DEVICE=settings.device,
@@ -162,8 +160,7 @@ def front_env(
     apply to the calling thread only)."""
     env = dict(
         spec.env,
-        ARRCOC_ENGINE_SOCKET=pool[0],
-        ARRCOC_ENGINE_POOL=",".join(pool),
+        **Wiring(pool[0], Wiring.from_env(spec.env).authkey, (), tuple(pool)).to_env(),
         ARRCOC_DEVICE=settings.device,
         ARRCOC_DEVICES=",".join(devices),
     )

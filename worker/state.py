@@ -24,6 +24,7 @@ from arrcoc.result import RelevanceResult
 from arrcoc.service.client.queue import UNACKED_INDEX, problems_key
 from arrcoc.service.codec import error_to_frame, error_to_wire, result_to_frame, result_to_wire
 from arrcoc.service.host.interface import EngineHost
+from arrcoc.service.host.wiring import Wiring
 from arrcoc.service.jobs import batch, bench
 from arrcoc.service.jobs.budget import release
 from arrcoc.service.jobs.files import job_dir
@@ -196,19 +197,20 @@ class WorkerState:
         self._raw = None
         # a batch chunk at a time per device of the group, owners in turn; interactive work interleaves
         s = self.settings
-        self.chunk_gate = FairGate(max(1, len(s.devices)) if s is not None and s.engine_socket else 1)
+        self.chunk_gate = FairGate(
+            max(1, len(s.devices)) if s is not None and Wiring.from_env().in_group else 1
+        )
 
     def host(self) -> EngineHost:
         """The engine in this process, or the group's engine process (`arrcoc worker --processes N`)."""
         with self._lock:
             if self._host is None:
                 s = self.settings
-                if s.engine_socket and s.engine_authkey:
+                wiring = Wiring.from_env()
+                if wiring.in_group:
                     from arrcoc.service.host.engine_process import EngineClient
 
-                    self._host = EngineClient(
-                        s, s.engine_pool or (s.engine_socket,), bytes.fromhex(s.engine_authkey)
-                    )
+                    self._host = EngineClient(s, wiring.pool or (wiring.socket,), wiring.authkey)
                 else:
                     from arrcoc.service.host.runtime import Runtime
 

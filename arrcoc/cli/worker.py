@@ -89,9 +89,11 @@ def worker_argv(args, settings) -> list[str]:
 
 
 def run(args) -> int:
+    from ..service.host.wiring import Wiring
+
     settings = worker_settings(args)
     processes = args.processes or settings.worker_processes
-    if (processes > 1 or settings.devices) and not settings.engine_socket:
+    if (processes > 1 or settings.devices) and not Wiring.from_env().in_group:
         return _run_group(args, processes, settings)
     from worker.app import app, configure
 

@@ -51,6 +51,7 @@ from ..codec import error_from_wire, error_to_wire
 from ..jobs.types import BenchRequest
 from .interface import EngineHost, ProcessedBatch, Progress
 from .runtime import Runtime
+from .wiring import Wiring
 
 log = logging.getLogger(__name__)
 
@@ -443,9 +444,10 @@ def main() -> int:
     """`python -m arrcoc.service.host.engine_process`: started by `arrcoc worker --processes N`."""
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/engine] %(message)s")
     settings = get_settings()
-    if not settings.engine_socket or not settings.engine_authkey:
+    wiring = Wiring.from_env()
+    if not wiring.in_group:
         print(
-            "ARRCOC_ENGINE_SOCKET and ARRCOC_ENGINE_AUTHKEY must be set (arrcoc worker --processes N sets them)",
+            "_ARRCOC_ENGINE_SOCKET and _ARRCOC_ENGINE_AUTHKEY must be set (arrcoc worker --processes N sets them)",
             file=sys.stderr,
         )
         return 2
@@ -455,11 +457,9 @@ def main() -> int:
     runtime = Runtime(settings)
     runtime.warm()
     # listening only once warm: a client that connects is served at once
-    server = EngineServer(
-        runtime, settings.engine_socket, bytes.fromhex(settings.engine_authkey), settings.engine_group
-    )
+    server = EngineServer(runtime, wiring.socket, wiring.authkey, wiring.group)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # out of accept(), through the finally below
-    log.info("engine process %d listening on %s", os.getpid(), settings.engine_socket)
+    log.info("engine process %d listening on %s", os.getpid(), wiring.socket)
     try:
         server.serve_forever()
     finally:
