@@ -218,8 +218,8 @@ def uniform_view(images: Tensor, tokens: float, patch: int = DEFAULT_PATCH) -> T
 
 # One photo's foveated view is drawn at most this many pixels a side (its aspect kept): each
 # resolution level holds a float plane of the view on a canvas of whole cells, so drawing at a
-# 40 MP photo's own size cost gigabytes, and a photo thinner than the grid has cells, stretched to
-# whole cells, cost several times its pixels. 2048 is the size /infer's photos are decoded at (a
+# large photo's own size costs gigabytes, and a photo thinner than the grid has cells, stretched to
+# whole cells, costs several times its pixels. 2048 is the size /infer's photos are decoded at (a
 # JPEG's draft) and more than a screen shows.
 IMAGE_MAX_SIDE = 2048
 

@@ -111,9 +111,6 @@ class Decoder:
         self.resample = resample
         self.gpu = uses_gpu_decoder(device)
 
-    def close(self) -> None:
-        """Nothing to release: decoding runs in the calling thread (kept for the engine's lifecycle)."""
-
     def start(self, data: bytes, view_side: int | None = None) -> Pixels | Encoded:
         """Check one image; decode it now unless the GPU will (ImageError for a bad one)."""
         encoded = self._encoded(data) if self.gpu else None

@@ -68,10 +68,7 @@ def test_exif_orientation_on_the_device_matches_pillow(orientation: int) -> None
 def test_the_cpu_decoder_gives_the_pipelines_pixels_and_per_item_errors() -> None:
     data = (EXAMPLES / "chelsea.jpg").read_bytes()
     dec = Decoder(torch.device("cpu"), 512, ImageLimits())
-    try:
-        good, bad = dec.decode([data, b"\xff\xd8 not a jpeg"], view_side=256)
-    finally:
-        dec.close()
+    good, bad = dec.decode([data, b"\xff\xd8 not a jpeg"], view_side=256)
     assert isinstance(bad, ImageError)
     assert torch.equal(good.pixels, to_tensor(decode_image(data).image, 512))
     assert good.size == Image.open(io.BytesIO(data)).size and max(good.view.shape[1:]) == 256
@@ -101,10 +98,7 @@ def test_a_gpu_decoders_batch_sends_each_image_its_way_and_keeps_the_order(monke
         return [cpu._cpu_one(e.data, view_side) for e in encoded]
 
     monkeypatch.setattr(gpu, "_gpu_many", nvjpeg)
-    try:
-        ours, pillow = gpu.decode(images, view_side=64), cpu.decode(images, view_side=64)
-    finally:
-        gpu.close(), cpu.close()
+    ours, pillow = gpu.decode(images, view_side=64), cpu.decode(images, view_side=64)
     assert sent == [len(images[0]), len(images[4])]  # only the plain JPEGs within the limit, in one call
     assert isinstance(ours[2], ImageError) and isinstance(pillow[2], ImageError)
     for k in (0, 1, 3, 4):
@@ -129,10 +123,7 @@ def test_gpu_decoding_is_close_to_pillow_and_upright() -> None:
     ]
     gpu = Decoder(torch.device("cuda"), 512, ImageLimits())
     cpu = Decoder(torch.device("cpu"), 512, ImageLimits())
-    try:
-        g, c = gpu.decode(images, view_side=300), cpu.decode(images, view_side=300)
-    finally:
-        gpu.close(), cpu.close()
+    g, c = gpu.decode(images, view_side=300), cpu.decode(images, view_side=300)
     assert isinstance(g[3], ImageError) and isinstance(c[3], ImageError)
     for a, b in zip(g[:3], c[:3], strict=True):
         assert a.pixels.is_cuda and a.size == b.size
@@ -233,15 +224,12 @@ def test_large_photos_are_resized_a_few_at_a_time_with_the_same_pixels(monkeypat
     images = [torch.from_numpy(rng.integers(0, 255, (3, 300, 400), dtype=np.uint8)) for _ in range(5)]
     images.append(torch.from_numpy(rng.integers(0, 255, (3, 200, 200), dtype=np.uint8)))
     dec = Decoder(torch.device("cpu"), 64, ImageLimits())
-    try:
-        whole = dec._finish(images, view_side=100)
-        calls: list[int] = []
-        real = pre.resize
-        monkeypatch.setattr(pre, "resize", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
-        monkeypatch.setattr(pre, "RESIZE_PIXELS", 2 * 300 * 400)
-        split = dec._finish(images, view_side=100)
-    finally:
-        dec.close()
+    whole = dec._finish(images, view_side=100)
+    calls: list[int] = []
+    real = pre.resize
+    monkeypatch.setattr(pre, "resize", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+    monkeypatch.setattr(pre, "RESIZE_PIXELS", 2 * 300 * 400)
+    split = dec._finish(images, view_side=100)
     assert max(calls) <= 2 and sum(c for c in calls) >= 6  # two 300x400 photos a call at most
     for a, b in zip(whole, split, strict=True):
         assert torch.equal(a.pixels, b.pixels) and torch.equal(a.view, b.view) and a.size == b.size

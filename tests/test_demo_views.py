@@ -602,21 +602,22 @@ def test_a_benchmark_says_what_it_is_doing_before_each_step():
 
 def test_a_batch_from_the_page_pays_by_its_address(tmp_path, monkeypatch):
     """The demo hands the executor the payer of the submitter's address, so new sessions of one
-    address share one disk share. (A recording stand-in for the executor: what is asserted is the
-    demo's wiring; the budget itself is tested in test_service and test_abuse.)"""
+    address share one disk share: the job's reservation names the address, not the session."""
     from arrcoc.request import Controls
+    from arrcoc.service.client.inprocess import InProcessExecutor
+    from arrcoc.settings import default_settings
     from demo import jobs, service
 
-    seen = {}
-
-    class Recording:
-        def submit_batch(self, archive, query, controls, **kwargs):
-            seen.update(kwargs)
-            return "batch-0123456789abcdef"
-
-    monkeypatch.setattr(service, "executor", lambda: Recording())
+    ex = InProcessExecutor(default_settings(data_dir=tmp_path / "data", device="cpu"))
+    monkeypatch.setattr(service, "executor", lambda: ex)
     z = tmp_path / "a.zip"
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(buf, "PNG")
     with zipfile.ZipFile(z, "w") as zf:
-        zf.writestr("a.png", b"x")
-    jobs.submit_batch(str(z), None, "the sky", Controls(), owner="session:q", address="203.0.113.7")
-    assert (seen["owner"], seen["paid_by"]) == ("session:q", "address:203.0.113.7")
+        zf.writestr("a.png", buf.getvalue())
+    try:
+        job = jobs.submit_batch(str(z), None, "the sky", Controls(), owner="session:q", address="203.0.113.7")
+        reserved = json.loads((tmp_path / "data" / "jobs" / job / "reserved.json").read_text())
+        assert (reserved["owner"], reserved["payer"]) == ("session:q", "address:203.0.113.7")
+    finally:
+        ex.close()

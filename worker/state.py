@@ -440,7 +440,9 @@ class WorkerState:
             try:
                 with self.heartbeat.chunk(job_id, start, stop):
                     out = _riding_out_redis(
-                        lambda: self.loaded_host().run_chunk(job_id, start, stop, self.store(), deadline)
+                        lambda: batch.run_chunk(
+                            job_id, start, stop, self.loaded_host(), self.store(), s, deadline
+                        )
                     )
             except TRANSPORT_ERRORS:
                 raise  # Redis or the engine process gone: the chunk is tried again

@@ -19,7 +19,7 @@ from ...request import Controls, check_image_header, image_key, validate_query
 from ...result import RelevanceResult
 from ...settings import Settings, get_settings
 from ..codec import result_from_frame
-from ..jobs import batch, bench
+from ..jobs import bench
 from ..jobs.store import RedisJobStore, redis_client
 from ..jobs.types import BenchRequest, JobState
 from .executor import Executor
@@ -148,20 +148,8 @@ class CeleryExecutor(Executor):
         ]
 
     # -- jobs --------------------------------------------------------------------------------
-    def submit_batch(
-        self,
-        archive: bytes,
-        query: str | None = None,
-        controls: Controls | None = None,
-        owner: str | None = None,
-        overlays: str | None = None,
-        paid_by: str | None = None,
-    ) -> str:
-        self._check_types(archive, controls)
-        # the kind is kept with the job (its record), so the chunk tasks' arguments stay as they were
-        job_id, chunks = batch.create_batch_job(
-            bytes(archive), query, controls, self.settings, self.store, owner, overlays, paid_by
-        )
+    def _start_batch(self, job_id, chunks, owner):
+        # the job's options are kept with the job (its record), so the chunk tasks' arguments stay as they were
         try:
             # a job's later chunks queue behind every job's first ones (Redis serves lower numbers
             # first): a small job submitted after a big one starts after the big one's first chunk
@@ -172,7 +160,6 @@ class CeleryExecutor(Executor):
         except ServiceUnavailableError as e:
             self.store.set_state(job_id, JobState.FAILED, str(e))
             raise
-        return job_id
 
     def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:
         job_id = bench.create_bench_job(request, self.settings, self.store, owner)

@@ -43,7 +43,6 @@ class Executor(ABC):
         backend: one of the served backends (ARRCOC_BACKENDS); None means ARRCOC_BACKEND.
         """
 
-    @abstractmethod
     def submit_batch(
         self,
         archive: bytes,
@@ -62,6 +61,16 @@ class Executor(ABC):
         paid_by: whose share of the disk budget the job counts against (arrcoc.service.jobs.budget.payer;
         None: the owner's).
         """
+        self._check_types(archive, controls)
+        job_id, chunks = batch.create_batch_job(
+            bytes(archive), query, controls, self.settings, self.store, owner, overlays, paid_by
+        )
+        self._start_batch(job_id, chunks, owner)
+        return job_id
+
+    @abstractmethod
+    def _start_batch(self, job_id: str, chunks: list[tuple[int, int]], owner: str | None) -> None:
+        """Hand a recorded job's chunks [start, stop) to whoever runs them."""
 
     @abstractmethod
     def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:

@@ -124,22 +124,9 @@ class InProcessExecutor(Executor):
         self._check_types(image, controls)
         return self.runtime.infer(bytes(image), query, controls or Controls(), timeout, backend)
 
-    def submit_batch(
-        self,
-        archive: bytes,
-        query: str | None = None,
-        controls: Controls | None = None,
-        owner: str | None = None,
-        overlays: str | None = None,
-        paid_by: str | None = None,
-    ) -> str:
-        self._check_types(archive, controls)
-        job_id, chunks = batch.create_batch_job(
-            bytes(archive), query, controls, self.settings, self.store, owner, overlays, paid_by
-        )
+    def _start_batch(self, job_id, chunks, owner):
         total = chunks[-1][1] if chunks else 0
         self._jobs.add(owner or "", lambda yield_now: self._run_batch(job_id, total, yield_now))
-        return job_id
 
     def _run_batch(self, job_id: str, total: int, yield_now: Callable[[], bool] | None = None) -> bool:
         """The job's items not recorded yet, until `yield_now` says another owner waits; True once
@@ -147,7 +134,9 @@ class InProcessExecutor(Executor):
         redelivery, which a job thread does not have, and each chunk's pipeline fills and drains anew."""
         try:
             if total:
-                ran = self.runtime.run_chunk(job_id, 0, total, self.store, yield_now=yield_now)
+                ran = batch.run_chunk(
+                    job_id, 0, total, self.runtime, self.store, self.settings, yield_now=yield_now
+                )
                 if ran.get("yielded"):
                     return False
             batch.maybe_finalize(job_id, self.store, self.settings)

@@ -38,7 +38,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
@@ -250,7 +249,6 @@ class EngineClient(EngineHost):
         self._authkey = authkey
         self._lock = threading.Lock()
         self._info: dict[str, Any] | None = None
-        self._steps: ThreadPoolExecutor | None = None
 
     def _conn(self, route: _Route) -> Connection:
         conn = getattr(route.local, "conn", None)
@@ -403,24 +401,6 @@ class EngineClient(EngineHost):
             ("process", list(images), list(queries), controls, overlay, backend, kind), len(images)
         )
 
-    @property
-    def step_pool(self) -> ThreadPoolExecutor:
-        """This Celery process's step threads (batch_steps_in_flight): while one step is written
-        here, the next is decoded and run in the engine process."""
-        with self._lock:
-            if self._steps is None:
-                n = self.settings.batch_steps_in_flight
-                self._steps = ThreadPoolExecutor(n, thread_name_prefix="arrcoc-step")
-            return self._steps
-
-    def run_chunk(self, job_id, start, stop, store, deadline=None, yield_now=None):
-        """The chunk's files read and its results written here, in this Celery process, its steps
-        decoded and run by the engine processes (`process`): writing spreads over the group's
-        Celery processes instead of sharing the engine process's one interpreter."""
-        from ..jobs.batch import run_chunk  # the job model's pipeline, over this host
-
-        return run_chunk(job_id, start, stop, self, store, self.settings, deadline, yield_now)
-
     def benchmark(
         self, request: BenchRequest, progress: Progress | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -433,8 +413,7 @@ class EngineClient(EngineHost):
             self._release(route, 0)
 
     def close(self) -> None:
-        if self._steps is not None:
-            self._steps.shutdown(wait=False, cancel_futures=True)
+        self._close_step_pool()
         for route in self._routes:
             self._drop(route)
 

@@ -9,6 +9,7 @@ client/inprocess.py).
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # the types only: importing this module loads no engine
     from ...images import ImageLike
     from ...request import Controls
     from ...result import RelevanceResult
-    from ..jobs.store import JobStore
+    from ...settings import Settings
     from ..jobs.types import BenchRequest
 
 Progress = Callable[[float, str], None]
@@ -156,7 +157,13 @@ class ProcessedBatch:
         )
 
 
+_STEP_POOL_LOCK = threading.Lock()  # only while a host's step threads are first made
+
+
 class EngineHost(ABC):
+    settings: Settings
+    _steps: ThreadPoolExecutor | None = None
+
     @abstractmethod
     def warm(self) -> None:
         """Build and warm the default backend's engine now, not on the first request."""
@@ -193,24 +200,19 @@ class EngineHost(ABC):
         columns over the items, in order; a bad item fails alone."""
 
     @property
-    @abstractmethod
     def step_pool(self) -> ThreadPoolExecutor:
-        """The batch pipeline's step threads on this side (batch_steps_in_flight), shared by the
-        chunks this process runs: each carries a step from its files to its recorded results."""
+        """The batch pipeline's step threads on this side (batch_steps_in_flight), shared by every
+        chunk this process runs, whoever sent it: each carries a step from its files to its
+        recorded results, so one step is written while the next is decoded and run."""
+        with _STEP_POOL_LOCK:
+            if self._steps is None:
+                n = self.settings.batch_steps_in_flight
+                self._steps = ThreadPoolExecutor(n, thread_name_prefix="arrcoc-step")
+            return self._steps
 
-    @abstractmethod
-    def run_chunk(
-        self,
-        job_id: str,
-        start: int,
-        stop: int,
-        store: JobStore,
-        deadline: float | None = None,
-        yield_now: Callable[[], bool] | None = None,
-    ) -> dict[str, Any]:
-        """Items [start, stop) of a batch job through the batch pipeline
-        (arrcoc.service.jobs.batch.run_chunk) over this host: read and written in this process,
-        each step decoded and run by `process`. `deadline` is a time.monotonic() of this process."""
+    def _close_step_pool(self) -> None:
+        if self._steps is not None:
+            self._steps.shutdown(wait=False, cancel_futures=True)
 
     @abstractmethod
     def benchmark(

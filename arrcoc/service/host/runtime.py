@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -68,7 +67,6 @@ class Runtime(EngineHost):
         self._build_lock = threading.RLock()
         self._batchers: dict[str, DynamicBatcher] = {}
         self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
-        self._steps: ThreadPoolExecutor | None = None  # the batch pipeline's step threads (step_pool)
         self._streams = threading.local()  # a CUDA stream per thread (_thread_stream)
 
     # -- the engine ------------------------------------------------------------------------
@@ -304,23 +302,6 @@ class Runtime(EngineHost):
                             errors[i] = error_to_wire(e)["message"]
         return step_outputs(len(requests), ran)
 
-    @property
-    def step_pool(self) -> ThreadPoolExecutor:
-        """The batch pipeline's step threads, shared by every chunk this engine runs (a worker
-        group's engine process runs several Celery processes' chunks at once): as many steps are
-        on their way through at once as `steps_in_flight` allows, whoever sent them."""
-        if self._steps is None:
-            with self._build_lock:
-                if self._steps is None:
-                    n = self.settings.batch_steps_in_flight
-                    self._steps = ThreadPoolExecutor(n, thread_name_prefix="arrcoc-step")
-        return self._steps
-
-    def run_chunk(self, job_id, start, stop, store, deadline=None, yield_now=None):
-        from ..jobs.batch import run_chunk  # the job model's pipeline, run on this engine
-
-        return run_chunk(job_id, start, stop, self, store, self.settings, deadline, yield_now)
-
     # -- interactive requests: through the batcher -----------------------------------------
     def batcher_for(self, backend: str | None) -> DynamicBatcher:
         name = self.settings.served_backend(backend)
@@ -462,14 +443,12 @@ class Runtime(EngineHost):
         return report, note
 
     def close(self) -> None:
-        if self._steps is not None:
-            self._steps.shutdown(wait=False, cancel_futures=True)
+        self._close_step_pool()
         for batcher in self._batchers.values():
             batcher.close()
         for pipe in self._pipelines.values():
             if pipe is not self._lent:
                 pipe.backend.close()
-                pipe.decoder.close()
 
 
 def step_outputs(n: int, ran: list[tuple[list[int], BatchResults]]) -> StepOutputs:
