@@ -75,7 +75,9 @@ def test_a_chunk_runs_in_the_engine_process_as_in_process(served, tmp_path):
     the engine process decodes and runs each step, the Celery process writes the rows and records
     the items (Redis): the same rows as the runtime's own run of the same items, a bad item failed
     alone."""
+    import io
     import uuid
+    import zipfile
 
     import pyarrow.parquet as pq
     from helpers import BROKER, make_zip
@@ -95,7 +97,8 @@ def test_a_chunk_runs_in_the_engine_process_as_in_process(served, tmp_path):
         assert out["processed"] == 4, out
         st = store.status(job)
         assert (st.state.value, st.done, st.failed) == ("done", 3, 1), st
-        rows = pq.read_table(tmp_path / "jobs" / job / "results.parquet").to_pylist()
+        with zipfile.ZipFile(tmp_path / "jobs" / job / "results.zip") as zf:
+            rows = pq.read_table(io.BytesIO(zf.read("results.parquet"))).to_pylist()
         local = runtime.process([files[r["file"]] for r in rows[:3]], ["the sky"] * 3, Controls(), "none")
         assert [r["status"] for r in rows] == ["ok", "ok", "ok", "failed"] and "image" in rows[3]["error"]
         for i in range(3):  # the same process, device and path: bit-equal

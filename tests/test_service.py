@@ -519,7 +519,7 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
         assert len(named) == 1 and (jd / named.pop()).samefile(jd / "results.zip")
         files = [f for f in jd.rglob("*") if f.is_file() and f.name != "reserved.json"]
         assert folder_bytes(jd) == sum(f.stat().st_size for f in files) - (jd / "results.zip").stat().st_size
-        assert pq.read_table(jd / "results.parquet").equals(streamed[2])  # the same file beside the zip
+        assert not (jd / "results.parquet").exists()  # the rows are stored once: in results.zip
         (jd / "results.zip").unlink()
         rebuilt = content(build_results_zip(jd))
         assert rebuilt[:2] == streamed[:2] and rebuilt[2].equals(streamed[2])
@@ -533,39 +533,6 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
         assert sorted(p.name for p in jd.iterdir() if p.name.startswith(".")) == []
     finally:
         ex.close()
-
-
-def test_a_part_written_before_rows_were_arrow_is_read_as_it_is(tmp_path):
-    """A job half done across an upgrade: its older parts (rows as Parquet, pictures listed only by
-    the part's own directory) go into results.zip beside the newer ones, every picture whole."""
-    from arrcoc.service.host.interface import StepOutputs
-    from arrcoc.service.jobs.parts import picture_names, write_part, zip_name
-    from arrcoc.service.jobs.results import step_table, to_bytes
-    from arrcoc.service.jobs.results_zip import build_results_zip
-
-    (tmp_path / "results").mkdir()
-    old_keys = [(0, "a.jpg", "q"), (1, "b.jpg", "q")]
-    outputs = dataclasses.replace(StepOutputs.failed(2, 32, 4), ok=np.ones(2, bool))
-    names = [zip_name(i, f, ".jpg") for i, f, _ in old_keys]
-    with zipfile.ZipFile(
-        tmp_path / "results" / f"{0:020d}-aaaaaa.part.zip", "w"
-    ) as zf:  # as the older code wrote it
-        for name, data in zip(names, (b"first picture", b"second"), strict=True):
-            zf.writestr(name, data)
-        zf.writestr("rows.parquet", to_bytes(step_table(old_keys, outputs, [None, None], names)))
-    new_keys = [(2, "c.jpg", "q")]
-    one = dataclasses.replace(StepOutputs.failed(1, 32, 4), ok=np.ones(1, bool))
-    write_part(
-        tmp_path, new_keys, one, [None], picture_names(new_keys, [b"third"], one.ok, ".jpg"), [b"third"]
-    )
-    with zipfile.ZipFile(build_results_zip(tmp_path)) as zf:
-        assert zf.testzip() is None
-        assert [zf.read(n) for n in zf.namelist() if n.startswith("overlays/")] == [
-            b"first picture",
-            b"second",
-            b"third",
-        ]
-        assert pq.read_table(io.BytesIO(zf.read("results.parquet")))["index"].to_pylist() == [0, 1, 2]
 
 
 def test_results_parquet_holds_the_per_item_results_one_row_group_per_step(inprocess, settings):
@@ -818,7 +785,8 @@ def test_a_chunk_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatc
     assert (seen["written_while_running"] >= 1) == (at_once > 1)  # one written while the next runs
     from arrcoc.service.jobs.files import job_dir
 
-    rows = pq.read_table(job_dir(settings, job) / "results.parquet", columns=["index"])
+    with zipfile.ZipFile(job_dir(settings, job) / "results.zip") as zf:
+        rows = pq.read_table(io.BytesIO(zf.read("results.parquet")), columns=["index"])
     assert rows["index"].to_pylist() == list(range(n))
 
 

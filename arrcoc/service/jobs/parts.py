@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from .results import ItemKey, from_bytes, from_ipc, step_table, to_ipc
+from .results import ItemKey, from_ipc, step_table, to_ipc
 
 PART_SUFFIX = ".part.zip"
 ROWS = "rows.arrow"
@@ -230,32 +230,14 @@ def write_part(
     return jd / "results" / name, marks, table
 
 
-# a part written before rows were Arrow IPC (its pictures in it, listed by its central directory
-# only), read as it is: a job half done across an upgrade finishes
-_PARQUET_ROWS = "rows.parquet"
-
-
 def part_table(path: Path, columns: list[str] | None = None) -> pa.Table:
     with zipfile.ZipFile(path) as zf:
-        if ROWS not in zf.NameToInfo:
-            return from_bytes(zf.read(_PARQUET_ROWS), columns)
         return from_ipc(zf.read(ROWS), columns)
 
 
 def part_pictures(path: Path) -> Pictures:
     with zipfile.ZipFile(path) as zf:
-        if PICTURES in zf.NameToInfo:
-            return Pictures.from_json(zf.read(PICTURES))
-        infos = sorted(
-            (i for i in zf.infolist() if i.filename != _PARQUET_ROWS), key=lambda i: i.header_offset
-        )
-    return Pictures(
-        f"{path.parent.name}/{path.name}",
-        tuple(i.filename for i in infos),
-        tuple(i.header_offset for i in infos),
-        tuple(i.CRC for i in infos),
-        tuple(i.file_size for i in infos),
-    )
+        return Pictures.from_json(zf.read(PICTURES))
 
 
 # -- reading parts back ---------------------------------------------------------------------------

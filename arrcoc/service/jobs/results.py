@@ -117,10 +117,6 @@ def to_bytes(table: pa.Table) -> bytes:
     return buf.getvalue()
 
 
-def from_bytes(data: bytes, columns: list[str] | None = None) -> pa.Table:
-    return pq.read_table(pa.BufferReader(data), columns=columns)
-
-
 def to_ipc(table: pa.Table) -> bytes:
     """A step's rows as an Arrow IPC file: its arrays as they are, no encoding (a part's rows,
     encoded to Parquet once, when they go into results.parquet)."""
@@ -317,7 +313,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "SUMMARY_FIELDS",
     "ResultsWriter",
-    "from_bytes",
     "from_ipc",
     "neutralised",
     "parquet_to_jsonl",

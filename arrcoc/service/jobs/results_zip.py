@@ -1,6 +1,6 @@
 """results.zip: a batch job's parts gathered in index order, one row per recorded item.
 
-results.parquet (each part's rows one row group, also kept beside the zip), summary.csv, the
+results.parquet (each part's rows one row group; stored in the zip only), summary.csv, the
 overlays and, when asked (ARRCOC_RESULTS_JSONL), results.jsonl derived from results.parquet at
 the end. Built from the parts once every item is recorded (`build_results_zip`: the pictures
 copied from where the parts say they are, as they are stored), or, when a job runs as one chunk
@@ -110,7 +110,7 @@ class ResultsZip:
                 with zf.open(info, "w") as out:
                     parquet_to_jsonl(self._parquet.path, out)
             zf.close()
-            os.replace(self._parquet.path, self.jd / RESULTS_NAME)
+            self._parquet.path.unlink()
             if self.holds_pictures:  # parts name this file: results.zip is a second name for it
                 tmp = self.jd / f".results.{secrets.token_hex(4)}.zip"
                 try:
