@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     # a batch chunk's steps at once on an accelerator, each carried from its files to its recorded
     # results by a thread of its own: while one is written, the next decodes and runs
     # (docs/service.md#concurrency); a CPU host runs one
-    batch_steps_in_flight: int = Field(2, ge=1, le=4)
+    batch_steps_in_flight: int = Field(4, ge=1, le=4)
 
     # Service
     broker_url: str | None = None  # None: in-process executor
