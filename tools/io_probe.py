@@ -1,4 +1,4 @@
-"""What writing a batch job's results costs on this machine (issue 12): raw write speed of the
+"""What writing a batch job's results costs on this machine: raw write speed of the
 data dir's file system, then the batch job's own write stage (part files) and results.zip build,
 profiled, for 2,048 real items (one CPU-made step of 64 results written 32 times).
 
@@ -24,6 +24,7 @@ from arrcoc.request import Controls  # noqa: E402
 from arrcoc.service.client.inprocess import InProcessExecutor  # noqa: E402
 from arrcoc.service.jobs import batch, parts  # noqa: E402
 from arrcoc.service.jobs.archive import load_items  # noqa: E402
+from arrcoc.service.jobs.results import step_table  # noqa: E402
 from arrcoc.service.jobs.results_zip import build_results_zip  # noqa: E402
 from arrcoc.settings import OVERLAY_EXTENSIONS, default_settings  # noqa: E402
 
@@ -91,12 +92,13 @@ def probe_dir(base: Path, photos: list[bytes], overlay: str) -> None:
     items = load_items(jd)
     ext = OVERLAY_EXTENSIONS.get(overlay, "")
     keys = [batch._key(it) for it in items]
-    dt, prof = profiled(
-        lambda: [
-            parts.write_part(jd, keys[k * 64 : (k + 1) * 64], pb.outputs, pb.errors, pb.overlays, ext)
-            for k in range(32)
-        ]
-    )
+
+    def write_step(k: int) -> None:
+        step = keys[k * 64 : (k + 1) * 64]
+        names = parts.picture_names(step, pb.overlays, pb.outputs.ok, ext)
+        parts.write_part(jd, step_table(step, pb.outputs, pb.errors, names), names, pb.overlays)
+
+    dt, prof = profiled(lambda: [write_step(k) for k in range(32)])
     print(f"write stage: {dt / 2048 * 1e3:.3f} ms/item\n{prof}", flush=True)
     dt, prof = profiled(lambda: build_results_zip(jd))
     print(

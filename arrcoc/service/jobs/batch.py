@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from ...errors import JobError
 from ...request import Controls, check_overlays
 from ...settings import DEFAULT_OVERLAY_KIND, OVERLAY_EXTENSIONS, Settings
@@ -31,8 +33,8 @@ from .archive import CorruptEntry, Item, load_items, skipped_note, unpack
 from .budget import release
 from .files import job_dir, new_job_id
 from .guard import process_isolated
-from .parts import picture_names, write_part
-from .results import ItemKey
+from .parts import Mark, picture_names, step_marks, write_part
+from .results import ItemKey, step_table, summary_lines
 from .results_zip import ResultsZip, build_results_zip
 from .store import JobStore
 from .types import JobKind, JobState
@@ -132,16 +134,12 @@ def _key(it: Item) -> ItemKey:
 
 def _fail_items(jd: Path, store: JobStore, job_id: str, failed: list[tuple[Item, str]]) -> None:
     if failed:
+        keys = [_key(it) for it, _ in failed]
+        errors = [message for _, message in failed]
+        outputs = StepOutputs.failed(len(failed))
         none = [None] * len(failed)
-        _, marks, _ = write_part(
-            jd,
-            [_key(it) for it, _ in failed],
-            StepOutputs.failed(len(failed)),
-            [message for _, message in failed],
-            none,
-            none,
-        )
-        store.mark_items(job_id, marks)
+        write_part(jd, step_table(keys, outputs, errors, none), none, none)
+        store.mark_items(job_id, step_marks(keys, outputs.ok, errors))
 
 
 def run_chunk(
@@ -329,8 +327,9 @@ def _run_step(
     before: Future | None,
     sink: _Sink,
 ) -> None:
-    """A step thread's work: the step from its files to its outputs, then, once the step before it
-    is written (a step after a failed one is not: its items are run again), into the sink."""
+    """A step thread's work: the step from its files to its rows (and its part, when its pictures
+    need no place in a results.zip written in order), then, once the step before it is in the sink
+    (a step after a failed one is not: its items are run again), its place in index order."""
     t0 = time.perf_counter()
     datas, unread = _read(jd, step)
     read_ms = (time.perf_counter() - t0) * 1e3
@@ -338,17 +337,34 @@ def _run_step(
     for i, why in enumerate(unread):  # said as it is, not as the empty image the decoder saw
         if why is not None:
             batch.errors[i] = why
+    batch.stage_ms["read"] = batch.stage_ms.get("read", 0.0) + read_ms
+    rows = sink.rows(step, batch)
     if before is not None:
         before.result()
-    batch.stage_ms["read"] = batch.stage_ms.get("read", 0.0) + read_ms
-    sink.write(step, batch)
+    sink.write(rows)
+
+
+@dataclass
+class _StepRows:
+    """A step's results as the sink takes them: its rows, its pictures, what recording it takes,
+    and whether its part is on disk (and its items recorded) already."""
+
+    index: list[int]
+    table: pa.Table
+    names: list[str | None]
+    pictures: list[bytes | None]
+    marks: list[Mark]
+    summary: bytes | None  # its summary.csv lines, when results.zip is written as the job runs
+    recorded: bool
+    stage_ms: dict[str, float]
 
 
 @dataclass
 class _Sink:
-    """Where a chunk's steps end, one at a time and in order: each step's pictures on disk (straight
-    into `streamed` when it takes them, else into the part), then its part, then its items
-    recorded, then its rows into `streamed`."""
+    """Where a chunk's steps end. `rows` runs on each step's own thread, side by side: the step's
+    table, and, unless its pictures go into `streamed`, its part and its items recorded. `write`
+    runs once per step in index order: the pictures into `streamed` (then the part, naming where
+    they are, and the items recorded), then the rows into `streamed`."""
 
     job_id: str
     jd: Path
@@ -357,19 +373,33 @@ class _Sink:
     stages: dict[str, float]
     streamed: ResultsZip | None
 
-    def write(self, step: list[Item], batch: ProcessedBatch) -> None:
-        for name, ms in batch.stage_ms.items():
-            self.stages[name] = self.stages.get(name, 0.0) + ms
+    def rows(self, step: list[Item], batch: ProcessedBatch) -> _StepRows:
         t0 = time.perf_counter()
         keys = [_key(it) for it in step]
         names = picture_names(keys, batch.overlays, batch.outputs.ok, self.ext)
-        stored = None
+        table = step_table(keys, batch.outputs, batch.errors, names)
+        marks = step_marks(keys, batch.outputs.ok, batch.errors)
+        in_order = self.streamed is not None and any(n is not None for n in names)
+        if not in_order:
+            write_part(self.jd, table, names, batch.overlays)
+            self.store.mark_items(self.job_id, marks)  # recorded once its part is on disk
+        summary = summary_lines(table) if self.streamed is not None else None
+        stage_ms = dict(batch.stage_ms)
+        stage_ms["write"] = stage_ms.get("write", 0.0) + (time.perf_counter() - t0) * 1e3
+        return _StepRows(
+            [k[0] for k in keys], table, names, batch.overlays, marks, summary, not in_order, stage_ms
+        )
+
+    def write(self, step: _StepRows) -> None:
+        for name, ms in step.stage_ms.items():
+            self.stages[name] = self.stages.get(name, 0.0) + ms
+        t0 = time.perf_counter()
         if self.streamed is not None:
-            stored = self.streamed.add_pictures([it.index for it in step], names, batch.overlays)
-        _, marks, rows = write_part(self.jd, keys, batch.outputs, batch.errors, names, batch.overlays, stored)
-        self.store.mark_items(self.job_id, marks)  # recorded once its part is on disk
-        if stored is not None:
-            self.streamed.add_rows(rows)
+            stored = self.streamed.add_pictures(step.index, step.names, step.pictures)
+            if not step.recorded:
+                write_part(self.jd, step.table, step.names, step.pictures, stored)
+                self.store.mark_items(self.job_id, step.marks)
+            self.streamed.add_rows(step.table, step.summary)
         _add(self.stages, "write", t0)
 
 

@@ -24,6 +24,7 @@ from .archive import load_items
 from .budget import disk_full
 from .files import job_dir
 from .parts import write_part
+from .results import step_table
 from .store import JobStore
 
 if TYPE_CHECKING:
@@ -98,7 +99,9 @@ def fail_unrecorded(
     try:
         (jd / "results").mkdir(exist_ok=True)
         none = [None] * len(left)
-        write_part(jd, left, StepOutputs.failed(len(left)), [reason] * len(left), none, none)
+        write_part(
+            jd, step_table(left, StepOutputs.failed(len(left)), [reason] * len(left), none), none, none
+        )
     except Exception as e:  # noqa: BLE001 -- a full disk, a row that cannot be written: the store still records them
         log.warning("job %s: could not write the failed items' rows (%s)", job_id, e)
     store.mark_items(job_id, [(k[0], reason) for k in left])

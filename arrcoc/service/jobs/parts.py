@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from .results import ItemKey, from_ipc, step_table, to_ipc
+from .results import ItemKey, from_ipc, to_ipc
 
 PART_SUFFIX = ".part.zip"
 ROWS = "rows.arrow"
@@ -201,33 +201,34 @@ def _copy_range(src, begin: int, end: int, dst, at: int) -> None:
 
 
 # -- parts ---------------------------------------------------------------------------------------
+def step_marks(keys: Sequence[ItemKey], ok: np.ndarray, errors: Sequence[str | None]) -> list[Mark]:
+    """What recording a step's items takes: each one's index, and its error where it failed."""
+    return [
+        (key[0], None if good else (err or "The item failed."))
+        for key, good, err in zip(keys, ok, errors, strict=True)
+    ]
+
+
 def write_part(
     jd: Path,
-    keys: Sequence[ItemKey],
-    outputs,
-    errors: Sequence[str | None],
+    rows: pa.Table,
     names: Sequence[str | None],
     overlays: Sequence[bytes | None],
     stored: Pictures | None = None,
-) -> tuple[Path, list[Mark], pa.Table]:
-    """A step's results (`outputs`: StepOutputs over `keys`' items; `names` each picture's name,
+) -> Path:
+    """A step's rows (arrcoc.service.jobs.results.step_table; `names` each row's picture's name,
     None where there is none) as a part: its pictures written into it, unless `stored` says where
-    they are already. Its path, what to record of its items and its rows."""
-    table = step_table(keys, outputs, errors, names)
+    they are already; its path."""
     name = f"{time.time_ns():020d}-{secrets.token_hex(3)}{PART_SUFFIX}"  # later parts win (see read_parts)
     tmp = jd / "results" / f".{name}.tmp"
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
         if stored is None:
             have = [(n, d) for n, d in zip(names, overlays, strict=True) if n is not None]
             stored = append_pictures(zf, f"results/{name}", [n for n, _ in have], [d for _, d in have])
-        zf.writestr(ROWS, to_ipc(table))
+        zf.writestr(ROWS, to_ipc(rows))
         zf.writestr(PICTURES, stored.to_json())
     os.replace(tmp, jd / "results" / name)
-    marks = [
-        (key[0], None if ok else (err or "The item failed."))
-        for key, ok, err in zip(keys, outputs.ok, errors, strict=True)
-    ]
-    return jd / "results" / name, marks, table
+    return jd / "results" / name
 
 
 def part_table(path: Path, columns: list[str] | None = None) -> pa.Table:

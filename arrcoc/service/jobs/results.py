@@ -262,6 +262,13 @@ def write_summary(table: pa.Table, out: IO[bytes], header: bool) -> None:
     )
 
 
+def summary_lines(table: pa.Table, header: bool = False) -> bytes:
+    """`write_summary`'s lines as bytes: a step's, made beside the other steps' and appended in order."""
+    buf = io.BytesIO()
+    write_summary(table, buf, header)
+    return buf.getvalue()
+
+
 def _matrix(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
     """A fixed-size-list column -> (n, width) numpy array (rows of nulls as they are stored)."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
@@ -320,5 +327,6 @@ __all__ = [
     "to_bytes",
     "to_ipc",
     "write_jsonl",
+    "summary_lines",
     "write_summary",
 ]

@@ -33,7 +33,15 @@ from .parts import (
     read_parts,
     runs,
 )
-from .results import JSONL_NAME, RESULTS_NAME, SUMMARY_NAME, ResultsWriter, parquet_to_jsonl, write_summary
+from .results import (
+    JSONL_NAME,
+    RESULTS_NAME,
+    SUMMARY_NAME,
+    ResultsWriter,
+    parquet_to_jsonl,
+    summary_lines,
+    write_summary,
+)
 
 
 class ResultsZip:
@@ -61,9 +69,12 @@ class ResultsZip:
         copy_pictures(self.jd, part_pictures(path), overlay_names(rows), self._zf)
         self._add_rows(rows)
 
-    def _add_rows(self, rows: pa.Table) -> None:
+    def _add_rows(self, rows: pa.Table, summary: bytes | None = None) -> None:
+        """`rows` appended (a row group) with their summary.csv lines (`summary`: made already)."""
         self._parquet.add(rows)
-        write_summary(rows, self._summary, header=self._summary.tell() == 0)
+        if self._summary.tell() == 0:
+            self._summary.write(summary_lines(rows.slice(0, 0), header=True))
+        self._summary.write(summary_lines(rows) if summary is None else summary)
 
     def add_pictures(
         self, index: Sequence[int], names: Sequence[str | None], datas: Sequence[bytes | None]
@@ -84,12 +95,13 @@ class ResultsZip:
         self.ms += (time.perf_counter() - t0) * 1e3
         return stored
 
-    def add_rows(self, rows: pa.Table) -> None:
-        """The rows of the step whose pictures `add_pictures` took, once they are recorded."""
+    def add_rows(self, rows: pa.Table, summary: bytes | None = None) -> None:
+        """The rows of the step whose pictures `add_pictures` took, once they are recorded, and
+        their summary.csv lines when they are made already (results.summary_lines)."""
         if self.abandoned:
             return
         t0 = time.perf_counter()
-        self._add_rows(rows)
+        self._add_rows(rows, summary)
         self.next_index += rows.num_rows
         self.ms += (time.perf_counter() - t0) * 1e3
 
