@@ -20,14 +20,14 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .errors import ImageError, InvalidInputError
-from .settings import Settings
+from .settings import LimitSettings
 
 ImageLike = Union[str, Path, bytes, bytearray, Image.Image, np.ndarray]
 
 # the defaults of the settings' image limits (one home: arrcoc.settings)
-DEFAULT_MAX_BYTES: int = Settings.model_fields["max_image_bytes"].default
-DEFAULT_MAX_PIXELS: int = Settings.model_fields["max_image_pixels"].default
-MIN_SIDE: int = Settings.model_fields["min_image_side"].default
+DEFAULT_MAX_BYTES: int = LimitSettings.model_fields["max_image_bytes"].default
+DEFAULT_MAX_PIXELS: int = LimitSettings.model_fields["max_image_pixels"].default
+MIN_SIDE: int = LimitSettings.model_fields["min_image_side"].default
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def max_upload_bytes(settings: Any = None) -> int:
     """The largest file the upload route takes: a batch zip (photos are held to the image limit
     when a call names them, `RateGate._file_problem`)."""
     s = settings or get_settings()
-    return max(s.max_image_bytes, s.max_archive_bytes, s.max_manifest_bytes)
+    return max(s.limits.max_image_bytes, s.limits.max_archive_bytes, s.limits.max_manifest_bytes)
 
 
 def kind_of(fn: Any) -> str:
@@ -186,7 +186,7 @@ class RateGate:
 
         cache = str(getattr(self.blocks, "GRADIO_CACHE", "") or "")
         photos_only = not any(isinstance(c, File) for c in getattr(call.fn, "inputs", []))
-        limit = get_settings().max_image_bytes
+        limit = get_settings().limits.max_image_bytes
         values = list(call.data.values()) if isinstance(call.data, dict) else list(call.data or [])
         for i, value in enumerate(values):
             for path in _file_paths(value):
@@ -200,7 +200,7 @@ class RateGate:
                     )
                 size = _size(abspath(path))
                 if photos_only and size > limit:
-                    message = f"The image is {size / 1e6:.1f} MB; the limit is {_mb(limit)} (ARRCOC_MAX_IMAGE_BYTES)."
+                    message = f"The image is {size / 1e6:.1f} MB; the limit is {_mb(limit)} (ARRCOC_LIMITS__MAX_IMAGE_BYTES)."
                     return 422, {"detail": _invalid(call.fn, len(values), i, message)}
         return None
 
@@ -216,7 +216,7 @@ class RateGate:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         peer = (scope.get("client") or ("", 0))[0] or ""
-        address = address_of(peer, headers.get("x-forwarded-for", ""), get_settings().trusted_proxies)
+        address = address_of(peer, headers.get("x-forwarded-for", ""), get_settings().access.trusted_proxies)
         bearer = headers.get("authorization", "")
         token = headers.get("x-arrcoc-token", "").strip() or (
             bearer[7:].strip() if bearer[:7].lower() == "bearer " else ""

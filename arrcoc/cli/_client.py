@@ -1,4 +1,4 @@
-"""Shared by `arrcoc submit` and `arrcoc job`: the Celery executor for ARRCOC_BROKER_URL."""
+"""Shared by `arrcoc submit` and `arrcoc job`: the Celery executor for ARRCOC_SERVICE__BROKER_URL."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ def executor(broker: str | None = None, token: str | None = None):
     from ..settings import get_settings
 
     s = get_settings()
-    update = {"broker_url": broker or s.queue_url} | (
-        {"api_token": token.strip() or None} if token is not None else {}
-    )
-    return CeleryExecutor(s.model_copy(update=update))
+    access = {"api_token": token.strip() or None} if token is not None else {}
+    return CeleryExecutor(s.replace(service={"broker_url": broker or s.service.queue_url}, access=access))
 
 
 def owner(ex) -> str | None:

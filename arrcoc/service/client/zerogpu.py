@@ -95,17 +95,17 @@ def build_packages() -> dict[str, Any]:
     runtime = _gpu_runtime()
     s = runtime.settings
     built: list[str] = []
-    if s.backend == "aot":
+    if s.engine.backend == "aot":
         built = _build_aot(s, runtime)
     runtime.warm()
     pipe = runtime.pipeline
     return {
-        "variant": s.variant,
+        "variant": s.engine.variant,
         "backend": pipe.backend.name,
         "device": str(pipe.device),
         "dtype": str(pipe.backend.dtype).removeprefix("torch."),
         "built": built,
-        "cache_dir": str(s.cache_dir),
+        "cache_dir": str(s.service.cache_dir),
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -117,10 +117,10 @@ def _build_aot(s: Settings, runtime: Runtime) -> list[str]:
     from ...engine.base import serving_dtype
     from ...registry import create_model, get_variant
 
-    device = resolve_device(s.device)
-    model = create_model(s.variant, s.weights or "default", device)
-    dtype = serving_dtype(s.dtype, device, get_variant(s.variant).gpu_dtype, "aot")
-    backend = create_backend("aot", model, device, runtime.buckets, dtype, s.cache_dir, processes=1)
+    device = resolve_device(s.engine.device)
+    model = create_model(s.engine.variant, s.engine.weights or "default", device)
+    dtype = serving_dtype(s.engine.dtype, device, get_variant(s.engine.variant).gpu_dtype, "aot")
+    backend = create_backend("aot", model, device, runtime.buckets, dtype, s.service.cache_dir, processes=1)
     times = backend.prepare()
     del backend, model
     return [f"b{lo}-{hi}" if lo != hi else f"b{lo}" for lo, hi in sorted(times)]
@@ -136,7 +136,7 @@ class SpacesExecutor(InProcessExecutor):
         settings = settings or get_settings()
         local = settings
         if on_zero_gpu():
-            local = settings.model_copy(update={"device": "cpu", "backend": "eager", "backends": ("eager",)})
+            local = settings.replace(engine={"device": "cpu", "backend": "eager", "backends": ("eager",)})
         super().__init__(local)
         _settings = settings
         _runtime = None if on_zero_gpu() else self.runtime

@@ -8,7 +8,7 @@ one Runtime (engine + dynamic batcher) decodes them on the engine's own path (nv
 result is the same whichever way it came) and serves them all: vLLM splits its API server from its
 engine core for the same reason.
 
-A group runs one or several engine processes per device (ARRCOC_ENGINE_PROCESSES, `--devices`),
+A group runs one or several engine processes per device (ARRCOC_ENGINE__PROCESSES, `--devices`),
 as Triton runs several instances of a model on one GPU: under load one engine process is bound by
 its own Python (decode and engine stages, a connection thread per request, one GIL) while the GPU
 idles (docs/service.md). Each builds the same engine from the same compile cache and decodes on the
@@ -343,7 +343,7 @@ class EngineClient(EngineHost):
     @property
     def info(self) -> dict[str, Any]:
         if self._info is None:
-            self._info = self._routed(("info",), 0, timeout=self.settings.redis_timeout_s * 6)
+            self._info = self._routed(("info",), 0, timeout=self.settings.service.redis_timeout_s * 6)
         return self._info
 
     def engines(self, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -377,7 +377,7 @@ class EngineClient(EngineHost):
     def infer(
         self, image: Any, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
-        self.settings.served_backend(backend)  # an unserved backend is a clear error, before any work
+        self.settings.engine.served_backend(backend)  # an unserved backend is a clear error, before any work
         t0 = time.perf_counter()
         # the engine keeps the deadline; the extra second is for the reply to arrive
         result = self._routed(("infer", image, query, controls, timeout, backend), 1, timeout=timeout + 1.0)
@@ -432,7 +432,7 @@ def main() -> int:
         return 2
     # the batch threads launch kernels and build results holding the GIL between waits; a
     # connection thread that takes the GIL meanwhile may keep it for the switch interval
-    sys.setswitchinterval(settings.engine_switch_interval_ms / 1e3)
+    sys.setswitchinterval(settings.engine.switch_interval_ms / 1e3)
     runtime = Runtime(settings)
     runtime.warm()
     # listening only once warm: a client that connects is served at once

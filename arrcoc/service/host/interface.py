@@ -206,7 +206,7 @@ class EngineHost(ABC):
         recorded results, so one step is written while the next is decoded and run."""
         with _STEP_POOL_LOCK:
             if self._steps is None:
-                n = self.settings.batch_steps_in_flight
+                n = self.settings.batching.steps_in_flight
                 self._steps = ThreadPoolExecutor(n, thread_name_prefix="arrcoc-step")
             return self._steps
 

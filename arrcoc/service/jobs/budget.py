@@ -69,7 +69,7 @@ def outputs_estimate(sizes: Iterable[tuple[int, int]], settings: Settings, pictu
     its overlay, whose size follows its photo's (`sizes`: each item's decoded (width, height), as
     its header says). A tiny photo named by many manifest rows reserves a row each and a tiny
     picture each, not a large photo's."""
-    side = settings.overlay_max_side
+    side = settings.jobs.overlay_max_side
     return OUTPUT_COPIES * sum(ROW_BYTES + (picture_bytes(size, side) if pictures else 0) for size in sizes)
 
 
@@ -146,16 +146,16 @@ def reserve(
     root = job_dir.parent
     with _locked(root):
         total, mine = usage(root, paid_by)
-        if settings.max_data_bytes and total + nbytes > settings.max_data_bytes:
+        if settings.limits.max_data_bytes and total + nbytes > settings.limits.max_data_bytes:
             raise InvalidInputError(
                 f"The service's disk for batch jobs is full: this job needs up to {_gb(nbytes)} and"
-                f" {_gb(max(0, settings.max_data_bytes - total))} of {_gb(settings.max_data_bytes)} are free"
-                " (ARRCOC_MAX_DATA_BYTES). Try again when older jobs have expired, or submit a smaller job."
+                f" {_gb(max(0, settings.limits.max_data_bytes - total))} of {_gb(settings.limits.max_data_bytes)} are free"
+                " (ARRCOC_LIMITS__MAX_DATA_BYTES). Try again when older jobs have expired, or submit a smaller job."
             )
-        if settings.max_owner_bytes and mine + nbytes > settings.max_owner_bytes:
+        if settings.limits.max_owner_bytes and mine + nbytes > settings.limits.max_owner_bytes:
             raise InvalidInputError(
-                f"Your batch jobs hold {_gb(mine)} of the {_gb(settings.max_owner_bytes)} each user may use"
-                f" (ARRCOC_MAX_OWNER_BYTES); this job needs up to {_gb(nbytes)}. Fetch and wait for your"
+                f"Your batch jobs hold {_gb(mine)} of the {_gb(settings.limits.max_owner_bytes)} each user may use"
+                f" (ARRCOC_LIMITS__MAX_OWNER_BYTES); this job needs up to {_gb(nbytes)}. Fetch and wait for your"
                 " earlier jobs to expire, or submit a smaller job."
             )
         job_dir.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ def new_job_id(kind: JobKind) -> str:
 def job_dir(settings: Settings, job_id: str) -> Path:
     if not _JOB_ID.match(job_id):
         raise JobError(f"{job_id!r} is not a job id (they look like batch-0123456789abcdef).")
-    return Path(settings.data_dir) / "jobs" / job_id
+    return Path(settings.service.data_dir) / "jobs" / job_id
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -46,7 +46,7 @@ ORPHAN_AGE_S = 24 * 3600  # a job folder without job.json (its creation died) is
 
 def sweep_expired(settings: Settings, now: float | None = None) -> int:
     """Delete job folders whose TTL has passed (and orphans: no job.json a day on); returns how many."""
-    root = Path(settings.data_dir) / "jobs"
+    root = Path(settings.service.data_dir) / "jobs"
     now = now or time.time()
     removed = 0
     for folder in root.iterdir() if root.is_dir() else ():
@@ -75,7 +75,7 @@ def sweep_unreachable(settings: Settings, store: JobStore, in_memory: bool, now:
     jobs whose creating process has ended (a restart forgot them). Returns how many."""
     from .budget import creator_gone
 
-    root = Path(settings.data_dir) / "jobs"
+    root = Path(settings.service.data_dir) / "jobs"
     now = now or time.time()
     removed = 0
     for folder in root.iterdir() if root.is_dir() else ():
@@ -126,7 +126,7 @@ class Reaper:
     ):
         self.settings = settings
         self.sweeps: list[Callable[[], object]] = [lambda: sweep_expired(settings), *(extra or [])]
-        self.interval_s = float(interval_s or settings.reap_interval_s)
+        self.interval_s = float(interval_s or settings.jobs.reap_interval_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="arrcoc-reaper", daemon=True)
 
