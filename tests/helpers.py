@@ -121,7 +121,6 @@ def assert_same_result(a, b, exact: bool = False) -> None:
 BROKER = os.environ["ARRCOC_TEST_REDIS_URL"]  # the tests' Redis database: conftest.py finds or starts it
 
 
-@contextlib.contextmanager
 def merged(*groups: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, object]]:
     """Settings by group (as Settings.replace and worker_env take them) merged group by group, the
     later ones winning: merged({"engine": {"device": "cpu"}}, {"engine": {"backend": "onnx"}})."""
@@ -132,6 +131,7 @@ def merged(*groups: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, o
     return out
 
 
+@contextlib.contextmanager
 def worker_settings(
     root: Path, prefix: str, **extra: Mapping[str, object]
 ) -> Iterator[dict[str, dict[str, object]]]:
