@@ -18,6 +18,7 @@ from urllib.parse import parse_qs
 
 from arrcoc.errors import AccessDenied, ArrcocError
 from arrcoc.settings import get_settings
+from arrcoc.tuning import MAX_BODY, UPLOAD_SLACK
 
 from .guard import REFUSALS, address_of, check_rate, limit_key
 from .housekeeping import drop_upload, record_upload, reserve_upload
@@ -56,7 +57,6 @@ LIMIT_KIND = {
     "lambda": "status",  # the query box's Enter: clicks Run in the browser
 }
 _NUMBERED = re.compile(r"_\d+$")  # Gradio's suffix for a second event of one function
-MAX_BODY = 1 << 20  # a call's JSON (files travel by /upload): a larger body is refused unread (413)
 
 
 # ---- the door: counted before Gradio queues or checks anything --------------------------------------------
@@ -298,7 +298,6 @@ class RateGate:
 
 NO_EVENT = "No such call is waiting for its results here: check the event id the call answered (results are kept until read once)."
 TOO_LARGE = f"The request is too large: a call's JSON may be at most {MAX_BODY >> 20} MiB (files go through /gradio_api/upload)."
-UPLOAD_SLACK = 1 << 20  # a multipart body's boundaries and headers beside its files
 
 
 def _public(fn: Any) -> bool:

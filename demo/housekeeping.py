@@ -21,13 +21,11 @@ from pathlib import Path
 from arrcoc.service.jobs import budget
 from arrcoc.service.jobs.files import Reaper, sweep_old_files
 from arrcoc.settings import Settings, get_settings
+from arrcoc.tuning import TIGHT_UPLOAD_AGE_S
 
 TEMP_ROOT = Path(tempfile.gettempdir()) / "arrcoc-demo"
 UPLOAD_PREFIX = "upload-"
 UPLOAD_FILES = "files.json"
-# While half the budget is spoken for, uploads go this long after they came: a call uses its
-# upload within seconds; a page keeps its photo for the next few runs.
-TIGHT_UPLOAD_AGE_S = 300
 _lock = threading.Lock()
 _housekeeper: Reaper | None = None
 

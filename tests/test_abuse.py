@@ -1220,7 +1220,8 @@ def test_an_item_reserves_its_row_and_a_picture_no_larger_than_its_photo(setting
     """What an item reserves follows its photo: a 16x16 PNG's picture is a few KB, a 2000x1500
     photo's at most the overlay side (1024) squared at 4 bytes a pixel; a job drawing no pictures
     reserves rows only. Every reservation covers what the job may write."""
-    from arrcoc.service.jobs.budget import ROW_BYTES, outputs_estimate, picture_bytes
+    from arrcoc.service.jobs.budget import outputs_estimate, picture_bytes
+    from arrcoc.tuning import ROW_BYTES
 
     side = settings.jobs.overlay_max_side
     assert picture_bytes((16, 16), side) < 8 * 1024

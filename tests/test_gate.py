@@ -187,7 +187,7 @@ def test_the_direct_routes_do_not_run_queued_functions(app, fns):
 def test_a_body_over_the_limit_is_refused_not_waved_through(app, fns):
     """A body over 1 MiB was not parsed and passed as a status call; it is refused unread, with a
     declared length or streamed without one."""
-    from demo.gate import MAX_BODY
+    from arrcoc.tuning import MAX_BODY
 
     url, _ = app
     address = caller()

@@ -99,3 +99,12 @@ def test_settings_env_round_trips_through_the_environment(monkeypatch):
     assert (s.engine.buckets, s.engine.device, s.jobs.ttl_s) == ((1, 4), "cpu", 60)
     with pytest.raises(KeyError):
         settings_env(jobs={"job_ttl_s": 60})
+
+
+def test_docs_settings_lists_every_setting_with_its_variable_and_default():
+    from pathlib import Path
+
+    table = (Path(__file__).resolve().parents[1] / "docs" / "settings.md").read_text()
+    for group, info in Settings.model_fields.items():
+        for name in info.annotation.model_fields:
+            assert f"| `{group}.{name}` | `{env_name(f'{group}.{name}')}` |" in table, f"{group}.{name}"

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from arrcoc.service.host.wiring import Wiring
 from arrcoc.settings import Settings
+from arrcoc.tuning import ENGINE_RESTART_WINDOW_S
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +178,6 @@ def front_env(
 class _Engines:
     """The group's engine processes: started, watched, started again when one exits."""
 
-    RESTART_WINDOW_S = 600.0
-
     def __init__(self, specs: list[EngineSpec], authkey: bytes, restarts: int):
         self.specs = specs
         self.authkey = authkey
@@ -211,13 +210,13 @@ class _Engines:
         for i, proc in enumerate(self.procs):
             if proc is None or proc.poll() is None:
                 continue
-            recent = [t for t in self.exits[i] if now - t < self.RESTART_WINDOW_S] + [now]
+            recent = [t for t in self.exits[i] if now - t < ENGINE_RESTART_WINDOW_S] + [now]
             self.exits[i] = recent
             spec = self.specs[i]
             if len(recent) > self.restarts:
                 raise RuntimeError(
                     f"the engine process on {spec.device} exited {len(recent)} times within"
-                    f" {self.RESTART_WINDOW_S:.0f} s (last code {proc.returncode})"
+                    f" {ENGINE_RESTART_WINDOW_S:.0f} s (last code {proc.returncode})"
                 )
             log.error(
                 "worker group: the engine process %d on %s exited with code %s; starting it again"

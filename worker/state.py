@@ -32,16 +32,9 @@ from arrcoc.service.jobs.guard import TRANSPORT_ERRORS, fail_unrecorded, reason_
 from arrcoc.service.jobs.store import RedisJobStore, redis_client
 from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import Settings
+from arrcoc.tuning import GIVE_BACK_WAIT_S, LOAD_RETRY_S
 
 log = logging.getLogger(__name__)
-
-# How long a worker that cannot read a job's data holds its chunk before giving it back: a worker
-# that sees the data may take it meanwhile, and the chunk does not spin between the two.
-GIVE_BACK_WAIT_S = 2.0
-
-# A model that failed to load is tried again by the first request after this long; the requests
-# in between get the reason at once (a load with the hub out of reach takes minutes to fail).
-LOAD_RETRY_S = 300.0
 
 
 class DataUnreachable(ArrcocError):

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..tuning import PENDING_TIMEOUT_S
+
 
 def executor(broker: str | None = None, token: str | None = None):
     from ..service.client.celery_executor import CeleryExecutor
@@ -79,9 +81,6 @@ def describe(st) -> str:
     if st.queue_position is not None:
         line += f"  ({st.queue_position} job(s) ahead)"
     return line + (f"  ({st.message})" if st.message else "")
-
-
-PENDING_TIMEOUT_S = 300.0  # `submit batch/bench` without --timeout: how long a job may wait for a worker
 
 
 def follow(

@@ -33,14 +33,12 @@ from ...errors import ArrcocError
 from ...request import Controls
 from ...result import RelevanceResult
 from ...settings import Settings, get_settings
+from ...tuning import ZEROGPU_BUILD_S, ZEROGPU_INFER_S
 from ..host.runtime import Runtime
 from .inprocess import InProcessExecutor
 
 log = logging.getLogger(__name__)
 
-INFER_S = 30  # GPU time asked for one interactive request (the platform's default is 60)
-# GPU time asked for the start: building the aot packages of a 12-layer ViT, one at a time
-BUILD_S = 900
 
 try:
     import spaces
@@ -75,7 +73,7 @@ def _gpu_runtime() -> Runtime:
     return _runtime
 
 
-@GPU(duration=INFER_S)
+@GPU(duration=ZEROGPU_INFER_S)
 def gpu_infer(
     image: bytes, query: str, controls: Controls, timeout: float, backend: str | None
 ) -> RelevanceResult | ArrcocError:
@@ -87,7 +85,7 @@ def gpu_infer(
         return e
 
 
-@GPU(duration=BUILD_S)
+@GPU(duration=ZEROGPU_BUILD_S)
 def build_packages() -> dict[str, Any]:
     """Build what is missing (aot: the packages, one at a time, into the cache dir) and warm the
     Runtime's engine; -> what was done, for the log."""
@@ -165,4 +163,4 @@ class SpacesExecutor(InProcessExecutor):
         return got
 
 
-__all__ = ["BUILD_S", "GPU", "INFER_S", "SpacesExecutor", "build_packages", "gpu_infer", "on_zero_gpu"]
+__all__ = ["GPU", "SpacesExecutor", "build_packages", "gpu_infer", "on_zero_gpu"]

@@ -46,6 +46,7 @@ from ...errors import ArrcocError, DeadlineExceeded, EngineError, JobCancelled, 
 from ...request import Controls
 from ...result import RelevanceResult
 from ...settings import DEFAULT_OVERLAY_KIND, Settings, get_settings
+from ...tuning import BENCH_PROGRESS_EVERY_S, ENGINE_DOWN_S
 from ..codec import error_from_wire, error_to_wire
 from ..jobs.types import BenchRequest
 from .interface import EngineHost, ProcessedBatch, Progress
@@ -216,9 +217,6 @@ class EngineServer:
                     notes.append(payload[0] if kind == "ok" else {"error": payload[0]})
 
 
-BENCH_PROGRESS_EVERY_S = 0.25  # a benchmark's progress (and with it a cancel) crosses the socket this often
-
-
 # -- the client: in each Celery worker process ------------------------------------------------------
 class _Route:
     """One engine process of the pool as this client sees it."""
@@ -238,8 +236,6 @@ class EngineClient(EngineHost):
     balancers, which needs no shared state between Celery processes. A call whose engine stops
     answering is sent once more to another engine; the one that failed is skipped for a while
     (its supervisor starts it again)."""
-
-    DOWN_S = 2.0  # how long an engine that failed a call is passed over
 
     def __init__(self, settings: Settings, addresses: str | Sequence[str], authkey: bytes):
         self.settings = settings
@@ -287,7 +283,7 @@ class EngineClient(EngineHost):
         try:
             return self._call(route, msg, timeout)
         except EngineUnavailableError:
-            route.down_until = time.monotonic() + self.DOWN_S
+            route.down_until = time.monotonic() + ENGINE_DOWN_S
             other = self._pick(items, avoid=route)
             if other is None:
                 raise
@@ -297,7 +293,7 @@ class EngineClient(EngineHost):
             try:
                 return self._call(other, msg, timeout)
             except EngineUnavailableError:
-                other.down_until = time.monotonic() + self.DOWN_S
+                other.down_until = time.monotonic() + ENGINE_DOWN_S
                 raise
             finally:
                 self._release(other, items)

@@ -28,6 +28,7 @@ from ...pipeline import BatchResults, PreparedRequest, RelevancePipeline
 from ...request import Controls, check_overlay_kind, image_limits
 from ...result import RelevanceResult
 from ...settings import DEFAULT_OVERLAY_KIND, Settings
+from ...tuning import CPU_MAX_BATCH
 from ..codec import error_to_wire
 from ..jobs.types import BenchRequest
 from .batching import DynamicBatcher
@@ -35,10 +36,6 @@ from .interface import MAPS, EngineHost, ProcessedBatch, Progress, StepOutputs
 
 log = logging.getLogger(__name__)
 
-# On a CPU a batch costs more per image than one image does (the engine's threads already take
-# every core: benchmarks/2026-11-22-cpu-2core-buckets.md), so there requests run one at a time
-# unless ARRCOC_BATCHING__MAX_SIZE says otherwise.
-CPU_MAX_BATCH = 1
 
 ItemResult = Callable[[], RelevanceResult]  # builds one item's result, in the thread that calls it
 

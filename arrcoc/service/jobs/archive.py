@@ -31,6 +31,7 @@ from ...errors import InvalidInputError, ServiceUnavailableError
 from ...images import draft_size, jpeg_header
 from ...request import validate_query
 from ...settings import Settings
+from ...tuning import CENTRAL_BYTES_PER_ENTRY, HEADER_READ_BYTES, PACK_ITEMS
 from .budget import RESERVED, disk_full, outputs_estimate, reserve
 from .parts import stored_data_start
 
@@ -80,9 +81,6 @@ class CorruptEntry(OSError):
     """An item's stored bytes do not match the zip's CRC: that item fails, its neighbours run."""
 
 
-# Inputs are unpacked PACK_ITEMS to a file (inputs/<first index>.pack, items at offsets): creating
-# a file per item would be most of what unpacking costs (docs/service.md#batch-jobs).
-PACK_ITEMS = 64
 # Entries stored as they are (photos mostly: deflate does not shrink a JPEG, so zip tools store
 # them) are not copied at all: the archive is written once, as ARCHIVE, and such an item is read
 # at its offset there, its CRC checked when the batch pipeline reads it (an entry that does not
@@ -139,9 +137,6 @@ def _is_junk(name: str) -> bool:
 _EOCD = struct.Struct("<4sHHHHIIH")
 _ZIP64_LOCATOR = struct.Struct("<4sIQI")
 _ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")
-# what one central-directory entry may take on average (46 fixed bytes, its name, extra field and
-# comment): the directory's size is bounded by the entry limit times this
-CENTRAL_BYTES_PER_ENTRY = 512
 
 
 def declared_directory(archive: bytes | memoryview) -> tuple[int, int] | None:
@@ -612,11 +607,6 @@ def _extract(
     return items
 
 
-# What a header read may take of a compressed entry to learn an image's size: a JPEG's frame header
-# follows its metadata (EXIF, ICC: each segment at most 64 KiB).
-HEADER_BYTES = 256 * 1024
-
-
 def _decoded_size(head: bytes | memoryview, side: int) -> tuple[int, int] | None:
     """(width, height) an image is decoded at, from its header: a JPEG at the reduced size its
     decoder's draft gives for `side`, anything else at full size; None when the header cannot be
@@ -650,11 +640,11 @@ def _check_work(
     for name in dict.fromkeys(name for name, _ in pairs):
         if name in spans:
             start, length, _ = spans[name]
-            head: bytes | memoryview = view[start : start + min(length, HEADER_BYTES)]
+            head: bytes | memoryview = view[start : start + min(length, HEADER_READ_BYTES)]
         else:
             try:
                 with zf.open(by_name[name]) as src:
-                    head = src.read(HEADER_BYTES)
+                    head = src.read(HEADER_READ_BYTES)
             except Exception:  # noqa: BLE001 -- a broken entry is refused when it is extracted
                 head = b""
         sizes[name] = _decoded_size(head, side)

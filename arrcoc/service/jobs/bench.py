@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ArrcocError, InvalidInputError, JobCancelled, JobError
 from ...settings import BACKENDS, Settings
+from ...tuning import BENCH_STATUS_EVERY_S
 from .files import atomic_write, job_dir, new_job_id
 from .store import JobStore
 from .types import BenchRequest, JobKind, JobState
@@ -25,7 +26,6 @@ _VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
 # harness options a job may set; the rest (cache_dir, weights, startup, ...) belong to the server
 _OPTIONS = {"input_sets": range(1, 9), "dtype": ("float32", "bfloat16")}
-PROGRESS_EVERY_S = 0.5  # progress notes and cancel checks: at most this often (a Redis call each)
 
 
 def _whole(x: object, what: str, lo: int, hi: int) -> int:
@@ -155,7 +155,7 @@ def _progress(store: JobStore, job_id: str, time_limit_s: float) -> Callable[[fl
                 " and was stopped; ask for fewer iterations, buckets or backends."
             )
         if (
-            message == said[0] and now - last[0] < PROGRESS_EVERY_S and fraction < 1
+            message == said[0] and now - last[0] < BENCH_STATUS_EVERY_S and fraction < 1
         ):  # not a Redis call per iteration
             return
         last[0], said[0] = now, message

@@ -31,17 +31,13 @@ from pathlib import Path
 
 from ...errors import InvalidInputError
 from ...settings import Settings
+from ...tuning import PICTURE_BYTES_PER_PIXEL, PICTURE_HEADER_BYTES, ROW_BYTES
 
 RESERVED = "reserved.json"
-# What an item's row may take on disk (its maps as JSON numbers), estimated.
-ROW_BYTES = 64 * 1024
-# What an item's overlay picture may take: it is drawn on the photo as decoded, at most
-# `overlay_max_side` a side (never enlarged), and encoded at most 4 bytes a pixel (a PNG of one-pixel
-# rows holds 3 and a filter byte a pixel; a JPEG at quality 90 of noise about 1), its sides rounded up
-# to JPEG's 16-pixel blocks, plus its headers and tables.
-PICTURE_BYTES_PER_PIXEL = 4
+# What an item's row and overlay picture may take (the estimates: arrcoc.tuning): the picture is
+# drawn on the photo as decoded, at most `jobs.overlay_max_side` a side (never enlarged), its sides
+# rounded up to JPEG's 16-pixel blocks.
 PICTURE_BLOCK = 16
-PICTURE_HEADER_BYTES = 4 * 1024
 # An item's row and picture are written twice: in the step's part, then copied into results.zip when
 # results.zip is built from the parts (once when it is written as the job runs). The estimate only
 # reserves: once the job is over, what its folder holds replaces it.

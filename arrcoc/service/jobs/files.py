@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import ArrcocError, JobError
 from ...settings import Settings
+from ...tuning import ORPHAN_AGE_S, UNREACHABLE_AGE_S
 from .types import JobKind, JobState
 
 if TYPE_CHECKING:
@@ -41,9 +42,6 @@ def atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-ORPHAN_AGE_S = 24 * 3600  # a job folder without job.json (its creation died) is removed after this
-
-
 def sweep_expired(settings: Settings, now: float | None = None) -> int:
     """Delete job folders whose TTL has passed (and orphans: no job.json a day on); returns how many."""
     root = Path(settings.service.data_dir) / "jobs"
@@ -64,9 +62,6 @@ def sweep_expired(settings: Settings, now: float | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
     return removed
-
-
-UNREACHABLE_AGE_S = 600  # a job folder younger than this may still be being created
 
 
 def sweep_unreachable(settings: Settings, store: JobStore, in_memory: bool, now: float | None = None) -> int:
