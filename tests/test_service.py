@@ -740,7 +740,7 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
 
 @pytest.mark.parametrize(("in_flight", "on_cpu"), [(1, False), (2, False), (3, False), (2, True)])
 def test_a_chunk_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatch, in_flight, on_cpu):
-    """At most `batch_steps_in_flight` steps at once on an accelerator (with two, one step is
+    """At most `batching.steps_in_flight` steps at once on an accelerator (with two, one step is
     written while the next runs), one on a CPU, never more: however long the job and however slow
     the disk, the steps held stay bounded; every item is recorded once, in order. (The host is this
     CPU runtime, told it is on an accelerator where `on_cpu` is False: CI has no GPU.)"""

@@ -68,7 +68,9 @@ def test_a_model_that_cannot_load_fails_the_healthcheck_and_requests_hear_why_at
     from demo import service
 
     # arrcoc-clip-b16's weights come from the hub: offline and not cached, they cannot load
-    env = worker_env(redis.url, tmp_path / "data", variant="arrcoc-clip-b16") | {"HF_HUB_OFFLINE": "1"}
+    env = worker_env(redis.url, tmp_path / "data", engine={"variant": "arrcoc-clip-b16"}) | {
+        "HF_HUB_OFFLINE": "1"
+    }
     workers.append(Worker(env, tmp_path / "worker.log", concurrency=3, name="arrcoc@%h"))
     celery_ready(workers[0])
 
@@ -104,7 +106,7 @@ def test_a_worker_that_cannot_read_a_jobs_data_gives_its_chunks_back_and_says_wh
     from arrcoc.service.client.celery_executor import CeleryExecutor
 
     weights = str(seeded_weights(tmp_path / "w.safetensors"))
-    settings = {"weights": weights, "buckets": "[1,2,4]", "batch_chunk_items": "4"}
+    settings = {"engine": {"weights": weights, "buckets": "[1,2,4]"}, "batching": {"chunk_items": "4"}}
     good_dir, wrong_dir = tmp_path / "shared-data", tmp_path / "not-mounted"
     wrong_env = worker_env(redis.url, wrong_dir, **settings)
     # the worker with the wrong data directory runs alone first: every chunk reaches it

@@ -128,10 +128,12 @@ def main() -> int:
             env = worker_env(
                 redis.url,
                 root / "data",
-                device=args.device,
-                backend=args.backend,
-                backends=args.backend,
-                worker_processes=str(args.processes),
+                engine={
+                    "device": args.device,
+                    "backend": args.backend,
+                    "backends": args.backend,
+                    "worker_processes": args.processes,
+                },
             )
             procs = [Worker(env, root / "worker.log").ready(600)]
             engine, *fronts = child_pids(procs[0].p.pid)

@@ -201,7 +201,7 @@ class EngineHost(ABC):
 
     @property
     def step_pool(self) -> ThreadPoolExecutor:
-        """The batch pipeline's step threads on this side (batch_steps_in_flight), shared by every
+        """The batch pipeline's step threads on this side (batching.steps_in_flight), shared by every
         chunk this process runs, whoever sent it: each carries a step from its files to its
         recorded results, so one step is written while the next is decoded and run."""
         with _STEP_POOL_LOCK:
