@@ -30,9 +30,8 @@ def space_environment() -> None:
     )
     data = Path("/data")  # the Space's persistent storage, when it has some: survives restarts
     if data.is_dir() and os.access(data, os.W_OK):
-        os.environ.setdefault(
-            "ARRCOC_SERVICE__CACHE_DIR", str(data / "arrcoc-cache")
-        )  # aot packages, compile caches
+        # aot packages, compile caches
+        os.environ.setdefault("ARRCOC_SERVICE__CACHE_DIR", str(data / "arrcoc-cache"))
         os.environ.setdefault("HF_HOME", str(data / "huggingface"))  # CLIP's weights, downloaded once
     if os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true"):
         # no compiling at request time there: AOTInductor packages, built once at the start

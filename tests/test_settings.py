@@ -108,3 +108,17 @@ def test_docs_settings_lists_every_setting_with_its_variable_and_default():
     for group, info in Settings.model_fields.items():
         for name in info.annotation.model_fields:
             assert f"| `{group}.{name}` | `{env_name(f'{group}.{name}')}` |" in table, f"{group}.{name}"
+
+
+def test_the_cli_says_which_variable_to_rename_in_one_line(monkeypatch, capsys):
+    from arrcoc.cli import main
+
+    monkeypatch.setenv("ARRCOC_BROKER_URL", "redis://127.0.0.1:1/0")
+    get_settings.cache_clear()
+    try:
+        assert main(["job", "status", "batch-0123456789abcdef"]) == 2
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert err.startswith("arrcoc: error:") and "ARRCOC_BROKER_URL -> ARRCOC_SERVICE__BROKER_URL" in err
+    assert "Traceback" not in err
