@@ -144,10 +144,8 @@ def test_on_zero_gpu_requests_run_in_a_forked_worker_and_come_back_pickled(zero_
         assert (
             zerogpu.on_zero_gpu() and zerogpu._runtime is None
         )  # the GPU side's Runtime: built where it runs
-        assert (ex.settings.engine.device, ex.settings.engine.backend) == (
-            "cpu",
-            "eager",
-        )  # the app's own: jobs on the CPU
+        engine = ex.settings.engine
+        assert (engine.device, engine.backend) == ("cpu", "eager")  # the app's own: jobs on the CPU
         photo = (ROOT / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
         ctx = multiprocessing.get_context("fork")
         queue = ctx.Queue()

@@ -397,9 +397,8 @@ class WorkerState:
         frame = error_to_frame(answer) if isinstance(answer, BaseException) else result_to_frame(answer)
         pipe = self.raw.pipeline(transaction=False)
         pipe.rpush(reply_to, frame)
-        pipe.expire(
-            reply_to, s.service.image_ttl_s
-        )  # a reply nobody waits for any more goes, as the image does
+        # a reply nobody waits for any more goes, as the image does
+        pipe.expire(reply_to, s.service.image_ttl_s)
         pipe.delete(self._attempts_key(task_id))
         pipe.execute()
         return None

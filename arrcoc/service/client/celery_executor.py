@@ -53,9 +53,8 @@ class CeleryExecutor(Executor):
             ),
         )
         self.app = client_app(s)
-        self.raw = redis_client(
-            s.service.queue_url, s.service.redis_timeout_s, decode_responses=False
-        )  # image bytes
+        # image bytes
+        self.raw = redis_client(s.service.queue_url, s.service.redis_timeout_s, decode_responses=False)
 
     def _send(self, name: str, args: list, queue: str, priority: int, **options: Any):
         from kombu.exceptions import OperationalError

@@ -24,9 +24,8 @@ def run_benchmark(
         "iters": request.iterations,
         "warmup_iters": request.warmup,
         "device": request.device,
-        "dtype": "float32"
-        if settings.engine.dtype == "auto"
-        else settings.engine.dtype,  # options may name one
+        # options may name one
+        "dtype": "float32" if settings.engine.dtype == "auto" else settings.engine.dtype,
         "weights": settings.engine.weights or "default",
     }
     kwargs.update({k: v for k, v in request.options.items() if k in known})
