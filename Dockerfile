@@ -14,11 +14,11 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
     TOKENIZERS_PARALLELISM=false \
-    ARRCOC_CACHE_DIR=/cache \
-    ARRCOC_DATA_DIR=/data
+    ARRCOC_SERVICE__CACHE_DIR=/cache \
+    ARRCOC_SERVICE__DATA_DIR=/data
 
 # gcc and g++ in both images: on the GPU Triton builds its kernel launchers with gcc at run time; on
-# the CPU, which serves eager by default, ARRCOC_BACKEND=compiled or aot and the Benchmark tab's
+# the CPU, which serves eager by default, ARRCOC_ENGINE__BACKEND=compiled or aot and the Benchmark tab's
 # compiled and aot runs build C++ with Inductor. No curl: the healthchecks use Python.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc g++ \

@@ -21,19 +21,22 @@ def space_environment() -> None:
     Space's launcher, as compose.yaml is the containers'."""
     if not os.environ.get("SPACE_ID"):
         return
-    # the hub is reachable: CLIP ViT-B/16 (objects), served in bfloat16 on a GPU (ARRCOC_DTYPE=auto)
-    os.environ.setdefault("ARRCOC_VARIANT", "arrcoc-clip-b16")
+    # the hub is reachable: CLIP ViT-B/16 (objects), served in bfloat16 on a GPU (ARRCOC_ENGINE__DTYPE=auto)
+    os.environ.setdefault("ARRCOC_ENGINE__VARIANT", "arrcoc-clip-b16")
     # the Space's proxy reaches the container from the platform's private network: its
     # X-Forwarded-For names the visitor, so rate limits count visitors, not the proxy
-    os.environ.setdefault("ARRCOC_TRUSTED_PROXIES", "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,127.0.0.1,::1")
+    os.environ.setdefault(
+        "ARRCOC_ACCESS__TRUSTED_PROXIES", "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,127.0.0.1,::1"
+    )
     data = Path("/data")  # the Space's persistent storage, when it has some: survives restarts
     if data.is_dir() and os.access(data, os.W_OK):
-        os.environ.setdefault("ARRCOC_CACHE_DIR", str(data / "arrcoc-cache"))  # aot packages, compile caches
+        # aot packages, compile caches
+        os.environ.setdefault("ARRCOC_SERVICE__CACHE_DIR", str(data / "arrcoc-cache"))
         os.environ.setdefault("HF_HOME", str(data / "huggingface"))  # CLIP's weights, downloaded once
     if os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true"):
         # no compiling at request time there: AOTInductor packages, built once at the start
-        os.environ.setdefault("ARRCOC_BACKEND", "aot")
-        os.environ.setdefault("ARRCOC_BACKENDS", "aot")
+        os.environ.setdefault("ARRCOC_ENGINE__BACKEND", "aot")
+        os.environ.setdefault("ARRCOC_ENGINE__BACKENDS", "aot")
 
 
 space_environment()

@@ -8,7 +8,7 @@
     [result] = pipe.infer(["arrcoc/examples/coffee.jpg"], "the red one")
     print(result.match_score, result.weak_match, result.selected[:5])  # how well it matched; the top cells
 
-    ex = arrcoc.create_executor()  # in-process, or Celery when ARRCOC_BROKER_URL is set
+    ex = arrcoc.create_executor()  # in-process, or Celery when ARRCOC_SERVICE__BROKER_URL is set
     result = ex.infer(Path("arrcoc/examples/chelsea.jpg").read_bytes(), "the black one", arrcoc.Controls(k=50))
 
 The default model grounds colours, positions, text and simple shapes, not object categories on

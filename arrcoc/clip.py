@@ -207,7 +207,7 @@ def _from_pretrained(source: str):
             " written by transformers' save_pretrained. This machine seems offline and they are not"
             f" cached: use the variant {OFFLINE_VARIANT!r}, which works offline with its bundled weights,"
             f" or bring the weights here: on a machine with the hub, `hf download {CLIP_HUB_ID} --local-dir"
-            " DIR`, copy DIR here and pass --weights DIR (ARRCOC_WEIGHTS=DIR); or copy that machine's"
+            " DIR`, copy DIR here and pass --weights DIR (ARRCOC_ENGINE__WEIGHTS=DIR); or copy that machine's"
             " $HF_HOME (~/.cache/huggingface) here and set HF_HOME to it."
         ) from e
     try:

@@ -20,14 +20,15 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .errors import ImageError, InvalidInputError
-from .settings import Settings
+from .settings import LimitSettings
+from .tuning import LARGE_DECODE_PIXELS, LARGE_DECODES
 
 ImageLike = Union[str, Path, bytes, bytearray, Image.Image, np.ndarray]
 
 # the defaults of the settings' image limits (one home: arrcoc.settings)
-DEFAULT_MAX_BYTES: int = Settings.model_fields["max_image_bytes"].default
-DEFAULT_MAX_PIXELS: int = Settings.model_fields["max_image_pixels"].default
-MIN_SIDE: int = Settings.model_fields["min_image_side"].default
+DEFAULT_MAX_BYTES: int = LimitSettings.model_fields["max_image_bytes"].default
+DEFAULT_MAX_PIXELS: int = LimitSettings.model_fields["max_image_pixels"].default
+MIN_SIDE: int = LimitSettings.model_fields["min_image_side"].default
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,7 @@ class Decoded:
 # Pillow refuses to open above 2x its own MAX_IMAGE_PIXELS (~179 MP): past that, even the header
 # of a JPEG we could decode at 1/8 scale is refused as a likely decompression bomb.
 _BOMB_PIXELS = 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else 178_956_970
-# Decodes over this many pixels run a few at a time per process, so concurrent large uploads cannot
-# together exhaust memory (each costs up to 3 bytes a pixel while it decodes).
-_LARGE_PIXELS = 12_000_000
-_large_decodes = threading.BoundedSemaphore(2)
+_large_decodes = threading.BoundedSemaphore(LARGE_DECODES)  # decodes over LARGE_DECODE_PIXELS
 # The pixel limits are ours (checked on the declared size before any decode); Pillow's own bomb
 # warning would only repeat that check.
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
@@ -103,7 +101,7 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), side: int | N
         if side is not None and img.format == "JPEG":
             img.draft(img.mode if img.mode in ("RGB", "L") else None, (side, side))
         _check_pixels(img, declared, limits)
-        big = img.size[0] * img.size[1] > _LARGE_PIXELS
+        big = img.size[0] * img.size[1] > LARGE_DECODE_PIXELS
         with _large_decodes if big else contextlib.nullcontext():
             img.load()
             if side is not None:

@@ -57,7 +57,7 @@ class RelevancePipeline:
         cache_dir: Path | None = None,
         dtype: torch.dtype | str = torch.float32,  # or "auto": the variant's own on a GPU (serving_dtype)
         query_source: str
-        | None = None,  # with no query_encoder: all-MiniLM's HF id or path (settings.query_encoder)
+        | None = None,  # with no query_encoder: all-MiniLM's HF id or path (settings.engine.query_encoder)
         query_cache_size: int = 1024,
         max_query_chars: int = MAX_QUERY_CHARS,
     ):

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # names, configs and weight paths read without torch; create_
     from torch import nn
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
-# weights="random" (ARRCOC_WEIGHTS=random, --weights random): a variant that loads its weights
+# weights="random" (ARRCOC_ENGINE__WEIGHTS=random, --weights random): a variant that loads its weights
 # from outside (CLIP) gets random weights of its real shapes, nothing downloaded; one with bundled
 # weights is left untrained. For benchmarks: such results say benchmark_only.
 RANDOM_WEIGHTS = "random"

@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import InvalidInputError
 from .images import ImageLimits, check_header, decode, read_bytes
-from .settings import DEFAULT_OVERLAY_KIND, DEFAULT_OVERLAYS, OVERLAY_KINDS, OVERLAYS, Settings
+from .settings import DEFAULT_OVERLAY_KIND, DEFAULT_OVERLAYS, OVERLAY_KINDS, OVERLAYS, LimitSettings, Settings
 
 # The allocator's range of tokens per selected cell (level of detail): arrcoc.attending reads
 # them here, so a token budget is checked with the same numbers the model allocates with.
@@ -151,7 +151,7 @@ _CONTROL = {
 }
 
 
-MAX_QUERY_CHARS: int = Settings.model_fields["max_query_chars"].default
+MAX_QUERY_CHARS: int = LimitSettings.model_fields["max_query_chars"].default
 
 
 def validate_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
@@ -184,7 +184,9 @@ def validate_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
 
 
 def image_limits(settings: Settings) -> ImageLimits:
-    return ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.min_image_side)
+    return ImageLimits(
+        settings.limits.max_image_bytes, settings.limits.max_image_pixels, settings.limits.min_image_side
+    )
 
 
 def check_image_header(data: bytes, settings: Settings) -> tuple[int, int]:
@@ -204,4 +206,4 @@ def validate_image(data: bytes, settings: Settings):
 def image_key(settings: Settings, data: bytes) -> str:
     """Where the submitting side stores an image's bytes for a worker: by content, so a repeated
     image is stored once."""
-    return f"{settings.redis_prefix}:img:{hashlib.sha256(data).hexdigest()}"
+    return f"{settings.service.redis_prefix}:img:{hashlib.sha256(data).hexdigest()}"

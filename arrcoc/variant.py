@@ -31,7 +31,7 @@ class Variant:
     # builds the model with weights from outside the package (e.g. CLIP through transformers):
     # (config, weights) -> model carrying `weights_version`; weights as create_model's
     load: Callable[[VariantConfig, str | Path | None], nn.Module] | None = None
-    # what it serves on a GPU when the dtype setting is "auto" (ARRCOC_DTYPE); float32 on a CPU
+    # what it serves on a GPU when the dtype setting is "auto" (ARRCOC_ENGINE__DTYPE); float32 on a CPU
     gpu_dtype: str = "float32"
     benchmark_only: bool = False  # random weights: timing only, never meaningful output
     tags: tuple[str, ...] = field(default_factory=tuple)

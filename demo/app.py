@@ -48,7 +48,9 @@ def build_demo() -> gr.Blocks:
     settings = get_settings()
     variant = serving_variant(settings)
     # Gradio's cache (uploads, served results) is swept on the reaper's schedule
-    with gr.Blocks(title=TITLE, delete_cache=(settings.reap_interval_s, settings.temp_max_age_s)) as demo:
+    with gr.Blocks(
+        title=TITLE, delete_cache=(settings.jobs.reap_interval_s, settings.jobs.temp_max_age_s)
+    ) as demo:
         gr.Markdown(intro_markdown(settings, variant))
         notice = gr.Markdown(elem_id="worker-problems")  # filled on load when a worker cannot serve
         with gr.Accordion("About the model: what it can and cannot find", open=False, elem_id="model-note"):
@@ -71,8 +73,8 @@ def launch(demo: gr.Blocks | None = None, **kwargs: Any) -> tuple:
     """Launch with the product's theme, CSS, limits and rate gate (Gradio 6 takes them in launch())."""
     demo = demo or build_demo()
     # uvicorn rewrites the client's address from X-Forwarded-For for the peers it trusts: the same
-    # proxies as ours (its default would be loopback, whatever ARRCOC_TRUSTED_PROXIES says)
-    os.environ["FORWARDED_ALLOW_IPS"] = guard.uvicorn_proxies(get_settings().trusted_proxies)
+    # proxies as ours (its default would be loopback, whatever ARRCOC_ACCESS__TRUSTED_PROXIES says)
+    os.environ["FORWARDED_ALLOW_IPS"] = guard.uvicorn_proxies(get_settings().access.trusted_proxies)
     start_housekeeping()  # expired jobs' files and old temp files, on a schedule
     # api_open=False: the direct routes (/run/, /api/) refuse queued functions, so every call of
     # one waits its turn under the queue's concurrency limits

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs
 
 from arrcoc.errors import AccessDenied, ArrcocError
 from arrcoc.settings import get_settings
+from arrcoc.tuning import MAX_BODY, UPLOAD_SLACK
 
 from .guard import REFUSALS, address_of, check_rate, limit_key
 from .housekeeping import drop_upload, record_upload, reserve_upload
@@ -56,7 +57,6 @@ LIMIT_KIND = {
     "lambda": "status",  # the query box's Enter: clicks Run in the browser
 }
 _NUMBERED = re.compile(r"_\d+$")  # Gradio's suffix for a second event of one function
-MAX_BODY = 1 << 20  # a call's JSON (files travel by /upload): a larger body is refused unread (413)
 
 
 # ---- the door: counted before Gradio queues or checks anything --------------------------------------------
@@ -77,7 +77,7 @@ def max_upload_bytes(settings: Any = None) -> int:
     """The largest file the upload route takes: a batch zip (photos are held to the image limit
     when a call names them, `RateGate._file_problem`)."""
     s = settings or get_settings()
-    return max(s.max_image_bytes, s.max_archive_bytes, s.max_manifest_bytes)
+    return max(s.limits.max_image_bytes, s.limits.max_archive_bytes, s.limits.max_manifest_bytes)
 
 
 def kind_of(fn: Any) -> str:
@@ -186,7 +186,7 @@ class RateGate:
 
         cache = str(getattr(self.blocks, "GRADIO_CACHE", "") or "")
         photos_only = not any(isinstance(c, File) for c in getattr(call.fn, "inputs", []))
-        limit = get_settings().max_image_bytes
+        limit = get_settings().limits.max_image_bytes
         values = list(call.data.values()) if isinstance(call.data, dict) else list(call.data or [])
         for i, value in enumerate(values):
             for path in _file_paths(value):
@@ -200,7 +200,7 @@ class RateGate:
                     )
                 size = _size(abspath(path))
                 if photos_only and size > limit:
-                    message = f"The image is {size / 1e6:.1f} MB; the limit is {_mb(limit)} (ARRCOC_MAX_IMAGE_BYTES)."
+                    message = f"The image is {size / 1e6:.1f} MB; the limit is {_mb(limit)} (ARRCOC_LIMITS__MAX_IMAGE_BYTES)."
                     return 422, {"detail": _invalid(call.fn, len(values), i, message)}
         return None
 
@@ -216,7 +216,7 @@ class RateGate:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         peer = (scope.get("client") or ("", 0))[0] or ""
-        address = address_of(peer, headers.get("x-forwarded-for", ""), get_settings().trusted_proxies)
+        address = address_of(peer, headers.get("x-forwarded-for", ""), get_settings().access.trusted_proxies)
         bearer = headers.get("authorization", "")
         token = headers.get("x-arrcoc-token", "").strip() or (
             bearer[7:].strip() if bearer[:7].lower() == "bearer " else ""
@@ -298,7 +298,6 @@ class RateGate:
 
 NO_EVENT = "No such call is waiting for its results here: check the event id the call answered (results are kept until read once)."
 TOO_LARGE = f"The request is too large: a call's JSON may be at most {MAX_BODY >> 20} MiB (files go through /gradio_api/upload)."
-UPLOAD_SLACK = 1 << 20  # a multipart body's boundaries and headers beside its files
 
 
 def _public(fn: Any) -> bool:

@@ -75,7 +75,7 @@ def uvicorn_proxies(proxies: tuple[str, ...]) -> str:
 
 def address_of(peer: str, forwarded_for: str, proxies: tuple[str, ...]) -> str:
     """The client's address. `X-Forwarded-For` counts only when the peer is one of our proxies
-    (ARRCOC_TRUSTED_PROXIES): then the rightmost hop that is not a proxy of ours is the client (the
+    (ARRCOC_ACCESS__TRUSTED_PROXIES): then the rightmost hop that is not a proxy of ours is the client (the
     hops left of it are whatever the client wrote). Anyone else's header is ignored."""
     if not peer or not _trusted(peer, proxies):
         return peer or "unknown"
@@ -89,7 +89,7 @@ def address_of(peer: str, forwarded_for: str, proxies: tuple[str, ...]) -> str:
 def client_address(request: Any) -> str:
     client = getattr(request, "client", None)
     peer = str(getattr(client, "host", "") or "")
-    return address_of(peer, _header(request, "x-forwarded-for"), get_settings().trusted_proxies)
+    return address_of(peer, _header(request, "x-forwarded-for"), get_settings().access.trusted_proxies)
 
 
 def owner_of(request: Any, typed_token: object = None, kind: str = "batch") -> str:
@@ -111,11 +111,9 @@ _limits_lock = threading.Lock()
 def _per_minute(kind: str) -> int:
     s = get_settings()
     if kind == "upload":  # a photo a request, a zip and a manifest a job: more is not a client's use
-        infer, jobs = s.rate_limit_infer_per_min, s.rate_limit_jobs_per_min
+        infer, jobs = s.limits.infer_per_min, s.limits.jobs_per_min
         return 0 if infer <= 0 or jobs <= 0 else infer + 2 * jobs
-    return {"infer": s.rate_limit_infer_per_min, "jobs": s.rate_limit_jobs_per_min}.get(
-        kind, s.rate_limit_status_per_min
-    )
+    return {"infer": s.limits.infer_per_min, "jobs": s.limits.jobs_per_min}.get(kind, s.limits.status_per_min)
 
 
 def limiter(kind: str) -> RateLimiter:
@@ -140,7 +138,7 @@ REFUSALS = RefusalLog()  # rate-limit refusals: a few lines per client a minute
 
 def limit_key(token: str, address: str) -> str:
     """Token holders are counted by their token, everyone else by address."""
-    expected = get_settings().api_token
+    expected = get_settings().access.api_token
     return token_owner(token) if token and expected and token == expected else address
 
 

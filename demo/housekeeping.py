@@ -1,11 +1,11 @@
 """The demo's temporary files: the folder it serves copies from, the uploads it counts against the
 disk budget, and the reaper that sweeps both.
 
-Expired jobs' files and this demo's temp files older than ARRCOC_TEMP_MAX_AGE_S are removed on a
+Expired jobs' files and this demo's temp files older than ARRCOC_JOBS__TEMP_MAX_AGE_S are removed on a
 schedule (Gradio's own cache is swept by Blocks(delete_cache=...)). Every upload reserves its
 declared length in the data store's disk budget (a folder `upload-<id>` beside the jobs, holding
 the reservation and the paths Gradio gave the files): it is counted like a job's files until its
-files are swept, after ARRCOC_TEMP_MAX_AGE_S, or after TIGHT_UPLOAD_AGE_S while the disk is tight."""
+files are swept, after ARRCOC_JOBS__TEMP_MAX_AGE_S, or after TIGHT_UPLOAD_AGE_S while the disk is tight."""
 
 from __future__ import annotations
 
@@ -21,13 +21,11 @@ from pathlib import Path
 from arrcoc.service.jobs import budget
 from arrcoc.service.jobs.files import Reaper, sweep_old_files
 from arrcoc.settings import Settings, get_settings
+from arrcoc.tuning import TIGHT_UPLOAD_AGE_S
 
 TEMP_ROOT = Path(tempfile.gettempdir()) / "arrcoc-demo"
 UPLOAD_PREFIX = "upload-"
 UPLOAD_FILES = "files.json"
-# While half the budget is spoken for, uploads go this long after they came: a call uses its
-# upload within seconds; a page keeps its photo for the next few runs.
-TIGHT_UPLOAD_AGE_S = 300
 _lock = threading.Lock()
 _housekeeper: Reaper | None = None
 
@@ -42,7 +40,7 @@ def served(name: str) -> Path:
 
 
 def _root(settings: Settings) -> Path:
-    return Path(settings.data_dir) / "jobs"  # the budget counts what lies here
+    return Path(settings.service.data_dir) / "jobs"  # the budget counts what lies here
 
 
 def reserve_upload(nbytes: int, owner: str, address: str) -> Path:
@@ -69,19 +67,21 @@ def drop_upload(folder: Path) -> None:
 def disk_tight(settings: Settings) -> bool:
     """Whether half the data store's budget is reserved."""
     total, _ = budget.usage(_root(settings), "")
-    return bool(settings.max_data_bytes) and 2 * total >= settings.max_data_bytes
+    return bool(settings.limits.max_data_bytes) and 2 * total >= settings.limits.max_data_bytes
 
 
 def sweep_uploads(settings: Settings | None = None, now: float | None = None) -> int:
     """Remove uploads (their files in Gradio's cache and their reservation) older than
-    ARRCOC_TEMP_MAX_AGE_S, or TIGHT_UPLOAD_AGE_S while the disk is tight; returns how many."""
+    ARRCOC_JOBS__TEMP_MAX_AGE_S, or TIGHT_UPLOAD_AGE_S while the disk is tight; returns how many."""
     s = settings or get_settings()
     root, now = _root(s), now or time.time()
-    max_age = TIGHT_UPLOAD_AGE_S if disk_tight(s) else s.temp_max_age_s
+    max_age = TIGHT_UPLOAD_AGE_S if disk_tight(s) else s.jobs.temp_max_age_s
     removed = 0
     for folder in root.glob(f"{UPLOAD_PREFIX}*") if root.is_dir() else ():
         try:
-            if _age(folder, now) < (max_age if (folder / budget.RESERVED).exists() else s.temp_max_age_s):
+            if _age(folder, now) < (
+                max_age if (folder / budget.RESERVED).exists() else s.jobs.temp_max_age_s
+            ):
                 continue  # young, or being reserved
         except OSError:
             continue  # removed meanwhile
@@ -122,6 +122,6 @@ def start_housekeeping() -> Reaper:
     with _lock:
         if _housekeeper is None:
             s = get_settings()
-            sweeps = [lambda: sweep_old_files(TEMP_ROOT, s.temp_max_age_s), sweep_uploads]
+            sweeps = [lambda: sweep_old_files(TEMP_ROOT, s.jobs.temp_max_age_s), sweep_uploads]
             _housekeeper = Reaper(s, sweeps).start()
         return _housekeeper

@@ -75,7 +75,8 @@ def read_image(path: object) -> bytes:
 def query_text(query: object) -> str:
     """The query as typed, checked for length here: the text box never cuts it silently."""
     text = text_field(query, "The query")  # a number or a list is refused, not turned into text
-    return validate_query(text, get_settings().max_query_chars)  # the same checks and words as the service
+    # the same checks and words as the service
+    return validate_query(text, get_settings().limits.max_query_chars)
 
 
 # ---- the Gradio patch -------------------------------------------------------------------------------

@@ -56,9 +56,9 @@ def build_archive(zip_path: str | None, manifest_path: str | None) -> bytes:
     suffix = mp.suffix.lower()
     if suffix not in MANIFEST_SUFFIXES:
         raise InvalidInputError("The manifest must be a .csv or .jsonl file with columns file,query.")
-    if mp.stat().st_size > settings.max_manifest_bytes:
+    if mp.stat().st_size > settings.limits.max_manifest_bytes:
         raise InvalidInputError(
-            f"The manifest is over {settings.max_manifest_bytes / 1e6:.0f} MB; split the job."
+            f"The manifest is over {settings.limits.max_manifest_bytes / 1e6:.0f} MB; split the job."
         )
     inside = [n for n in names if Path(n).name.lower() in archive_checks.MANIFEST_NAMES]
     if inside:

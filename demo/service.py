@@ -1,6 +1,6 @@
 """The demo's one door to the serving side: the Executor from arrcoc.service.client, created on first use.
 
-Nothing here runs at import. The executor (in-process by default, Celery when ARRCOC_BROKER_URL
+Nothing here runs at import. The executor (in-process by default, Celery when ARRCOC_SERVICE__BROKER_URL
 is set) is built lazily and shared by every session of the app.
 """
 
@@ -39,20 +39,20 @@ def set_executor(ex: Executor | None) -> None:
 
 
 def served_backend() -> str:
-    """The backend interactive requests run on (the server's ARRCOC_BACKEND)."""
-    return get_settings().backend
+    """The backend interactive requests run on (the server's ARRCOC_ENGINE__BACKEND)."""
+    return get_settings().engine.backend
 
 
 def is_ready(backend: str) -> bool:
     """Whether a request on this backend will be quick: it has answered before, or a queue's worker
     (built and warmed before it takes work) serves it."""
-    return backend in _ready or bool(get_settings().broker_url)
+    return backend in _ready or bool(get_settings().service.broker_url)
 
 
 def worker_notice() -> str:
     """The page's warning when a worker runs but cannot serve (its model did not load, it cannot
     read the jobs' data): its own words. Empty without a broker (in process, a request says why)."""
-    if not get_settings().broker_url:
+    if not get_settings().service.broker_url:
         return ""
     problems = executor().worker_problems()
     return "**The service cannot serve every request now.** " + " ".join(problems) if problems else ""

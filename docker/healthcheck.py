@@ -3,7 +3,7 @@
 answers a ping over the broker and reports nothing that stops it serving (a model that cannot
 load, a job data directory it cannot read: printed), and, in a worker group, every engine process
 (every device's) answers one of them. `arrcoc-healthcheck demo`: the demo answers HTTP on its port
-and, with a broker (ARRCOC_BROKER_URL), a worker answers a ping over it."""
+and, with a broker (ARRCOC_SERVICE__BROKER_URL), a worker answers a ping over it."""
 
 import os
 import socket
@@ -14,13 +14,13 @@ import urllib.request
 def worker() -> int:
     from celery import Celery
 
-    app = Celery(broker=os.environ.get("ARRCOC_BROKER_URL", "redis://redis:6379/0"))
+    app = Celery(broker=os.environ.get("ARRCOC_SERVICE__BROKER_URL", "redis://redis:6379/0"))
     app.conf.update(accept_content=["json"], task_serializer="json", result_serializer="json")
     from worker.group import count_gpus, node_name  # no torch here: the naming and counting rules
 
-    processes = int(os.environ.get("ARRCOC_WORKER_PROCESSES", "1"))
+    processes = int(os.environ.get("ARRCOC_ENGINE__WORKER_PROCESSES", "1"))
     # a worker group or one Celery process, as `arrcoc worker` decides
-    grouped = processes > 1 or bool(os.environ.get("ARRCOC_DEVICES", "").strip())
+    grouped = processes > 1 or bool(os.environ.get("ARRCOC_ENGINE__DEVICES", "").strip())
     name = f"arrcoc@{socket.gethostname()}"
     names = (
         [node_name(name, i) for i in range(1, processes * _devices(count_gpus) + 1)] if grouped else [name]
@@ -48,9 +48,9 @@ def worker() -> int:
 
 
 def _devices(count_gpus) -> int:
-    """How many devices the worker group serves (ARRCOC_DEVICES: all, counted as the group counts
+    """How many devices the worker group serves (ARRCOC_ENGINE__DEVICES: all, counted as the group counts
     them, or a list)."""
-    devices = [d for d in os.environ.get("ARRCOC_DEVICES", "").split(",") if d.strip()]
+    devices = [d for d in os.environ.get("ARRCOC_ENGINE__DEVICES", "").split(",") if d.strip()]
     return count_gpus(os.environ) if devices == ["all"] else max(len(devices), 1)
 
 
@@ -59,7 +59,7 @@ def demo() -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
         if r.status != 200:
             return 1
-    broker = os.environ.get("ARRCOC_BROKER_URL")
+    broker = os.environ.get("ARRCOC_SERVICE__BROKER_URL")
     if not broker:
         return 0  # the in-process executor: the demo serves alone
     from celery import Celery

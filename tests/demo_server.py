@@ -23,9 +23,9 @@ def serve(data_dir: Path | None = None) -> Iterator[str]:
     """The app on http://127.0.0.1:<free port>/ with its own executor (and data dir, if given)."""
     from demo.app import build_demo, launch
 
-    old = os.environ.get("ARRCOC_DATA_DIR")
+    old = os.environ.get("ARRCOC_SERVICE__DATA_DIR")
     if data_dir is not None:
-        os.environ["ARRCOC_DATA_DIR"] = str(data_dir)
+        os.environ["ARRCOC_SERVICE__DATA_DIR"] = str(data_dir)
     get_settings.cache_clear()
     service.set_executor(None)  # a fresh executor built from these settings on first use
     demo = build_demo()
@@ -39,7 +39,7 @@ def serve(data_dir: Path | None = None) -> Iterator[str]:
         service.set_executor(None)
         if data_dir is not None:
             if old is None:
-                os.environ.pop("ARRCOC_DATA_DIR", None)
+                os.environ.pop("ARRCOC_SERVICE__DATA_DIR", None)
             else:
-                os.environ["ARRCOC_DATA_DIR"] = old
+                os.environ["ARRCOC_SERVICE__DATA_DIR"] = old
         get_settings.cache_clear()

@@ -9,7 +9,7 @@ import os
 import time
 import uuid
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -121,17 +121,35 @@ def assert_same_result(a, b, exact: bool = False) -> None:
 BROKER = os.environ["ARRCOC_TEST_REDIS_URL"]  # the tests' Redis database: conftest.py finds or starts it
 
 
+def merged(*groups: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, object]]:
+    """Settings by group (as Settings.replace and worker_env take them) merged group by group, the
+    later ones winning: merged({"engine": {"device": "cpu"}}, {"engine": {"backend": "onnx"}})."""
+    out: dict[str, dict[str, object]] = {}
+    for g in groups:
+        for name, fields in g.items():
+            out[name] = out.get(name, {}) | dict(fields)
+    return out
+
+
 @contextlib.contextmanager
-def worker_settings(root: Path, prefix: str, **extra: str) -> Iterator[dict[str, str]]:
-    """ARRCOC_* settings (as strings) for a test module's worker: seeded weights, a Redis key
-    prefix and queues of its own, whose keys are deleted afterwards; `extra` adds or overrides."""
+def worker_settings(
+    root: Path, prefix: str, **extra: Mapping[str, object]
+) -> Iterator[dict[str, dict[str, object]]]:
+    """Settings by group for a test module's worker (worker_env turns them into ARRCOC_ variables,
+    default_settings into the same Settings): seeded weights, a Redis key prefix and queues of its
+    own, whose keys are deleted afterwards; `extra` (groups) adds or overrides."""
     tag = uuid.uuid4().hex[:8]
-    settings = {
-        "weights": str(seeded_weights(root / "w.safetensors")),
-        "redis_prefix": f"{prefix}-{tag}",
-        "queue_gpu": f"gpu-{tag}",
-        "queue_bench": f"bench-{tag}",
-    } | extra
+    settings = merged(
+        {
+            "engine": {"weights": str(seeded_weights(root / "w.safetensors"))},
+            "service": {
+                "redis_prefix": f"{prefix}-{tag}",
+                "queue_gpu": f"gpu-{tag}",
+                "queue_bench": f"bench-{tag}",
+            },
+        },
+        extra,
+    )
     try:
         yield settings
     finally:

@@ -30,7 +30,7 @@ from abuse_inputs import (
     png_bytes,
     png_header,
 )
-from helpers import BROKER, make_zip, result_rows, wait_for
+from helpers import BROKER, make_zip, merged, result_rows, wait_for
 
 from arrcoc.errors import AccessDenied, ImageError, InvalidInputError, JobError
 from arrcoc.request import Controls, validate_image, validate_query
@@ -45,11 +45,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def settings(tmp_path):
-    return default_settings(data_dir=tmp_path / "data", broker_url=None)
+    return default_settings(service={"data_dir": tmp_path / "data", "broker_url": None})
 
 
 def unpack(data: bytes, settings, query: str | None = "the sky"):
-    jd = Path(settings.data_dir) / "jobs" / f"batch-{uuid.uuid4().hex[:16]}"
+    jd = Path(settings.service.data_dir) / "jobs" / f"batch-{uuid.uuid4().hex[:16]}"
     jd.mkdir(parents=True, exist_ok=True)
     return jd, archive.unpack(data, query, jd, settings)
 
@@ -63,24 +63,30 @@ def test_zip_bomb_refused_from_the_central_directory_with_bounded_memory(setting
         with pytest.raises(InvalidInputError, match="zip bomb"):
             unpack(bomb, settings)
     assert mem.growth < 64 * MIB, mem.growth
-    assert du(Path(settings.data_dir)) == 0
+    assert du(Path(settings.service.data_dir)) == 0
 
 
 def test_small_entries_of_zeros_do_not_fill_the_disk(settings):
     """300 entries of 1 MiB zeros (0.3 MB zipped): the old check looked at entries over 1 MiB only."""
     with pytest.raises(InvalidInputError, match="300 zip entries expand more than"):
         unpack(many_entries_zip(300), settings)
-    assert du(Path(settings.data_dir)) == 0
+    assert du(Path(settings.service.data_dir)) == 0
 
 
 def test_total_expansion_entry_count_and_entry_size_limits(settings):
     png = png_bytes()
-    few = default_settings(data_dir=settings.data_dir, max_unpacked_bytes=len(png) * 3, max_archive_entries=5)
+    few = default_settings(
+        service={"data_dir": settings.service.data_dir},
+        limits={"max_unpacked_bytes": len(png) * 3, "max_archive_entries": 5},
+    )
     with pytest.raises(InvalidInputError, match="expands to"):
         unpack(make_zip({f"{i}.png": png_bytes(seed=i) for i in range(4)}), few)
     with pytest.raises(InvalidInputError, match="6 entries; the limit is 5"):
         unpack(make_zip({f"{i}.png": png for i in range(6)}), few)
-    small = default_settings(data_dir=settings.data_dir, max_image_bytes=len(png) - 1, max_manifest_bytes=16)
+    small = default_settings(
+        service={"data_dir": settings.service.data_dir},
+        limits={"max_image_bytes": len(png) - 1, "max_manifest_bytes": 16},
+    )
     with pytest.raises(InvalidInputError, match="larger than"):
         unpack(make_zip({"a.png": png}), small)
     with pytest.raises(InvalidInputError, match="manifest 'manifest.csv' is larger than"):
@@ -147,7 +153,7 @@ def test_stored_entries_are_read_in_place_and_their_checksums_checked(settings):
 
     bad = bytearray(data)
     bad[bad.find(stored["s3.png"]) + 100] ^= 0xFF  # one byte of one photo, its headers intact
-    jd = Path(settings.data_dir) / "jobs" / "batch-corrupt"
+    jd = Path(settings.service.data_dir) / "jobs" / "batch-corrupt"
     jd.mkdir(parents=True)
     items = archive.unpack(bytes(bad), "the sky", jd, settings)  # checked when read, in the pipeline
     opened = {}
@@ -225,7 +231,7 @@ def test_demo_upload_of_a_bomb_with_a_separate_manifest_is_not_decompressed(tmp_
     from arrcoc.settings import get_settings
     from demo import jobs
 
-    monkeypatch.setenv("ARRCOC_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("ARRCOC_SERVICE__DATA_DIR", str(settings.service.data_dir))
     get_settings.cache_clear()
     try:
         zp, mp = tmp_path / "bomb.zip", tmp_path / "m.csv"
@@ -274,7 +280,7 @@ def test_non_numbers_are_refused_by_controls(value):
 def test_executor_boundary_refuses_wrong_types(tmp_path, pipeline):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    ex = InProcessExecutor(default_settings(data_dir=tmp_path, broker_url=None), pipeline)
+    ex = InProcessExecutor(default_settings(service={"data_dir": tmp_path, "broker_url": None}), pipeline)
     try:
         image = png_bytes(64)
         for query in (123, ["the sky"], {"q": 1}, b"the sky", None):
@@ -331,14 +337,17 @@ def test_bench_requests_are_capped(settings, change, message):
     req = BenchRequest(**({"backends": ("eager",), "buckets": (1,), "iterations": 5, "warmup": 1} | change))
     with pytest.raises(InvalidInputError, match=message):
         create_bench_job(req, settings, MemoryJobStore())
-    assert du(Path(settings.data_dir)) == 0
+    assert du(Path(settings.service.data_dir)) == 0
 
 
 def test_cancelled_benchmark_stops_at_once_frees_the_device_and_stays_cancelled(tmp_path, pipeline):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
     ex = InProcessExecutor(
-        default_settings(data_dir=tmp_path, broker_url=None, max_bench_iterations=100_000), pipeline
+        default_settings(
+            service={"data_dir": tmp_path, "broker_url": None}, jobs={"max_bench_iterations": 100_000}
+        ),
+        pipeline,
     )
     try:
         job = ex.submit_bench(
@@ -366,7 +375,8 @@ def test_benchmark_past_its_time_limit_is_stopped(tmp_path, pipeline):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
     s = default_settings(
-        data_dir=tmp_path, broker_url=None, bench_time_limit_s=3, max_bench_iterations=100_000
+        service={"data_dir": tmp_path, "broker_url": None},
+        jobs={"bench_time_limit_s": 3, "max_bench_iterations": 100_000},
     )
     ex = InProcessExecutor(s, pipeline)
     try:
@@ -385,7 +395,7 @@ def test_benchmark_past_its_time_limit_is_stopped(tmp_path, pipeline):
 
 
 def test_reaper_removes_expired_jobs_without_a_new_submission(settings):
-    jobs = Path(settings.data_dir) / "jobs"
+    jobs = Path(settings.service.data_dir) / "jobs"
     old, live = jobs / "batch-00000000000000aa", jobs / "batch-00000000000000bb"
     for jd, expires in ((old, time.time() - 1), (live, time.time() + 3600)):
         (jd / "inputs").mkdir(parents=True)
@@ -407,7 +417,7 @@ def test_reaper_removes_expired_jobs_without_a_new_submission(settings):
 
 
 def test_old_temp_files_are_swept(tmp_path):
-    """The demo's served copies (results, reports) go after ARRCOC_TEMP_MAX_AGE_S."""
+    """The demo's served copies (results, reports) go after ARRCOC_JOBS__TEMP_MAX_AGE_S."""
     from arrcoc.service.jobs.files import sweep_old_files
 
     old, new = tmp_path / "batch-old", tmp_path / "report-new"
@@ -438,11 +448,11 @@ def test_jobs_are_visible_only_to_their_owner(settings):
 def test_token_checks_and_rate_limit():
     from arrcoc.service.access import RateLimiter, anonymous_owner, check_token, token_owner
 
-    open_ = default_settings(open_benchmarks=True)
+    open_ = default_settings(access={"open_benchmarks": True})
     assert check_token(open_, "bench", None) is None
     with pytest.raises(AccessDenied, match="Benchmarks are closed"):  # no token, not opened: closed
         check_token(default_settings(), "bench", None)
-    s = default_settings(api_token="t" * 20, token_scope=("bench",))
+    s = default_settings(access={"api_token": "t" * 20, "token_scope": ("bench",)})
     assert check_token(s, "batch", "") is None  # batch jobs open on this server
     with pytest.raises(AccessDenied, match="need the API token"):
         check_token(s, "bench", "")
@@ -519,7 +529,7 @@ def test_cli_user_errors_are_one_line(tmp_path, cli):
         (["infer", str(tmp_path / "nope.png"), "-q", "x"], "No such image file"),
     ]
     for args, message in cases:
-        assert_one_line_error(cli(*args, env={"ARRCOC_BROKER_URL": BROKER}), message)
+        assert_one_line_error(cli(*args, env={"ARRCOC_SERVICE__BROKER_URL": BROKER}), message)
     for bad in ("nan", "inf", "-1", "0", "soon"):
         code, _, err = cli("submit", "infer", image, "-q", "x", "--timeout", bad)
         assert code == 2 and "--timeout" in err and "Traceback" not in err, err
@@ -530,10 +540,10 @@ def test_cli_submit_batch_without_a_worker_times_out_in_words(tmp_path, cli):
 
     tag = uuid.uuid4().hex[:8]
     env = {
-        "ARRCOC_BROKER_URL": BROKER,
-        "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{tag}",
-        "ARRCOC_QUEUE_GPU": f"nobody-{tag}",
-        "ARRCOC_DATA_DIR": str(tmp_path / "data"),
+        "ARRCOC_SERVICE__BROKER_URL": BROKER,
+        "ARRCOC_SERVICE__REDIS_PREFIX": f"arrcoc-abuse-{tag}",
+        "ARRCOC_SERVICE__QUEUE_GPU": f"nobody-{tag}",
+        "ARRCOC_SERVICE__DATA_DIR": str(tmp_path / "data"),
     }
     zipped = tmp_path / "in.zip"
     zipped.write_bytes(make_zip({"a.png": png_bytes()}))
@@ -558,10 +568,10 @@ def test_cli_job_commands_need_the_deployments_token(cli):
 
     tag = uuid.uuid4().hex[:8]
     token = uuid.uuid4().hex
-    s = default_settings(redis_prefix=f"arrcoc-abuse-{tag}", api_token=token)
+    s = default_settings(service={"redis_prefix": f"arrcoc-abuse-{tag}"}, access={"api_token": token})
     r = redis.Redis.from_url(BROKER)
-    publish_token(r, s)  # what a worker started with ARRCOC_API_TOKEN does
-    env = {"ARRCOC_BROKER_URL": BROKER, "ARRCOC_REDIS_PREFIX": s.redis_prefix}
+    publish_token(r, s)  # what a worker started with ARRCOC_ACCESS__API_TOKEN does
+    env = {"ARRCOC_SERVICE__BROKER_URL": BROKER, "ARRCOC_SERVICE__REDIS_PREFIX": s.service.redis_prefix}
     try:
         assert_one_line_error(
             cli("job", "status", "batch-0123456789abcdef", env=env), "requires its API token"
@@ -570,7 +580,8 @@ def test_cli_job_commands_need_the_deployments_token(cli):
             cli("job", "status", "batch-0123456789abcdef", "--token", "y" * 32, env=env), "does not match"
         )
         assert_one_line_error(
-            cli("job", "status", "batch-0123456789abcdef", env=env | {"ARRCOC_API_TOKEN": token}), "No job"
+            cli("job", "status", "batch-0123456789abcdef", env=env | {"ARRCOC_ACCESS__API_TOKEN": token}),
+            "No job",
         )  # past the token: the usual answer
     finally:
         keys = list(r.scan_iter(f"arrcoc-abuse-{tag}:*"))
@@ -733,12 +744,11 @@ def test_surrogates_and_format_characters_in_queries_are_refused(query, what):
     str(e.value).encode("utf-8")  # the message itself is valid UTF-8 (a page, a log can carry it)
 
 
-def _inprocess(tmp_path, pipeline, **overrides):
+def _inprocess(tmp_path, pipeline, **groups):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    return InProcessExecutor(
-        default_settings(data_dir=tmp_path / "data", broker_url=None, **overrides), pipeline
-    )
+    service = {"service": {"data_dir": tmp_path / "data", "broker_url": None}}
+    return InProcessExecutor(default_settings(**merged(service, groups)), pipeline)
 
 
 def _finished(ex, job, timeout=180.0, owner=None):
@@ -886,18 +896,18 @@ def test_the_disk_budget_is_reserved_before_anything_is_written(tmp_path, pipeli
     kept it. Scaled down: ten 5 MiB entries (1 MB zipped) against a 20 MB budget are refused
     before a byte is written, in words naming the limit (not "corrupt"); per owner likewise."""
     data = compressible_zip(10, 5 * MIB)
-    ex = _inprocess(tmp_path, pipeline, max_data_bytes=20 * 10**6, max_owner_bytes=15 * 10**5)
+    ex = _inprocess(tmp_path, pipeline, limits={"max_data_bytes": 20 * 10**6, "max_owner_bytes": 15 * 10**5})
     root = tmp_path / "data" / "jobs"
     try:
         t0 = time.monotonic()
-        with pytest.raises(InvalidInputError, match="ARRCOC_MAX_DATA_BYTES") as e:
+        with pytest.raises(InvalidInputError, match="ARRCOC_LIMITS__MAX_DATA_BYTES") as e:
             ex.submit_batch(data, "the sky", owner="client:a")
         assert time.monotonic() - t0 < 2 and "corrupt" not in str(e.value)
         assert du(root) == 0
         small = make_zip({f"{i}.png": png_bytes(seed=i) for i in range(4)})
         first = ex.submit_batch(small, "the sky", owner="client:a")  # ~0.7 MB reserved (inputs + results)
         ex.submit_batch(small, "the sky", owner="client:a")
-        with pytest.raises(InvalidInputError, match="ARRCOC_MAX_OWNER_BYTES"):
+        with pytest.raises(InvalidInputError, match="ARRCOC_LIMITS__MAX_OWNER_BYTES"):
             ex.submit_batch(small, "the sky", owner="client:a")
         ex.submit_batch(small, "the sky", owner="client:b")  # another owner has room
         st = _finished(ex, first, owner="client:a")
@@ -980,12 +990,12 @@ def test_a_full_disk_while_unpacking_is_said_and_keeps_nothing(settings, monkeyp
     with pytest.raises(ServiceUnavailableError, match="disk is full") as e:
         unpack(stored.getvalue(), settings)
     assert "corrupt" not in str(e.value)
-    assert du(Path(settings.data_dir)) == 0
+    assert du(Path(settings.service.data_dir)) == 0
 
 
 def test_a_jobs_work_is_bounded_at_submission(tmp_path, pipeline):
     """A 140 KB zip (one 40 MP PNG named by 2,000 rows) ran ~12 minutes. The decoded pixels of a
-    job's items, summed, are bounded (ARRCOC_MAX_JOB_MEGAPIXELS), refused in words at once."""
+    job's items, summed, are bounded (ARRCOC_LIMITS__MAX_JOB_MEGAPIXELS), refused in words at once."""
     from PIL import Image
 
     arr = __import__("numpy").zeros((5000, 5000, 3), "uint8")
@@ -998,7 +1008,7 @@ def test_a_jobs_work_is_bounded_at_submission(tmp_path, pipeline):
     try:
         t0 = time.monotonic()
         with pytest.raises(
-            InvalidInputError, match=r"50,000 megapixels.*the limit is 32,000 \(ARRCOC_MAX_JOB"
+            InvalidInputError, match=r"50,000 megapixels.*the limit is 32,000 \(ARRCOC_LIMITS__MAX_JOB"
         ):
             ex.submit_batch(data)
         assert time.monotonic() - t0 < 3
@@ -1013,7 +1023,7 @@ def test_jobs_of_different_owners_take_turns_in_process(tmp_path, pipeline):
     B finishes while A has most of its items left."""
     manifest = "file,query\n" + "a.png,the sky\n" * 300
     big = make_zip({"a.png": png_bytes(64), "manifest.csv": manifest.encode()})
-    ex = _inprocess(tmp_path, pipeline, job_slice_s=0.5)
+    ex = _inprocess(tmp_path, pipeline, jobs={"slice_s": 0.5})
     try:
         a = ex.submit_batch(big, owner="client:a")
         wait_for(lambda: ex.status(a, "client:a").done >= 8, 120, "A started")
@@ -1060,18 +1070,22 @@ def test_cli_submit_batch_refusals_of_the_second_pass_are_one_line(tmp_path, cli
     """`arrcoc submit batch` (no worker needed: refused before anything is queued): a lone
     surrogate in a manifest query, a job over the disk budget, a job over the work bound."""
     env = {
-        "ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13",
-        "ARRCOC_DATA_DIR": str(tmp_path / "data"),
-        "ARRCOC_REDIS_PREFIX": f"arrcoc-abuse-{uuid.uuid4().hex[:8]}",
+        "ARRCOC_SERVICE__BROKER_URL": "redis://127.0.0.1:6379/13",
+        "ARRCOC_SERVICE__DATA_DIR": str(tmp_path / "data"),
+        "ARRCOC_SERVICE__REDIS_PREFIX": f"arrcoc-abuse-{uuid.uuid4().hex[:8]}",
     }
     rows = "\n".join(json.dumps({"file": "a.png", "query": q}) for q in ("the sky", "\ud800"))
     cases = [
         (make_zip({"a.png": png_bytes(), "manifest.jsonl": rows.encode()}), {}, "holds a lone surrogate"),
-        (compressible_zip(4, 5 * MIB), {"ARRCOC_MAX_DATA_BYTES": "10000000"}, "ARRCOC_MAX_DATA_BYTES"),
+        (
+            compressible_zip(4, 5 * MIB),
+            {"ARRCOC_LIMITS__MAX_DATA_BYTES": "10000000"},
+            "ARRCOC_LIMITS__MAX_DATA_BYTES",
+        ),
         (
             make_zip({"a.png": png_bytes(), "manifest.csv": b"file,query\n" + b"a.png,the sky\n" * 50}),
-            {"ARRCOC_MAX_JOB_MEGAPIXELS": "0.01"},
-            "ARRCOC_MAX_JOB_MEGAPIXELS",
+            {"ARRCOC_LIMITS__MAX_JOB_MEGAPIXELS": "0.01"},
+            "ARRCOC_LIMITS__MAX_JOB_MEGAPIXELS",
         ),
     ]
     for i, (data, extra, message) in enumerate(cases):
@@ -1087,7 +1101,7 @@ def test_results_nobody_can_fetch_are_swept_before_their_ttl(settings):
     from arrcoc.service.jobs.files import sweep_unreachable
     from arrcoc.service.jobs.types import JobKind
 
-    root = Path(settings.data_dir) / "jobs"
+    root = Path(settings.service.data_dir) / "jobs"
     store = MemoryJobStore()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -1128,19 +1142,19 @@ def test_a_million_row_manifest_is_refused_while_reading_at_small_memory(setting
     Reading stops at the row past the item limit, a piece of the manifest at a time."""
     row = b"a.png,q\n" if name.endswith(".csv") else b'{"file":"a.png"}\n'
     header = b"file,query\n" if name.endswith(".csv") else b""
-    rows = 1_000_000 if name.endswith(".csv") else settings.max_manifest_bytes // len(row) - 1
+    rows = 1_000_000 if name.endswith(".csv") else settings.limits.max_manifest_bytes // len(row) - 1
     data = make_zip({"a.png": png_bytes(16), name: header + row * rows})
     assert len(data) < 40_000
     t0 = time.monotonic()
     with PeakRSS() as mem, pytest.raises(InvalidInputError) as refused:
         unpack(data, settings)
     assert mem.growth < 24 * MIB, f"+{mem.growth / MIB:.0f} MiB"
-    assert f"more than {settings.max_batch_items} items" in str(refused.value)
+    assert f"more than {settings.limits.max_batch_items} items" in str(refused.value)
     assert time.monotonic() - t0 < 10
-    assert du(Path(settings.data_dir)) == 0
-    at_limit = make_zip({"a.png": png_bytes(16), name: header + row * settings.max_batch_items})
+    assert du(Path(settings.service.data_dir)) == 0
+    at_limit = make_zip({"a.png": png_bytes(16), name: header + row * settings.limits.max_batch_items})
     _, items = unpack(at_limit, settings)  # the limit itself is fine
-    assert len(items) == settings.max_batch_items
+    assert len(items) == settings.limits.max_batch_items
 
 
 def test_colons_in_names_are_kept_and_bidi_controls_refused(settings):
@@ -1178,7 +1192,7 @@ def test_new_sessions_of_one_address_cannot_reserve_the_disk(settings):
     manifest = b"file,query\n" + b"a.png,the sky\n" * 2000
     data = make_zip({"a.png": png, "manifest.csv": manifest})
     assert len(data) < 2_000
-    root = Path(settings.data_dir) / "jobs"
+    root = Path(settings.service.data_dir) / "jobs"
     accepted, refused = 0, []
     for _ in range(42):
         owner = f"session:{uuid.uuid4().hex}"
@@ -1189,10 +1203,10 @@ def test_new_sessions_of_one_address_cannot_reserve_the_disk(settings):
         except InvalidInputError as e:
             refused.append(str(e))
     total = sum(_reserved(root).values())
-    assert total < settings.max_data_bytes / 5, f"{total / 1e9:.1f} GB reserved"
-    assert total <= settings.max_owner_bytes
+    assert total < settings.limits.max_data_bytes / 5, f"{total / 1e9:.1f} GB reserved"
+    assert total <= settings.limits.max_owner_bytes
     assert accepted >= 30, (accepted, refused[:1])
-    assert all("ARRCOC_MAX_OWNER_BYTES" in m for m in refused), refused[:1]
+    assert all("ARRCOC_LIMITS__MAX_OWNER_BYTES" in m for m in refused), refused[:1]
     for other in (payer("session:x", "198.51.100.9"), "token:" + "b" * 32):  # another address; a token
         jd = root / f"batch-{uuid.uuid4().hex[:16]}"
         archive.unpack(data, None, jd, settings, other, other)
@@ -1206,9 +1220,10 @@ def test_an_item_reserves_its_row_and_a_picture_no_larger_than_its_photo(setting
     """What an item reserves follows its photo: a 16x16 PNG's picture is a few KB, a 2000x1500
     photo's at most the overlay side (1024) squared at 4 bytes a pixel; a job drawing no pictures
     reserves rows only. Every reservation covers what the job may write."""
-    from arrcoc.service.jobs.budget import ROW_BYTES, outputs_estimate, picture_bytes
+    from arrcoc.service.jobs.budget import outputs_estimate, picture_bytes
+    from arrcoc.tuning import ROW_BYTES
 
-    side = settings.overlay_max_side
+    side = settings.jobs.overlay_max_side
     assert picture_bytes((16, 16), side) < 8 * 1024
     assert picture_bytes((2000, 1500), side) == 4 * 1024 * 1024 + 4 * 1024
     assert picture_bytes((16, 2_500_000), side) == 4 * 16 * 1024 + 4 * 1024
@@ -1239,7 +1254,7 @@ def test_a_jobs_reservation_covers_all_it_writes(tmp_path, pipeline):
 
     files = {"wide.png": noise(1500, 700, 0), "tall.png": noise(90, 1300, 1), "small.png": noise(40, 30, 2)}
     manifest = "file,query\n" + "".join(f"{n},the sky\n" for n in [*files, "wide.png"])
-    ex = _inprocess(tmp_path, pipeline, overlay_format="png")
+    ex = _inprocess(tmp_path, pipeline, jobs={"overlay_format": "png"})
     try:
         job = ex.submit_batch(make_zip(files | {"manifest.csv": manifest.encode()}), overlays="relevance")
         jd = tmp_path / "data" / "jobs" / job

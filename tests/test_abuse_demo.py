@@ -1,5 +1,5 @@
 """Abuse through the demo's API (gradio_client against the app in this process), configured as a
-public Space would be: an API token that benchmarks need (ARRCOC_TOKEN_SCOPE=bench), batch jobs
+public Space would be: an API token that benchmarks need (ARRCOC_ACCESS__TOKEN_SCOPE=bench), batch jobs
 open but bound to whoever made them, rate limits on submissions."""
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ INFER_PER_MIN = 8
 STATUS_PER_MIN = 60
 # the test client is the proxy here (127.0.0.1): its X-Forwarded-For names the caller
 ENV = {
-    "ARRCOC_API_TOKEN": TOKEN,
-    "ARRCOC_TOKEN_SCOPE": "bench",
-    "ARRCOC_RATE_LIMIT_INFER_PER_MIN": str(INFER_PER_MIN),
-    "ARRCOC_RATE_LIMIT_JOBS_PER_MIN": "20",
-    "ARRCOC_RATE_LIMIT_STATUS_PER_MIN": str(STATUS_PER_MIN),
-    "ARRCOC_TRUSTED_PROXIES": "127.0.0.1",
+    "ARRCOC_ACCESS__API_TOKEN": TOKEN,
+    "ARRCOC_ACCESS__TOKEN_SCOPE": "bench",
+    "ARRCOC_LIMITS__INFER_PER_MIN": str(INFER_PER_MIN),
+    "ARRCOC_LIMITS__JOBS_PER_MIN": "20",
+    "ARRCOC_LIMITS__STATUS_PER_MIN": str(STATUS_PER_MIN),
+    "ARRCOC_ACCESS__TRUSTED_PROXIES": "127.0.0.1",
 }
 
 
@@ -290,8 +290,8 @@ def test_status_endpoints_are_rate_limited(app):
 def test_forwarded_for_is_believed_only_from_configured_proxies(monkeypatch, tmp_path):
     """A forged X-Forwarded-For picked a fresh key per call; now only our proxies' header counts
     (here the proxy is elsewhere, so this loopback caller's header is ignored)."""
-    monkeypatch.setenv("ARRCOC_TRUSTED_PROXIES", "10.9.9.9")
-    monkeypatch.setenv("ARRCOC_RATE_LIMIT_INFER_PER_MIN", str(INFER_PER_MIN))
+    monkeypatch.setenv("ARRCOC_ACCESS__TRUSTED_PROXIES", "10.9.9.9")
+    monkeypatch.setenv("ARRCOC_LIMITS__INFER_PER_MIN", str(INFER_PER_MIN))
     with serve(tmp_path) as url:
         codes = []
         for i in range(INFER_PER_MIN + 2):  # a new forged address each time: still one client
@@ -308,10 +308,10 @@ def test_client_address_rules():
     assert address_of("10.0.0.7", "6.6.6.6, 7.7.7.7, 10.0.0.8", proxies) == "7.7.7.7"  # two proxies of ours
     assert address_of("10.0.0.7", "", proxies) == "10.0.0.7"
     assert address_of("127.0.0.1", "6.6.6.6", ()) == "127.0.0.1"  # none configured: the peer
-    from arrcoc.settings import Settings
+    from arrcoc.settings import AccessSettings
     from demo.guard import uvicorn_proxies
 
-    assert Settings.model_fields["trusted_proxies"].default == (
+    assert AccessSettings().trusted_proxies == (
         "127.0.0.1",
         "::1",
     )  # a proxy on this host only
@@ -321,9 +321,12 @@ def test_client_address_rules():
 def test_trusted_proxies_setting_is_checked(monkeypatch):
     from arrcoc.settings import Settings
 
-    assert Settings(trusted_proxies="10.0.0.0/8, 127.0.0.1").trusted_proxies == ("10.0.0.0/8", "127.0.0.1")
+    assert Settings(access={"trusted_proxies": "10.0.0.0/8, 127.0.0.1"}).access.trusted_proxies == (
+        "10.0.0.0/8",
+        "127.0.0.1",
+    )
     with pytest.raises(ValueError, match="not an address or network"):
-        Settings(trusted_proxies="the proxy")
+        Settings(access={"trusted_proxies": "the proxy"})
 
 
 def test_owner_from_cookie_token_or_session():

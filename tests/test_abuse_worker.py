@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 from abuse_inputs import du, png16, png_bytes, png_header
-from helpers import BROKER, make_zip, result_rows, worker_settings
+from helpers import BROKER, make_zip, merged, result_rows, worker_settings
 from PIL import Image
 
 from arrcoc.bench.processes import Worker, worker_env
@@ -29,10 +29,10 @@ def env(tmp_path_factory):
     with worker_settings(
         root,
         "arrcoc-abuse",
-        buckets="[1,2]",
-        batch_max_size="2",
-        max_bench_iterations="100000",
-        api_token=TOKEN,
+        engine={"buckets": "[1,2]"},
+        batching={"max_size": "2"},
+        jobs={"max_bench_iterations": "100000"},
+        access={"api_token": TOKEN},
     ) as settings:
         yield root, settings
 
@@ -52,11 +52,8 @@ def ex(env, worker):
     from arrcoc.service.client.celery_executor import CeleryExecutor
 
     root, s = env
-    fields = {k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "max_bench_iterations")}
     ex = CeleryExecutor(
-        default_settings(
-            **fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data", max_bench_iterations=100000
-        )
+        default_settings(**merged(s, {"service": {"broker_url": BROKER, "data_dir": root / "data"}}))
     )
     yield ex
     ex.close()
@@ -125,7 +122,7 @@ def test_hostile_items_fail_alone_and_nothing_is_lost(ex):
         failed
     )
     assert "control character" in failed["good/b.png"] and "limit" in failed["modes/la.png"]
-    jd = ex.settings.data_dir / "jobs" / job
+    jd = ex.settings.service.data_dir / "jobs" / job
     assert du(jd) < 20 * 1024 * 1024  # inputs + results of 13 small items
 
 
@@ -160,9 +157,9 @@ def test_cli_job_needs_the_token_the_worker_published(env, worker, capsys, monke
     from arrcoc.settings import get_settings
 
     root, s = env
-    monkeypatch.setenv("ARRCOC_BROKER_URL", BROKER)
-    monkeypatch.setenv("ARRCOC_REDIS_PREFIX", s["redis_prefix"])
-    monkeypatch.delenv("ARRCOC_API_TOKEN", raising=False)
+    monkeypatch.setenv("ARRCOC_SERVICE__BROKER_URL", BROKER)
+    monkeypatch.setenv("ARRCOC_SERVICE__REDIS_PREFIX", s["service"]["redis_prefix"])
+    monkeypatch.delenv("ARRCOC_ACCESS__API_TOKEN", raising=False)
     get_settings.cache_clear()
     try:
         assert main(["job", "status", "batch-0123456789abcdef"]) == 2
@@ -179,27 +176,21 @@ def test_cancelled_benchmark_frees_a_worker_groups_engine_process(env, tmp_path)
     from arrcoc.service.client.celery_executor import CeleryExecutor
 
     root, s = env
-    queues = {"queue_gpu": s["queue_gpu"] + "-grp", "queue_bench": s["queue_bench"] + "-grp"}
+    queues = {
+        "service": {
+            "queue_gpu": s["service"]["queue_gpu"] + "-grp",
+            "queue_bench": s["service"]["queue_bench"] + "-grp",
+        }
+    }
     w = Worker(
-        worker_env(BROKER, root / "data", **(s | queues | {"worker_processes": "2"})), tmp_path / "group.log"
+        worker_env(BROKER, root / "data", **merged(s, queues, {"engine": {"worker_processes": "2"}})),
+        tmp_path / "group.log",
     )
     ex = None
     try:
         w.ready(timeout=300)
-        fields = {
-            k: v
-            for k, v in (s | queues).items()
-            if k not in ("buckets", "batch_max_size", "max_bench_iterations")
-        }
-        ex = CeleryExecutor(
-            default_settings(
-                **fields,
-                buckets=(1, 2),
-                broker_url=BROKER,
-                data_dir=root / "data",
-                max_bench_iterations=100000,
-            )
-        )
+        service = {"service": {"broker_url": BROKER, "data_dir": root / "data"}}
+        ex = CeleryExecutor(default_settings(**merged(s, queues, service)))
         job = ex.submit_bench(
             BenchRequest(backends=("eager",), buckets=(1,), iterations=100000, warmup=1, device="cpu")
         )
@@ -241,9 +232,9 @@ def test_a_chunk_that_raises_ends_its_job_with_counts(ex):
         ex.settings,
         ex.store,
     )
-    (ex.settings.data_dir / "jobs" / job / "items.jsonl").unlink()  # the chunk cannot read its items
+    (ex.settings.service.data_dir / "jobs" / job / "items.jsonl").unlink()  # the chunk cannot read its items
     for start, stop in chunks:
-        ex._send(TASK_CHUNK, [job, start, stop], ex.settings.queue_gpu, PRIORITY_CHUNK)
+        ex._send(TASK_CHUNK, [job, start, stop], ex.settings.service.queue_gpu, PRIORITY_CHUNK)
     st = wait(lambda: (s := ex.status(job)).state.finished and s, 60, "the job ended")
     assert (st.state, st.done, st.failed) == (JobState.FAILED, 0, 6), st
     assert "the job's worker failed (FileNotFoundError" in st.message, st.message
@@ -258,26 +249,21 @@ def test_a_chunk_whose_worker_was_killed_resumes_within_a_minute(tmp_path):
     import signal
 
     from arrcoc.service.client.celery_executor import CeleryExecutor
-    from arrcoc.settings import Settings
+    from arrcoc.settings import JobSettings
 
-    assert Settings.model_fields["visibility_timeout_s"].default <= 60
+    assert JobSettings().visibility_timeout_s <= 60
     with worker_settings(
-        tmp_path, "arrcoc-lost", buckets="[1,2]", batch_max_size="2", visibility_timeout_s="8"
+        tmp_path,
+        "arrcoc-lost",
+        engine={"buckets": "[1,2]"},
+        batching={"max_size": "2"},
+        jobs={"visibility_timeout_s": "8"},
     ) as s:
         env = worker_env(BROKER, tmp_path / "data", **s)
         first = Worker(env, tmp_path / "w1.log").ready(300)
         second = None
-        fields = {
-            k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "visibility_timeout_s")
-        }
         ex = CeleryExecutor(
-            default_settings(
-                **fields,
-                buckets=(1, 2),
-                broker_url=BROKER,
-                data_dir=tmp_path / "data",
-                visibility_timeout_s=8,
-            )
+            default_settings(**merged(s, {"service": {"broker_url": BROKER, "data_dir": tmp_path / "data"}}))
         )
         try:
             total = 480  # long enough that the kill lands mid-chunk on a fast CPU too
@@ -321,12 +307,8 @@ def test_a_small_job_of_another_owner_overtakes_a_big_one_on_a_worker(env, worke
     from arrcoc.service.client.celery_executor import CeleryExecutor
 
     root, s = env
-    fields = {k: v for k, v in s.items() if k not in ("buckets", "batch_max_size", "max_bench_iterations")}
-    ex8 = CeleryExecutor(
-        default_settings(
-            **fields, buckets=(1, 2), broker_url=BROKER, data_dir=root / "data", batch_chunk_items=8
-        )
-    )
+    service = {"service": {"broker_url": BROKER, "data_dir": root / "data"}}
+    ex8 = CeleryExecutor(default_settings(**merged(s, service, {"batching": {"chunk_items": 8}})))
     a_owner, b_owner = "client:" + "a" * 32, "client:" + "b" * 32
     try:
         manifest = "file,query\n" + "a.png,the sky\n" * 80

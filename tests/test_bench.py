@@ -194,7 +194,7 @@ def test_the_standard_e2e_job_is_8192_photos_on_a_gpu_and_its_limits_let_it_in()
     import torch
 
     from arrcoc.bench.e2e import E2EConfig, _limits, standard_items, workload
-    from arrcoc.settings import Settings
+    from arrcoc.settings import LimitSettings
 
     assert standard_items(E2EConfig(), torch.device("cuda")) == 8192
     assert standard_items(E2EConfig(), torch.device("cpu")) == 2048
@@ -205,9 +205,9 @@ def test_the_standard_e2e_job_is_8192_photos_on_a_gpu_and_its_limits_let_it_in()
     limits = _limits(cfg)
     assert limits["max_batch_items"] == 8192 and limits["max_archive_entries"] > 8192
     assert limits["max_archive_bytes"] >= zipped and limits["max_unpacked_bytes"] >= zipped
-    Settings(**limits)  # values the settings accept
+    LimitSettings(**limits)  # values the settings accept
     defaults = _limits(dataclasses.replace(cfg, items=16, large_items=0, png_items=0))
-    assert defaults["max_archive_bytes"] == Settings.model_fields["max_archive_bytes"].default
+    assert defaults["max_archive_bytes"] == LimitSettings().max_archive_bytes
 
 
 def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(tmp_path):

@@ -77,7 +77,7 @@ def app_url(tmp_path_factory, local_reports):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(reports, "LOCAL_DIR", local_reports)
-        mp.setenv("ARRCOC_OPEN_BENCHMARKS", "1")  # the Benchmark tab's job runs without a token
+        mp.setenv("ARRCOC_ACCESS__OPEN_BENCHMARKS", "1")  # the Benchmark tab's job runs without a token
         with serve(tmp_path_factory.mktemp("browser-data")) as url:
             yield url
 

@@ -41,7 +41,7 @@ def test_defaults_suit_the_device(device, capsys):
         assert args.buckets == [1, 4] and args.iters == 10 and args.warmup_iters == 2
     else:
         assert args.variants == ["arrcoc-texture", "arrcoc-clip-b16"] and args.backends == list(BACKENDS)
-        assert tuple(args.buckets) == get_settings().buckets and args.iters == 100
+        assert tuple(args.buckets) == get_settings().engine.buckets and args.iters == 100
     assert f"on {device}" in said and "--backends" in said, said
     # what is asked for is what runs, on any device
     bench, args = parsed("--backends", "eager", "compiled", "--buckets", "1", "8", "64", "--iters", "3")

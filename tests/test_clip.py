@@ -113,7 +113,7 @@ def test_default_config_is_clip_vit_b16():
 
 def test_real_config_loads_through_the_registry(tmp_path, examples_dir):
     """CLIP ViT-B/16's real configuration (12 + 12 layers), saved by transformers and loaded
-    by name and directory, as ARRCOC_WEIGHTS / --weights give it: image and text embeddings."""
+    by name and directory, as ARRCOC_ENGINE__WEIGHTS / --weights give it: image and text embeddings."""
     hf = save_clip(tmp_path, ClipModelConfig())
     model = create_model("arrcoc-clip-b16", str(tmp_path))
     assert model.weights_version == str(tmp_path) and len(model.vision_model.encoder.layers) == 12
@@ -292,7 +292,7 @@ def test_offline_without_weights_is_a_clear_error(tmp_path):
         with pytest.raises(WeightsError) as err:
             create_model("arrcoc-clip-b16", source)
         text = str(err.value)
-        assert "'arrcoc-texture'" in text and "--weights DIR" in text and "ARRCOC_WEIGHTS" in text
+        assert "'arrcoc-texture'" in text and "--weights DIR" in text and "ARRCOC_ENGINE__WEIGHTS" in text
         assert "HF_HOME" in text and "openai/clip-vit-base-patch16 --local-dir" in text
 
 

@@ -47,17 +47,17 @@ def test_clip_serves_bfloat16_on_a_gpu_float32_on_a_cpu_and_float32_on_request()
 
 
 def test_the_dtype_setting_reads_the_environment_and_refuses_unknown_values(monkeypatch):
-    assert Settings().dtype == "auto"
+    assert Settings().engine.dtype == "auto"
     for given, expected in (
         ("float32", "float32"),
         ("FP32", "float32"),
         ("bf16", "bfloat16"),
         ("auto", "auto"),
     ):
-        monkeypatch.setenv("ARRCOC_DTYPE", given)
-        assert Settings().dtype == expected
-    monkeypatch.setenv("ARRCOC_DTYPE", "half")
-    with pytest.raises(ValueError, match="ARRCOC_DTYPE must be one of auto, float32, bfloat16"):
+        monkeypatch.setenv("ARRCOC_ENGINE__DTYPE", given)
+        assert Settings().engine.dtype == expected
+    monkeypatch.setenv("ARRCOC_ENGINE__DTYPE", "half")
+    with pytest.raises(ValueError, match="ARRCOC_ENGINE__DTYPE must be one of auto, float32, bfloat16"):
         Settings()
 
 
@@ -66,7 +66,7 @@ def test_the_dtype_flag_reaches_the_settings():
     from arrcoc.cli.worker import worker_settings
 
     args = build_parser().parse_args(["worker", "--dtype", "float32"])
-    assert worker_settings(args).dtype == "float32"
+    assert worker_settings(args).engine.dtype == "float32"
     for argv in (
         ["demo", "--dtype", "float32"],
         ["infer", "x.jpg", "-q", "a", "--dtype", "bfloat16"],

@@ -23,16 +23,15 @@ def test_the_runtime_serves_every_bucket_with_the_compiled_backend_on_a_cpu(tmp_
     from arrcoc.engine.compiled import compile_count
     from arrcoc.service.host.runtime import Runtime
 
+    engine = {"device": "cpu", "buckets": (2, 16)}
     common = dict(
-        device="cpu",
-        buckets=(2, 16),
-        batch_max_size=16,
-        cache_dir=tmp_path / "cache",
-        data_dir=tmp_path / "data",
-        broker_url=None,
+        batching={"max_size": 16},
+        service={"cache_dir": tmp_path / "cache", "data_dir": tmp_path / "data", "broker_url": None},
     )
-    compiled = Runtime(default_settings(backend="compiled", backends=("compiled",), **common))
-    eager = Runtime(default_settings(backend="eager", backends=("eager",), **common))
+    compiled = Runtime(
+        default_settings(engine=engine | {"backend": "compiled", "backends": ("compiled",)}, **common)
+    )
+    eager = Runtime(default_settings(engine=engine | {"backend": "eager", "backends": ("eager",)}, **common))
     try:
         assert compiled.buckets == (2, 16)
         engine = compiled.pipeline.backend  # warms up: compiles whatever programs the buckets need

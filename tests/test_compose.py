@@ -55,7 +55,8 @@ def test_compose_config_is_valid_and_complete():
     assert gpu["build"]["args"]["EXTRAS"] == "gpu" and not gpu["build"]["args"]["TORCH_INDEX"]
     assert gpu["image"] == "arrcoc:gpu" and gpu["healthcheck"]["test"]
     assert (
-        gpu["environment"]["ARRCOC_DEVICE"] == "cuda" and gpu["environment"]["ARRCOC_BACKEND"] == "compiled"
+        gpu["environment"]["ARRCOC_ENGINE__DEVICE"] == "cuda"
+        and gpu["environment"]["ARRCOC_ENGINE__BACKEND"] == "compiled"
     )
     assert {v.split(":")[1] if isinstance(v, str) else v["target"] for v in gpu["volumes"]} == {
         "/cache",
@@ -64,7 +65,7 @@ def test_compose_config_is_valid_and_complete():
     assert gpu["depends_on"]["redis"]["condition"] == "service_healthy"
     demo = services["demo"]
     assert "7860" in str(demo["ports"][0]) and demo["depends_on"]["redis"]["condition"] == "service_healthy"
-    assert demo["environment"]["ARRCOC_BROKER_URL"] == "redis://redis:6379/0"
+    assert demo["environment"]["ARRCOC_SERVICE__BROKER_URL"] == "redis://redis:6379/0"
     assert demo["command"][:2] == ["arrcoc", "demo"]
     flower = services["flower"]
     assert flower["profiles"] == ["flower"] and "--basic-auth" in " ".join(flower["entrypoint"])
@@ -75,9 +76,9 @@ def test_the_cpu_stack_has_the_same_services_without_a_gpu():
     gpu, cpu = config("gpu")["services"], config("cpu")["services"]
     assert set(cpu) == set(gpu) == {"redis", "worker", "demo", "flower"}
     worker = cpu["worker"]
-    assert "deploy" not in worker and worker["environment"]["ARRCOC_DEVICE"] == "cpu"
+    assert "deploy" not in worker and worker["environment"]["ARRCOC_ENGINE__DEVICE"] == "cpu"
     assert worker["build"]["args"]["EXTRAS"] == "cpu" and "/whl/cpu" in worker["build"]["args"]["TORCH_INDEX"]
-    assert worker["image"] == "arrcoc:cpu" and worker["environment"]["ARRCOC_BACKEND"] == "eager"
+    assert worker["image"] == "arrcoc:cpu" and worker["environment"]["ARRCOC_ENGINE__BACKEND"] == "eager"
     for services in (gpu, cpu):  # plain `up` starts them: no profile to name
         assert not any("profiles" in services[name] for name in ("redis", "worker", "demo"))
 
@@ -133,10 +134,14 @@ def test_healthchecks_see_a_ready_service_within_seconds(stack):
 
 def test_the_worker_healthcheck_expects_as_many_nodes_as_compose_starts():
     for stack in STACKS:
-        w = config(stack, ARRCOC_WORKER_PROCESSES="4", ARRCOC_ENGINE_PROCESSES="1")["services"]["worker"]
-        assert w["environment"]["ARRCOC_WORKER_PROCESSES"] == "4"
-        assert w["environment"]["ARRCOC_ENGINE_PROCESSES"] == "1"
-    assert 'os.environ.get("ARRCOC_WORKER_PROCESSES"' in (REPO / "docker" / "healthcheck.py").read_text()
+        w = config(stack, ARRCOC_ENGINE__WORKER_PROCESSES="4", ARRCOC_ENGINE__PROCESSES="1")["services"][
+            "worker"
+        ]
+        assert w["environment"]["ARRCOC_ENGINE__WORKER_PROCESSES"] == "4"
+        assert w["environment"]["ARRCOC_ENGINE__PROCESSES"] == "1"
+    assert (
+        'os.environ.get("ARRCOC_ENGINE__WORKER_PROCESSES"' in (REPO / "docker" / "healthcheck.py").read_text()
+    )
 
 
 def test_the_image_build():
@@ -208,8 +213,8 @@ def test_the_readme_says_what_compose_starts():
         "NVIDIA Container Toolkit",
         "HF_HUB_OFFLINE",
         "HF_HOME",
-        "ARRCOC_WORKER_PROCESSES",
-        "ARRCOC_ENGINE_PROCESSES",
+        "ARRCOC_ENGINE__WORKER_PROCESSES",
+        "ARRCOC_ENGINE__PROCESSES",
         "16-core",
         "not measured here",
         "GRADIO_SERVER_PORT",

@@ -253,7 +253,12 @@ def test_gpu_batcher_decode_stage_overlapping_the_engine_gives_the_pipelines_res
 
     photos = [(EXAMPLES / n).read_bytes() for n in ("coffee.jpg", "chelsea.jpg", "astronaut.jpg")]
     photos += [jpeg(Image.open(EXAMPLES / "coffee.jpg").resize((4032, 3024)))]  # a 12 MP one: a longer resize
-    runtime = Runtime(default_settings(device="cuda", backend="eager", backends=("eager",), broker_url=None))
+    runtime = Runtime(
+        default_settings(
+            engine={"device": "cuda", "backend": "eager", "backends": ("eager",)},
+            service={"broker_url": None},
+        )
+    )
     try:
         pipe = runtime.pipeline
         expected = [pipe.infer([p], "the red one")[0].relevance for p in photos]
@@ -447,7 +452,11 @@ def test_a_png_in_a_gpu_decoded_step_falls_back_alone_and_the_step_runs(monkeypa
         png.getvalue(),
         (EXAMPLES / "astronaut.jpg").read_bytes(),
     ]
-    runtime = Runtime(default_settings(device="cpu", backend="eager", backends=("eager",), broker_url=None))
+    runtime = Runtime(
+        default_settings(
+            engine={"device": "cpu", "backend": "eager", "backends": ("eager",)}, service={"broker_url": None}
+        )
+    )
     try:
         dec = runtime.pipeline.decoder
         sent: list[int] = []

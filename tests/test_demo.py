@@ -27,8 +27,8 @@ def client(tmp_path_factory) -> Client:
     # this module submits more jobs in a minute than one client may (the limit has its own tests:
     # tests/test_abuse_demo.py)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ARRCOC_RATE_LIMIT_JOBS_PER_MIN", "60")
-        mp.setenv("ARRCOC_OPEN_BENCHMARKS", "1")  # this module runs benchmarks without a token
+        mp.setenv("ARRCOC_LIMITS__JOBS_PER_MIN", "60")
+        mp.setenv("ARRCOC_ACCESS__OPEN_BENCHMARKS", "1")  # this module runs benchmarks without a token
         with serve(tmp_path_factory.mktemp("demo-data")) as url:
             yield Client(url, verbose=False)
 
@@ -65,7 +65,7 @@ def test_named_endpoints(client):
 def test_query_over_the_limit_is_refused_not_cut(client, examples_dir):
     from arrcoc.settings import get_settings
 
-    limit = get_settings().max_query_chars
+    limit = get_settings().limits.max_query_chars
     with pytest.raises(AppError, match=f"{limit + 20} characters; the limit is {limit}"):
         client.predict(handle_file(str(examples_dir / "coffee.jpg")), "x" * (limit + 20), api_name="/infer")
 
@@ -278,7 +278,7 @@ def test_uploads_over_the_size_limit_are_refused(client, tmp_path):
     from arrcoc.settings import get_settings
 
     big = tmp_path / "huge.png"
-    big.write_bytes(b"\x89PNG" + bytes(get_settings().max_image_bytes + 1024))
+    big.write_bytes(b"\x89PNG" + bytes(get_settings().limits.max_image_bytes + 1024))
     # refused at the door (413) or by the image check, in words that give the limit
     with pytest.raises(Exception, match="(?i)exceeds|too large|413|maximum|the limit is"):
         client.predict(handle_file(str(big)), "the cup", api_name="/infer")
@@ -294,7 +294,7 @@ def test_a_48_megapixel_phone_photo_is_accepted(client, tmp_path):
     small = Image.fromarray((rng.random((60, 80, 3)) * 255).astype(np.uint8))
     photo = tmp_path / "phone.jpg"
     small.resize((8000, 6000), Image.Resampling.BILINEAR).save(photo, quality=80)
-    assert 8000 * 6000 > get_settings().max_image_pixels
+    assert 8000 * 6000 > get_settings().limits.max_image_pixels
     doc, overlay_path = client.predict(handle_file(str(photo)), "the red one", api_name="/infer")
     assert doc["image_size"] == [8000, 6000] and 0 <= doc["match_score"] <= 1
     with Image.open(overlay_path) as im:

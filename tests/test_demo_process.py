@@ -76,10 +76,10 @@ def celery_worker(broker: str, env: dict[str, str]) -> subprocess.Popen:
 def test_the_demo_is_healthy_only_with_a_worker_and_exits_0_on_sigterm(broker, tmp_path):
     port = free_port()
     env = os.environ | {
-        "ARRCOC_BROKER_URL": broker,
+        "ARRCOC_SERVICE__BROKER_URL": broker,
         "GRADIO_SERVER_PORT": str(port),
-        "ARRCOC_DATA_DIR": str(tmp_path / "data"),
-        "ARRCOC_CACHE_DIR": str(tmp_path / "cache"),
+        "ARRCOC_SERVICE__DATA_DIR": str(tmp_path / "data"),
+        "ARRCOC_SERVICE__CACHE_DIR": str(tmp_path / "cache"),
         "HF_HUB_OFFLINE": "1",
     }
     arrcoc = Path(sys.executable).with_name("arrcoc")  # the console script scripts/demo.sh runs

@@ -211,7 +211,7 @@ def test_the_default_benchmark_on_a_cpu_is_what_arrcoc_bench_runs_there():
     from arrcoc.settings import Settings
     from demo.tabs.bench import default_job
 
-    backends, buckets, iters = default_job(Settings(buckets=(1, 2, 4, 8, 16, 32, 64)))
+    backends, buckets, iters = default_job(Settings(engine={"buckets": (1, 2, 4, 8, 16, 32, 64)}))
     parser = argparse.ArgumentParser()
     bench.add_parser(parser.add_subparsers())
     cli = parser.parse_args(["bench"])
@@ -515,7 +515,7 @@ def test_the_page_reads_the_variant_and_settings():
     from demo.tabs import infer
 
     page = app.build_demo()
-    config = get_variant(get_settings().variant).config
+    config = get_variant(get_settings().engine.variant).config
     sliders = {c.label: c for c in page.blocks.values() if type(c).__name__ == "Slider"}
     k = next(c for label, c in sliders.items() if label and label.startswith("K "))
     assert (k.maximum, k.value) == (config.grid**2, config.k)
@@ -524,7 +524,7 @@ def test_the_page_reads_the_variant_and_settings():
     assert backend.value == infer.SERVER_DEFAULT and infer._backend(backend.value) is None
     assert "footer" not in CSS  # the "Use via API" link stays visible
     with pytest.raises(Exception, match="the limit is"):
-        inputs.query_text("x" * (get_settings().max_query_chars + 1))
+        inputs.query_text("x" * (get_settings().limits.max_query_chars + 1))
 
 
 # Where each example of the page must land (rows, cols of the 32x32 grid, inclusive), checked by
@@ -608,7 +608,9 @@ def test_a_batch_from_the_page_pays_by_its_address(tmp_path, monkeypatch):
     from arrcoc.settings import default_settings
     from demo import jobs, service
 
-    ex = InProcessExecutor(default_settings(data_dir=tmp_path / "data", device="cpu"))
+    ex = InProcessExecutor(
+        default_settings(service={"data_dir": tmp_path / "data"}, engine={"device": "cpu"})
+    )
     monkeypatch.setattr(service, "executor", lambda: ex)
     z = tmp_path / "a.zip"
     buf = io.BytesIO()

@@ -33,7 +33,7 @@ def page_run(path, query):  # /run: the page's Run button with its sliders at th
     from arrcoc.registry import get_variant
     from demo.tabs.infer import run_model
 
-    c = get_variant(get_settings().variant).config
+    c = get_variant(get_settings().engine.variant).config
     return run_model(path, query, 1.0, 1.0, 1.0, c.k, c.token_budget, "server default", "sqrt", lambda *a, **k: None)
 
 
@@ -100,7 +100,11 @@ def test_each_request_peaks_within_its_endpoints_bound_on_hostile_images(tmp_pat
         cwd=REPO,
         timeout=600,
         env=os.environ
-        | {"HF_HUB_OFFLINE": "1", "ARRCOC_DATA_DIR": str(tmp_path / "data"), "ARRCOC_BROKER_URL": ""},
+        | {
+            "HF_HUB_OFFLINE": "1",
+            "ARRCOC_SERVICE__DATA_DIR": str(tmp_path / "data"),
+            "ARRCOC_SERVICE__BROKER_URL": "",
+        },
     )
     runs = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("PEAK ")]
     assert proc.returncode == 0 and len(runs) == len(paths), proc.stderr[-3000:]

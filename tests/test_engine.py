@@ -205,7 +205,7 @@ def test_cli_infer_with_onnx_backend(tmp_path, examples_dir, monkeypatch, capsys
     from arrcoc.cli import main
     from arrcoc.settings import get_settings
 
-    monkeypatch.setenv("ARRCOC_CACHE_DIR", str(CACHE / "cli"))
+    monkeypatch.setenv("ARRCOC_SERVICE__CACHE_DIR", str(CACHE / "cli"))
     get_settings.cache_clear()
     out = tmp_path / "r.json"
     photo = sorted(examples_dir.glob("*.jpg"))[0]

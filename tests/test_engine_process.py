@@ -22,7 +22,8 @@ KEY = b"0123456789abcdef"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     settings = default_settings(
-        device="cpu", buckets=(1, 2, 4), batch_max_size=4, batch_max_delay_ms=20.0, backends=("eager",)
+        engine={"device": "cpu", "buckets": (1, 2, 4), "backends": ("eager",)},
+        batching={"max_size": 4, "max_delay_ms": 20.0},
     )
     runtime = Runtime(settings)
     runtime.warm()
@@ -87,7 +88,7 @@ def test_a_chunk_runs_in_the_engine_process_as_in_process(served, tmp_path):
 
     runtime, _, address, settings = served
     prefix = f"test-{uuid.uuid4().hex[:8]}"
-    s = settings.model_copy(update={"data_dir": tmp_path, "broker_url": BROKER, "redis_prefix": prefix})
+    s = settings.replace(service={"data_dir": tmp_path, "broker_url": BROKER, "redis_prefix": prefix})
     client = EngineClient(s, address, KEY)  # a Celery process's, with the workers' data dir
     store = RedisJobStore(redis_client(BROKER, 5.0), prefix)
     try:

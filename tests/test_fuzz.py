@@ -86,7 +86,7 @@ def test_a_manifest_read_from_the_zip_a_line_at_a_time_reads_as_its_text(raw, na
             return str(e)
 
     with zipfile.ZipFile(io.BytesIO(make_zip({name: data}))) as zf:
-        s = default_settings(max_batch_items=limit)
+        s = default_settings(limits={"max_batch_items": limit})
         streamed = outcome(lambda: archive._read_manifest(zf, zf.getinfo(name), "q", s))
     whole = outcome(lambda: archive.parse_manifest(raw, name, "q", 500, limit))
     assert streamed == whole
@@ -168,9 +168,15 @@ def test_bench_requests_within_caps_or_a_clear_error(
         ok = check_bench_request(req, S)
     except InvalidInputError:
         return
-    assert 1 <= len(ok.variants) <= S.max_bench_variants and 1 <= len(ok.buckets) <= S.max_bench_buckets
-    assert 1 <= ok.iterations <= S.max_bench_iterations and 0 <= ok.warmup <= S.max_bench_warmup
-    assert all(1 <= b <= max(S.buckets) for b in ok.buckets) and set(ok.options) <= {"input_sets", "dtype"}
+    assert (
+        1 <= len(ok.variants) <= S.jobs.max_bench_variants
+        and 1 <= len(ok.buckets) <= S.jobs.max_bench_buckets
+    )
+    assert 1 <= ok.iterations <= S.jobs.max_bench_iterations and 0 <= ok.warmup <= S.jobs.max_bench_warmup
+    assert all(1 <= b <= max(S.engine.buckets) for b in ok.buckets) and set(ok.options) <= {
+        "input_sets",
+        "dtype",
+    }
     assert BenchRequest.from_wire(ok.to_wire()) == ok
 
 
@@ -185,7 +191,7 @@ def test_damaged_zips_give_a_clear_error_and_write_within_budget(tmp_path, flips
     data = bytearray(VALID_ZIP)
     for at, byte in flips:
         data[at] = byte
-    s = default_settings(data_dir=tmp_path, max_unpacked_bytes=64 * 1024)
+    s = default_settings(service={"data_dir": tmp_path}, limits={"max_unpacked_bytes": 64 * 1024})
     jd = Path(tmp_path) / "jobs" / f"batch-{uuid.uuid4().hex[:16]}"
     jd.mkdir(parents=True)
     try:
@@ -219,7 +225,7 @@ def test_zip_names_round_trip_without_loss(tmp_path):
         make_zip({n: png_bytes(seed=i) for i, n in enumerate(names)}),
         "q",
         jd,
-        default_settings(data_dir=tmp_path),
+        default_settings(service={"data_dir": tmp_path}),
     )
     assert sorted(it.file for it in items) == sorted(names)
     with zipfile.ZipFile(io.BytesIO(make_zip({n: b"x" for n in names}))) as zf:

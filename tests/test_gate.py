@@ -31,14 +31,14 @@ MB = 10**6
 EXAMPLE = Path(__file__).resolve().parent.parent / "arrcoc" / "examples" / "coffee.jpg"
 # the test client is the proxy (127.0.0.1): its X-Forwarded-For names the caller, a new one per test
 ENV = {
-    "ARRCOC_RATE_LIMIT_INFER_PER_MIN": str(INFER_PER_MIN),
-    "ARRCOC_RATE_LIMIT_JOBS_PER_MIN": str(JOBS_PER_MIN),
-    "ARRCOC_RATE_LIMIT_STATUS_PER_MIN": "1000",
-    "ARRCOC_TRUSTED_PROXIES": "127.0.0.1",
-    "ARRCOC_MAX_IMAGE_BYTES": str(IMAGE_LIMIT),
-    "ARRCOC_MAX_DATA_BYTES": str(DATA_LIMIT),
-    "ARRCOC_API_TOKEN": "",
-    "ARRCOC_OPEN_BENCHMARKS": "",
+    "ARRCOC_LIMITS__INFER_PER_MIN": str(INFER_PER_MIN),
+    "ARRCOC_LIMITS__JOBS_PER_MIN": str(JOBS_PER_MIN),
+    "ARRCOC_LIMITS__STATUS_PER_MIN": "1000",
+    "ARRCOC_ACCESS__TRUSTED_PROXIES": "127.0.0.1",
+    "ARRCOC_LIMITS__MAX_IMAGE_BYTES": str(IMAGE_LIMIT),
+    "ARRCOC_LIMITS__MAX_DATA_BYTES": str(DATA_LIMIT),
+    "ARRCOC_ACCESS__API_TOKEN": "",
+    "ARRCOC_ACCESS__OPEN_BENCHMARKS": "",
 }
 
 
@@ -187,7 +187,7 @@ def test_the_direct_routes_do_not_run_queued_functions(app, fns):
 def test_a_body_over_the_limit_is_refused_not_waved_through(app, fns):
     """A body over 1 MiB was not parsed and passed as a status call; it is refused unread, with a
     declared length or streamed without one."""
-    from demo.gate import MAX_BODY
+    from arrcoc.tuning import MAX_BODY
 
     url, _ = app
     address = caller()
@@ -227,7 +227,7 @@ def test_wrong_endpoints_events_and_files_are_answered_in_words(app, fns):
 
 def test_benchmarks_are_closed_to_anonymous_callers_without_a_token(app, fns):
     """With no token set (as ./scripts/demo.sh and app.py start), three anonymous benchmarks held
-    the engine for minutes; now every route refuses them, and ARRCOC_OPEN_BENCHMARKS opens them."""
+    the engine for minutes; now every route refuses them, and ARRCOC_ACCESS__OPEN_BENCHMARKS opens them."""
     url, _ = app
     address = caller()
     args = ["arrcoc-texture", ["eager"], ["1"], 2, "cpu"]
@@ -245,7 +245,7 @@ def test_benchmarks_are_closed_to_anonymous_callers_without_a_token(app, fns):
     from arrcoc.service.access import check_token
     from arrcoc.settings import default_settings
 
-    assert check_token(default_settings(open_benchmarks=True), "bench", None) is None
+    assert check_token(default_settings(access={"open_benchmarks": True}), "bench", None) is None
 
 
 # ---- item 4: uploads counted and reserved -------------------------------------------------------------
@@ -267,7 +267,7 @@ def _reserved() -> int:
     from arrcoc.service.jobs import budget
     from arrcoc.settings import get_settings
 
-    return budget.usage(Path(get_settings().data_dir) / "jobs", "")[0]
+    return budget.usage(Path(get_settings().service.data_dir) / "jobs", "")[0]
 
 
 def _uploads(data: Path) -> dict[str, list[str]]:
@@ -315,7 +315,7 @@ def test_uploads_count_against_the_disk_budget_and_go_sooner_when_it_is_tight(ap
 
     refused = upload(url, caller(), "more.bin", os.urandom(DATA_LIMIT - _reserved() + MB))
     assert refused.status_code == 507, refused.text
-    assert "ARRCOC_MAX_DATA_BYTES" in refused.json()["detail"], refused.text
+    assert "ARRCOC_LIMITS__MAX_DATA_BYTES" in refused.json()["detail"], refused.text
 
     (big_name,) = [n for n, paths in _uploads(data).items() if paths == big.json()]
     _age(data, big_name, 2 * housekeeping.TIGHT_UPLOAD_AGE_S)
@@ -330,7 +330,7 @@ def test_uploads_count_against_the_disk_budget_and_go_sooner_when_it_is_tight(ap
 
 def test_a_batch_zip_over_the_image_limit_is_accepted_and_photos_stay_bounded(app, tmp_path):
     """launch(max_file_size=max_image_bytes) refused every zip over the image limit (a 31.6 MB zip
-    of 600 photos, 413); zips now go up to ARRCOC_MAX_ARCHIVE_BYTES while a photo sent to /infer
+    of 600 photos, 413); zips now go up to ARRCOC_LIMITS__MAX_ARCHIVE_BYTES while a photo sent to /infer
     over the image limit is refused in words before Gradio decodes it."""
     url, _ = app
     address = caller()
@@ -351,7 +351,7 @@ def test_a_batch_zip_over_the_image_limit_is_accepted_and_photos_stay_bounded(ap
     assert big.stat().st_size > IMAGE_LIMIT
     with pytest.raises(
         ValidationError,
-        match=r"image_path: The image is 1\.\d MB; the limit is 1 MB \(ARRCOC_MAX_IMAGE_BYTES\)",
+        match=r"image_path: The image is 1\.\d MB; the limit is 1 MB \(ARRCOC_LIMITS__MAX_IMAGE_BYTES\)",
     ):
         c.predict(handle_file(str(big)), "the cup", api_name="/infer")
 
@@ -394,7 +394,7 @@ def test_the_page_says_why_a_large_photo_and_a_benchmark_are_refused(app, tmp_pa
             has_text="Benchmarks are closed"
         )
         toast.first.wait_for(state="visible")
-        assert "ARRCOC_OPEN_BENCHMARKS" in toast.first.inner_text()
+        assert "ARRCOC_ACCESS__OPEN_BENCHMARKS" in toast.first.inner_text()
         page.wait_for_timeout(600)  # the toast's entrance
         page.screenshot(path=str(SHOTS / "gate-benchmarks-closed.png"))
         browser.close()

@@ -130,7 +130,7 @@ def test_import_arrcoc_is_light_and_exposes_the_api() -> None:
 
 
 def test_the_demo_submitting_through_celery_loads_no_torch() -> None:
-    """The demo with a queue (ARRCOC_BROKER_URL) builds its page and imports every module of its
+    """The demo with a queue (ARRCOC_SERVICE__BROKER_URL) builds its page and imports every module of its
     own without torch: the model, its engine and torch live in the workers."""
     mods = sorted(_module_name(p) for p in (REPO / "demo").rglob("*.py"))
     code = (
@@ -140,7 +140,7 @@ def test_the_demo_submitting_through_celery_loads_no_torch() -> None:
         "demo.app.build_demo()\n"
         "print(sorted(m for m in ('torch', 'torchvision', 'arrcoc.pipeline', 'arrcoc.engine') if m in sys.modules))"
     )
-    env = {**os.environ, "ARRCOC_BROKER_URL": "redis://127.0.0.1:6379/13", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "ARRCOC_SERVICE__BROKER_URL": "redis://127.0.0.1:6379/13", "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -16,20 +16,24 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import BROKER, assert_same_result, make_zip, png_bytes, result_rows, wait_for, worker_settings
+from helpers import (
+    BROKER,
+    assert_same_result,
+    make_zip,
+    merged,
+    png_bytes,
+    result_rows,
+    wait_for,
+    worker_settings,
+)
 
 from arrcoc.bench.processes import REPO, Worker, worker_env
 from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import default_settings
 
 GROUP = {
-    "devices": "cpu,cpu",
-    "worker_processes": "1",
-    "engine_processes": "1",
-    "buckets": "[1,2,4]",
-    "batch_max_size": "4",
-    "batch_max_delay_ms": "20",
-    "batch_chunk_items": "6",
+    "engine": {"devices": "cpu,cpu", "worker_processes": "1", "processes": "1", "buckets": "[1,2,4]"},
+    "batching": {"max_size": "4", "max_delay_ms": "20", "chunk_items": "6"},
 }
 
 
@@ -58,7 +62,7 @@ def finished(ex, job: str, timeout: float = 240.0):
     return wait_for(lambda: (st := ex.status(job)).state.finished and st, timeout, f"job {job} finished")
 
 
-def group(root: Path, settings: dict[str, str], data_dir: Path, name: str) -> Worker:
+def group(root: Path, settings: dict[str, dict[str, object]], data_dir: Path, name: str) -> Worker:
     env = worker_env(BROKER, data_dir, **settings)
     return Worker(env, root / f"{name}.log", name=f"{name}@%h").ready(300)
 
@@ -70,13 +74,11 @@ def rig(tmp_path_factory):
         worker = group(root, settings, root / "data", "arrcoc")  # the name compose gives (the healthcheck's)
         from arrcoc.service.client.celery_executor import CeleryExecutor
 
-        fields = {
-            "redis_prefix": settings["redis_prefix"],
-            "queue_gpu": settings["queue_gpu"],
-            "queue_bench": settings["queue_bench"],
-            "batch_chunk_items": 6,
-        }
-        ex = CeleryExecutor(default_settings(broker_url=BROKER, data_dir=root / "data", **fields))
+        # the executor's side: the group's queues and key prefix, its chunk size
+        fields = {"service": settings["service"], "batching": {"chunk_items": 6}}
+        ex = CeleryExecutor(
+            default_settings(**merged(fields, {"service": {"broker_url": BROKER, "data_dir": root / "data"}}))
+        )
         try:
             yield {"worker": worker, "ex": ex, "root": root, "settings": settings, "fields": fields}
         finally:
@@ -110,7 +112,7 @@ def test_both_devices_serve_one_job_and_the_requests(rig):
 
 
 def test_the_healthcheck_asks_every_celery_process_and_every_engine(rig):
-    env = worker_env(BROKER, rig["root"] / "data", worker_processes="1", devices="cpu,cpu")
+    env = worker_env(BROKER, rig["root"] / "data", engine={"worker_processes": "1", "devices": "cpu,cpu"})
     check = subprocess.run(
         [sys.executable, str(REPO / "docker" / "healthcheck.py"), "worker"],
         env=env,
@@ -121,7 +123,7 @@ def test_the_healthcheck_asks_every_celery_process_and_every_engine(rig):
     assert check.returncode == 0, check.stderr
     three = subprocess.run(
         [sys.executable, str(REPO / "docker" / "healthcheck.py"), "worker"],
-        env=env | {"ARRCOC_WORKER_PROCESSES": "2"},
+        env=env | {"ARRCOC_ENGINE__WORKER_PROCESSES": "2"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -160,13 +162,17 @@ def test_two_groups_as_two_hosts_share_one_data_directory(rig, tmp_path):
         (tmp_path / host).mkdir()
         mounts[host] = tmp_path / host / "data"
         mounts[host].symlink_to(shared, target_is_directory=True)
-    settings = rig["settings"] | {"devices": "", "worker_processes": "2"}
+    settings = merged(rig["settings"], {"engine": {"devices": "", "worker_processes": "2"}})
     a = group(tmp_path, settings, mounts["host-a"], "hosta")
     b = group(tmp_path, settings, mounts["host-b"], "hostb")
     rig["worker"].stop()  # only the two "hosts" take this job
     from arrcoc.service.client.celery_executor import CeleryExecutor
 
-    ex = CeleryExecutor(default_settings(broker_url=BROKER, data_dir=mounts["web"], **rig["fields"]))
+    ex = CeleryExecutor(
+        default_settings(
+            **merged(rig["fields"], {"service": {"broker_url": BROKER, "data_dir": mounts["web"]}})
+        )
+    )
     try:
         files = {f"s{i:02d}.png": png_bytes(700 + i) for i in range(24)}
         job = ex.submit_batch(make_zip(files), "the sky")

@@ -32,10 +32,9 @@ from arrcoc.settings import default_settings
 @pytest.fixture
 def settings(tmp_path):
     return default_settings(
-        data_dir=tmp_path / "data",
-        buckets=(1, 2, 4),
-        max_batch_items=100,
-        weights=str(seeded_weights(tmp_path / "w.safetensors")),
+        service={"data_dir": tmp_path / "data"},
+        engine={"buckets": (1, 2, 4), "weights": str(seeded_weights(tmp_path / "w.safetensors"))},
+        limits={"max_batch_items": 100},
     )
 
 
@@ -402,7 +401,7 @@ def test_a_batch_job_without_overlays(settings, tmp_path):
     summary.csv's overlay column empty; a bad choice is refused naming the option."""
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    ex = InProcessExecutor(settings.model_copy(update={"data_dir": tmp_path}))
+    ex = InProcessExecutor(settings.replace(service={"data_dir": tmp_path}))
     try:
         with pytest.raises(InvalidInputError, match="overlays must be one of none, relevance, foveated"):
             ex.submit_batch(make_zip({"a.png": png_bytes(0)}), "the red mug", overlays="heatmap")
@@ -439,7 +438,7 @@ def test_a_batch_job_can_draw_the_foveated_view_and_lists_the_selected_boxes(set
         "c.png": png_bytes(2, 256),
         "d.png": b"\x89PNG not really",
     }
-    ex = InProcessExecutor(settings.model_copy(update={"overlay_format": "png", "data_dir": tmp_path}))
+    ex = InProcessExecutor(settings.replace(jobs={"overlay_format": "png"}, service={"data_dir": tmp_path}))
     try:
         with pytest.raises(InvalidInputError, match="overlays must be one of none, relevance, foveated"):
             ex.submit_batch(make_zip(files), "the red mug", overlays="heatmap")
@@ -492,7 +491,7 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
             table = pq.read_table(io.BytesIO(zf.read("results.parquet")))
             return names, {n: zf.read(n) for n in names if n != "results.parquet"}, table
 
-    s = settings.model_copy(update={"data_dir": tmp_path})
+    s = settings.replace(service={"data_dir": tmp_path})
     ex = InProcessExecutor(s)
     try:
         monkeypatch.setattr(batch, "STEP_ITEMS", 8)  # several parts (a CPU's step is 8 items already)
@@ -697,7 +696,7 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
     job, chunks = jobs.create_batch_job(
         make_zip({f"{i}.png": png_bytes(i) for i in range(3)}), "q", None, settings, inprocess.store
     )
-    for _ in range(settings.max_redeliveries):  # three deliveries that each died on item 1
+    for _ in range(settings.jobs.max_redeliveries):  # three deliveries that each died on item 1
         inprocess.store.attempt(job, 1)
     for start, stop in chunks:
         jobs.run_chunk(job, start, stop, inprocess.runtime, inprocess.store, settings)
@@ -708,13 +707,13 @@ def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, setti
 
 @pytest.mark.parametrize(("in_flight", "on_cpu"), [(1, False), (2, False), (3, False), (2, True)])
 def test_a_chunk_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatch, in_flight, on_cpu):
-    """At most `batch_steps_in_flight` steps at once on an accelerator (with two, one step is
+    """At most `batching.steps_in_flight` steps at once on an accelerator (with two, one step is
     written while the next runs), one on a CPU, never more: however long the job and however slow
     the disk, the steps held stay bounded; every item is recorded once, in order. (The host is this
     CPU runtime, told it is on an accelerator where `on_cpu` is False: CI has no GPU.)"""
     from arrcoc.service.jobs import batch as jobs
 
-    settings = settings.model_copy(update={"batch_steps_in_flight": in_flight})
+    settings = settings.replace(batching={"steps_in_flight": in_flight})
     lock = threading.Lock()
     seen = {
         "active": 0,
@@ -794,7 +793,7 @@ def test_inprocess_serves_each_backend_it_is_allowed(settings):
     """The backend chosen per request (demo dropdown, API) runs; one not served is a clear error."""
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    s = settings.model_copy(update={"backends": ("eager", "onnx"), "buckets": (1,)})
+    s = settings.replace(engine={"backends": ("eager", "onnx"), "buckets": (1,)})
     ex = InProcessExecutor(s)
     try:
         with pytest.raises(InvalidInputError, match="does not serve the 'compiled' backend"):
@@ -814,22 +813,22 @@ def test_list_settings_read_from_the_environment_as_commas_or_json(monkeypatch):
 
     from arrcoc.settings import Settings
 
-    monkeypatch.setenv("ARRCOC_BACKENDS", "eager, onnx")
-    monkeypatch.setenv("ARRCOC_BUCKETS", "[8, 1, 2]")
+    monkeypatch.setenv("ARRCOC_ENGINE__BACKENDS", "eager, onnx")
+    monkeypatch.setenv("ARRCOC_ENGINE__BUCKETS", "[8, 1, 2]")
     s = Settings()
-    assert s.backends == ("eager", "onnx") and s.buckets == (1, 2, 8)
-    monkeypatch.setenv("ARRCOC_BACKENDS", "eager,tensorrt")
-    with pytest.raises(ValidationError, match="ARRCOC_BACKENDS must name some of eager, compiled, onnx"):
+    assert s.engine.backends == ("eager", "onnx") and s.engine.buckets == (1, 2, 8)
+    monkeypatch.setenv("ARRCOC_ENGINE__BACKENDS", "eager,tensorrt")
+    with pytest.raises(
+        ValidationError, match="ARRCOC_ENGINE__BACKENDS must name some of eager, compiled, onnx"
+    ):
         Settings()
 
 
 def test_results_jsonl_is_in_the_zip_when_asked_with_the_parquet_files_rows(settings, tmp_path):
-    """ARRCOC_RESULTS_JSONL=1: results.jsonl beside results.parquet, the same rows in the same order."""
+    """ARRCOC_JOBS__RESULTS_JSONL=1: results.jsonl beside results.parquet, the same rows in the same order."""
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    ex = InProcessExecutor(
-        settings.model_copy(update={"results_jsonl": True, "overlay_format": "none", "data_dir": tmp_path})
-    )
+    ex = InProcessExecutor(settings.replace(jobs={"results_jsonl": True}, service={"data_dir": tmp_path}))
     try:
         job = ex.submit_batch(
             make_zip({f"img{i}.png": png_bytes(i) for i in range(3)} | {"x.png": b"no"}), "the sky"
@@ -929,7 +928,9 @@ def test_turns_keep_turning_after_a_job_yields(settings, tmp_path):
 
     n = 100
     ex = InProcessExecutor(
-        settings.model_copy(update={"data_dir": tmp_path, "job_slice_s": 0.01, "max_batch_items": n})
+        settings.replace(
+            service={"data_dir": tmp_path}, jobs={"slice_s": 0.01}, limits={"max_batch_items": n}
+        )
     )
     small = make_zip({"s.png": png_bytes(1)})
     try:
@@ -981,11 +982,13 @@ def test_a_jobs_disk_share_is_its_payers_whatever_the_session(settings, tmp_path
     unpack(data, None, probe, settings, "x", pictures=False)
     reserved = json.loads((probe / "reserved.json").read_text())["bytes"]
     assert reserved > 0
-    s = settings.model_copy(update={"data_dir": tmp_path / "data", "max_owner_bytes": int(reserved * 1.5)})
+    s = settings.replace(
+        service={"data_dir": tmp_path / "data"}, limits={"max_owner_bytes": int(reserved * 1.5)}
+    )
     ex = InProcessExecutor(s)
     try:
         a = ex.submit_batch(data, owner="session:a", paid_by=payer("session:a", "203.0.113.7"))
-        with pytest.raises(InvalidInputError, match="ARRCOC_MAX_OWNER_BYTES"):
+        with pytest.raises(InvalidInputError, match="ARRCOC_LIMITS__MAX_OWNER_BYTES"):
             ex.submit_batch(data, owner="session:b", paid_by=payer("session:b", "203.0.113.7"))
         ex.submit_batch(data, owner="session:c", paid_by=payer("session:c", "198.51.100.9"))
         assert wait_finished(ex, a).state == JobState.DONE

@@ -51,10 +51,10 @@ def test_space_app_runs_its_model_work_through_the_gpu_functions(tmp_path):
     env = dict(
         os.environ,
         SPACE_ID="arrcoc-test/space",
-        ARRCOC_WEIGHTS="random",
-        ARRCOC_DEVICE="cpu",
-        ARRCOC_DATA_DIR=str(tmp_path / "data"),
-        ARRCOC_CACHE_DIR=str(tmp_path / "cache"),
+        ARRCOC_ENGINE__WEIGHTS="random",
+        ARRCOC_ENGINE__DEVICE="cpu",
+        ARRCOC_SERVICE__DATA_DIR=str(tmp_path / "data"),
+        ARRCOC_SERVICE__CACHE_DIR=str(tmp_path / "cache"),
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=os.pathsep.join(
@@ -62,10 +62,10 @@ def test_space_app_runs_its_model_work_through_the_gpu_functions(tmp_path):
         ),
     )
     for key in (
-        "ARRCOC_VARIANT",
-        "ARRCOC_BACKEND",
-        "ARRCOC_BACKENDS",
-        "ARRCOC_BROKER_URL",
+        "ARRCOC_ENGINE__VARIANT",
+        "ARRCOC_ENGINE__BACKEND",
+        "ARRCOC_ENGINE__BACKENDS",
+        "ARRCOC_SERVICE__BROKER_URL",
         "SPACES_ZERO_GPU",
     ):
         env.pop(key, None)
@@ -109,14 +109,14 @@ def zero_gpu_settings(tmp_path):
             )
         )
     return default_settings(
-        variant=TINY_VARIANT,
-        weights="random",
-        device="cpu",
-        backend="eager",
-        backends=("eager",),
-        data_dir=tmp_path / "data",
-        cache_dir=tmp_path / "cache",
-        broker_url=None,
+        engine={
+            "variant": TINY_VARIANT,
+            "weights": "random",
+            "device": "cpu",
+            "backend": "eager",
+            "backends": ("eager",),
+        },
+        service={"data_dir": tmp_path / "data", "cache_dir": tmp_path / "cache", "broker_url": None},
     )
 
 
@@ -139,12 +139,13 @@ def test_on_zero_gpu_requests_run_in_a_forked_worker_and_come_back_pickled(zero_
     from arrcoc.service.client import zerogpu
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    ex = zerogpu.SpacesExecutor(zero_gpu_settings.model_copy(update={"device": "auto"}))
+    ex = zerogpu.SpacesExecutor(zero_gpu_settings.replace(engine={"device": "auto"}))
     try:
         assert (
             zerogpu.on_zero_gpu() and zerogpu._runtime is None
         )  # the GPU side's Runtime: built where it runs
-        assert (ex.settings.device, ex.settings.backend) == ("cpu", "eager")  # the app's own: jobs on the CPU
+        engine = ex.settings.engine
+        assert (engine.device, engine.backend) == ("cpu", "eager")  # the app's own: jobs on the CPU
         photo = (ROOT / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
         ctx = multiprocessing.get_context("fork")
         queue = ctx.Queue()
@@ -176,11 +177,14 @@ def test_python_app_py_exits_0_on_sigterm(tmp_path):
         os.environ,
         GRADIO_SERVER_NAME="127.0.0.1",
         GRADIO_SERVER_PORT=str(port),
-        ARRCOC_DATA_DIR=str(tmp_path / "data"),
-        ARRCOC_CACHE_DIR=str(tmp_path / "cache"),
+        ARRCOC_SERVICE__DATA_DIR=str(tmp_path / "data"),
+        ARRCOC_SERVICE__CACHE_DIR=str(tmp_path / "cache"),
         HF_HUB_OFFLINE="1",
     )
-    for key in ("SPACE_ID", "ARRCOC_BROKER_URL"):  # the in-process demo, as `python app.py` runs locally
+    for key in (
+        "SPACE_ID",
+        "ARRCOC_SERVICE__BROKER_URL",
+    ):  # the in-process demo, as `python app.py` runs locally
         env.pop(key, None)
 
     def answers() -> bool:

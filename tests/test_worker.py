@@ -11,7 +11,16 @@ import time
 import zipfile
 
 import pytest
-from helpers import BROKER, assert_same_result, make_zip, png_bytes, result_rows, wait_for, worker_settings
+from helpers import (
+    BROKER,
+    assert_same_result,
+    make_zip,
+    merged,
+    png_bytes,
+    result_rows,
+    wait_for,
+    worker_settings,
+)
 
 from arrcoc.bench.processes import REPO, Worker, worker_env
 from arrcoc.errors import ImageError, InvalidInputError, JobError
@@ -38,7 +47,7 @@ def test_registered_tasks_and_config_exactly():
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("svc")
     with worker_settings(
-        root, "arrcoc-test", buckets="[1,2,4,8]", batch_max_delay_ms="20", batch_max_size="8"
+        root, "arrcoc-test", engine={"buckets": "[1,2,4,8]"}, batching={"max_delay_ms": "20", "max_size": "8"}
     ) as settings:
         yield root, settings
 
@@ -54,12 +63,11 @@ def worker(env):
 
 
 def make_settings(env, **overrides):
+    """The worker's settings (validated from the same strings its environment gives it), for an
+    executor; `overrides` by group."""
     root, s = env
-    fields = {k: json.loads(v) if k == "buckets" else v for k, v in s.items()}
-    fields["batch_max_delay_ms"] = float(fields["batch_max_delay_ms"])
-    fields["batch_max_size"] = int(fields["batch_max_size"])
-    fields.update(broker_url=BROKER, data_dir=root / "data", redis_timeout_s=3.0)
-    return default_settings(**(fields | overrides))
+    service = {"service": {"broker_url": BROKER, "data_dir": root / "data", "redis_timeout_s": 3.0}}
+    return default_settings(**merged(s, service, overrides))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +94,7 @@ def wait_finished(ex, job_id, timeout=180.0, seen=None):
 def test_infer_round_trip_equals_inprocess(env, celery_ex):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    local = InProcessExecutor(make_settings(env, broker_url=None))
+    local = InProcessExecutor(make_settings(env, service={"broker_url": None}))
     try:
         image = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
         for controls in (None, Controls(k=16, token_budget=2048, scale_perspectival=0.5)):
@@ -120,13 +128,20 @@ def test_answers_come_on_reply_lists_that_leave_nothing_behind_and_older_message
     r = celery_ex.raw
     assert not [
         k
-        for pat in (f"{s.redis_prefix}:reply:*", f"{s.redis_prefix}:attempts:*", "celery-task-meta-*")
+        for pat in (
+            f"{s.service.redis_prefix}:reply:*",
+            f"{s.service.redis_prefix}:attempts:*",
+            "celery-task-meta-*",
+        )
         for k in r.scan_iter(pat)
     ]
     key = image_key(s, image)
     r.set(key, image, ex=60)
     old = celery_ex.app.send_task(
-        TASK_INFER, args=[key, "the sky", None, time.time() + 60], queue=s.queue_gpu, priority=PRIORITY_INFER
+        TASK_INFER,
+        args=[key, "the sky", None, time.time() + 60],
+        queue=s.service.queue_gpu,
+        priority=PRIORITY_INFER,
     )
     doc = old.get(timeout=60)
     old.forget()
@@ -176,15 +191,17 @@ def test_a_worker_bug_reaches_the_caller_at_once_and_no_reply_list_outside_the_s
     state.configure(s)
     state._host = FailingHost()
     r = state.raw
-    r.set(f"{s.redis_prefix}:img:x", b"bytes", ex=60)
-    reply = f"{s.redis_prefix}:reply:t1"
-    assert state.infer("t1", f"{s.redis_prefix}:img:x", "q", None, time.time() + 30, None, reply) is None
-    assert 0 < r.ttl(reply) <= s.image_ttl_s
+    r.set(f"{s.service.redis_prefix}:img:x", b"bytes", ex=60)
+    reply = f"{s.service.redis_prefix}:reply:t1"
+    assert (
+        state.infer("t1", f"{s.service.redis_prefix}:img:x", "q", None, time.time() + 30, None, reply) is None
+    )
+    assert 0 < r.ttl(reply) <= s.service.image_ttl_s
     with pytest.raises(EngineError, match="The worker failed: RuntimeError: boom"):
         result_from_frame(r.lpop(reply))
     with pytest.raises(ArrcocError, match="not a key of this service"):
-        state.infer("t2", f"{s.redis_prefix}:img:x", "q", None, time.time() + 30, None, "elsewhere")
-    assert not r.exists("elsewhere") and not r.exists(f"{s.redis_prefix}:attempts:t2")
+        state.infer("t2", f"{s.service.redis_prefix}:img:x", "q", None, time.time() + 30, None, "elsewhere")
+    assert not r.exists("elsewhere") and not r.exists(f"{s.service.redis_prefix}:attempts:t2")
     state.close()
 
 
@@ -235,7 +252,7 @@ def test_cancel_and_unknown(celery_ex):
 def test_expired_job_reports_expired_not_pending(env, worker):
     from arrcoc.service.client.celery_executor import CeleryExecutor
 
-    ex = CeleryExecutor(make_settings(env, job_ttl_s=2))
+    ex = CeleryExecutor(make_settings(env, jobs={"ttl_s": 2}))
     try:
         job = ex.submit_batch(make_zip({"a.png": png_bytes(1)}), "q")
         wait_finished(ex, job, timeout=120)
@@ -369,9 +386,14 @@ def test_prefork_worker_builds_the_engine_in_the_child_only(env, tmp_path):
     from arrcoc.service.client.celery_executor import CeleryExecutor
 
     root, settings = env
-    queues = {"queue_gpu": settings["queue_gpu"] + "-pf", "queue_bench": settings["queue_bench"] + "-pf"}
+    service = settings["service"]
+    queues = {
+        "service": {"queue_gpu": service["queue_gpu"] + "-pf", "queue_bench": service["queue_bench"] + "-pf"}
+    }
     w = Worker(
-        worker_env(BROKER, root / "data", **(settings | queues)), tmp_path / "prefork.log", pool="prefork"
+        worker_env(BROKER, root / "data", **merged(settings, queues)),
+        tmp_path / "prefork.log",
+        pool="prefork",
     )
     ex = None
     try:

@@ -3,14 +3,13 @@ running job. Uses its own redis-server (AOF on, noeviction: what compose runs) o
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
 import zipfile
 
 import pytest
-from helpers import make_zip, png_bytes, result_rows, seeded_weights
+from helpers import make_zip, merged, png_bytes, result_rows, seeded_weights
 
 from arrcoc.bench.processes import RedisServer, Worker, worker_env
 from arrcoc.errors import ArrcocError, ServiceUnavailableError
@@ -18,10 +17,9 @@ from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import default_settings
 
 SETTINGS = {
-    "buckets": "[1,2,4]",
-    "visibility_timeout_s": "6",
-    "redis_timeout_s": "2",
-    "max_redeliveries": "3",
+    "engine": {"buckets": "[1,2,4]"},
+    "jobs": {"visibility_timeout_s": "6", "max_redeliveries": "3"},
+    "service": {"redis_timeout_s": "2"},
 }
 
 
@@ -29,7 +27,7 @@ SETTINGS = {
 def rig(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     redis = RedisServer(root / "redis")
-    settings = SETTINGS | {"weights": str(seeded_weights(root / "w.safetensors"))}
+    settings = merged(SETTINGS, {"engine": {"weights": str(seeded_weights(root / "w.safetensors"))}})
     env = worker_env(redis.url, root / "data", **settings)
     started: list[Worker] = []
     servers = [redis]
@@ -42,12 +40,8 @@ def rig(tmp_path_factory):
     def executor():
         from arrcoc.service.client.celery_executor import CeleryExecutor
 
-        fields = {k: json.loads(v) for k, v in settings.items() if k != "weights"}
-        return CeleryExecutor(
-            default_settings(
-                broker_url=redis.url, data_dir=root / "data", weights=settings["weights"], **fields
-            )
-        )
+        service = {"service": {"broker_url": redis.url, "data_dir": root / "data"}}
+        return CeleryExecutor(default_settings(**merged(settings, service)))
 
     try:
         yield {
@@ -138,7 +132,7 @@ def test_redis_restart_mid_job_leaves_the_worker_serving_and_no_call_hangs(rig, 
 
 def test_interactive_request_that_keeps_killing_workers_fails_with_a_reason(rig):
     """acks_late + reject-on-worker-lost give a request whose worker died to the next worker; after
-    ARRCOC_MAX_REDELIVERIES (3) deaths the next delivery answers with a reason instead of running it."""
+    ARRCOC_JOBS__MAX_REDELIVERIES (3) deaths the next delivery answers with a reason instead of running it."""
     import redis as redis_py
 
     for w in rig["workers"]:  # nobody else may take the request
@@ -146,9 +140,9 @@ def test_interactive_request_that_keeps_killing_workers_fails_with_a_reason(rig)
     r = redis_py.Redis.from_url(rig["redis"][-1].url)
     # one request waits 5 s in the batcher for company (even alone): a window to kill its worker in
     slow = rig["env"] | {
-        "ARRCOC_BATCH_MAX_DELAY_MS": "5000",
-        "ARRCOC_BATCH_MAX_SIZE": "4",
-        "ARRCOC_BATCH_IDLE_WAIT": "1",
+        "ARRCOC_BATCHING__MAX_DELAY_MS": "5000",
+        "ARRCOC_BATCHING__MAX_SIZE": "4",
+        "ARRCOC_BATCHING__IDLE_WAIT": "1",
     }
     ex = rig["executor"]()
     outcome: dict[str, object] = {}

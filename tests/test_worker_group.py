@@ -1,5 +1,5 @@
 """`arrcoc worker --processes N` for real: two Celery processes feeding two engine processes
-(ARRCOC_ENGINE_PROCESSES) on one device, on their own redis-server. Results equal the in-process
+(ARRCOC_ENGINE__PROCESSES) on one device, on their own redis-server. Results equal the in-process
 ones whichever engine process served them, batches form there, a benchmark holds the device in
 both engine processes, an engine process that dies is started again alone, and a Celery process's
 death takes the group down. (One engine process fed by several
@@ -8,7 +8,6 @@ Celery processes: tests/test_worker_faults.py and tests/test_abuse_worker.py.)""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import os
 import signal
 import time
@@ -16,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_result, make_zip, png_bytes, result_rows, seeded_weights, wait_for
+from helpers import assert_same_result, make_zip, merged, png_bytes, result_rows, seeded_weights, wait_for
 
 from arrcoc.bench.processes import REPO, RedisServer, Worker, child_pids, proc_stat, worker_env
 from arrcoc.errors import InvalidInputError
@@ -25,11 +24,8 @@ from arrcoc.service.jobs.types import BenchRequest, JobState
 from arrcoc.settings import default_settings
 
 SETTINGS = {
-    "buckets": "[1,2,4,8]",
-    "batch_max_size": "8",
-    "batch_max_delay_ms": "50",
-    "worker_processes": "2",
-    "engine_processes": "2",
+    "engine": {"buckets": "[1,2,4,8]", "worker_processes": "2", "processes": "2"},
+    "batching": {"max_size": "8", "max_delay_ms": "50"},
 }
 
 
@@ -54,7 +50,7 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 def rig(tmp_path_factory):
     root = tmp_path_factory.mktemp("group")
     redis = RedisServer(root / "redis")
-    settings = SETTINGS | {"weights": str(seeded_weights(root / "w.safetensors"))}
+    settings = merged(SETTINGS, {"engine": {"weights": str(seeded_weights(root / "w.safetensors"))}})
     env = worker_env(redis.url, root / "data", **settings)
     workers: list[Worker] = []
 
@@ -64,9 +60,9 @@ def rig(tmp_path_factory):
         return w.ready(300)
 
     def settings_for(**overrides):
-        fields = {k: json.loads(v) if k == "buckets" else v for k, v in settings.items()}
-        fields.update(batch_max_size=8, batch_max_delay_ms=50.0, worker_processes=2, engine_processes=2)
-        return default_settings(**(fields | {"broker_url": redis.url, "data_dir": root / "data"} | overrides))
+        """The group's settings (from the strings its environment carries), `overrides` by group."""
+        service = {"service": {"broker_url": redis.url, "data_dir": root / "data"}}
+        return default_settings(**merged(settings, service, overrides))
 
     try:
         yield {"start": start, "settings": settings_for, "worker": start()}
@@ -88,7 +84,7 @@ def celery_ex(rig):
 def test_results_equal_inprocess_and_batches_span_both_processes(rig, celery_ex):
     from arrcoc.service.client.inprocess import InProcessExecutor
 
-    local = InProcessExecutor(rig["settings"](broker_url=None))
+    local = InProcessExecutor(rig["settings"](service={"broker_url": None}))
     try:
         image = (REPO / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
         controls = Controls(k=16, token_budget=2048, scale_perspectival=0.5)

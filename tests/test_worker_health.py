@@ -68,7 +68,9 @@ def test_a_model_that_cannot_load_fails_the_healthcheck_and_requests_hear_why_at
     from demo import service
 
     # arrcoc-clip-b16's weights come from the hub: offline and not cached, they cannot load
-    env = worker_env(redis.url, tmp_path / "data", variant="arrcoc-clip-b16") | {"HF_HUB_OFFLINE": "1"}
+    env = worker_env(redis.url, tmp_path / "data", engine={"variant": "arrcoc-clip-b16"}) | {
+        "HF_HUB_OFFLINE": "1"
+    }
     workers.append(Worker(env, tmp_path / "worker.log", concurrency=3, name="arrcoc@%h"))
     celery_ready(workers[0])
 
@@ -77,7 +79,7 @@ def test_a_model_that_cannot_load_fails_the_healthcheck_and_requests_hear_why_at
     assert "could not load" in check.stderr and "arrcoc-clip-b16" in check.stderr, check.stderr
     assert "arrcoc-texture" in check.stderr, "the reason names the variant that works offline"
 
-    ex = CeleryExecutor(default_settings(broker_url=redis.url, data_dir=tmp_path / "data"))
+    ex = CeleryExecutor(default_settings(service={"broker_url": redis.url, "data_dir": tmp_path / "data"}))
     try:
         for _ in range(3):
             t0 = time.monotonic()
@@ -87,7 +89,7 @@ def test_a_model_that_cannot_load_fails_the_healthcheck_and_requests_hear_why_at
             assert "No worker answered" not in str(err.value)
         assert any("could not load" in p for p in ex.worker_problems()), ex.worker_problems()
         with monkeypatch.context() as m:  # the demo's page says it too
-            m.setenv("ARRCOC_BROKER_URL", redis.url)
+            m.setenv("ARRCOC_SERVICE__BROKER_URL", redis.url)
             get_settings.cache_clear()
             service.set_executor(ex)
             notice = service.worker_notice()
@@ -104,7 +106,7 @@ def test_a_worker_that_cannot_read_a_jobs_data_gives_its_chunks_back_and_says_wh
     from arrcoc.service.client.celery_executor import CeleryExecutor
 
     weights = str(seeded_weights(tmp_path / "w.safetensors"))
-    settings = {"weights": weights, "buckets": "[1,2,4]", "batch_chunk_items": "4"}
+    settings = {"engine": {"weights": weights, "buckets": "[1,2,4]"}, "batching": {"chunk_items": "4"}}
     good_dir, wrong_dir = tmp_path / "shared-data", tmp_path / "not-mounted"
     wrong_env = worker_env(redis.url, wrong_dir, **settings)
     # the worker with the wrong data directory runs alone first: every chunk reaches it
@@ -112,7 +114,11 @@ def test_a_worker_that_cannot_read_a_jobs_data_gives_its_chunks_back_and_says_wh
     workers.append(wrong)
     wrong.ready(timeout=300)
     ex = CeleryExecutor(
-        default_settings(broker_url=redis.url, data_dir=good_dir, weights=weights, batch_chunk_items=4)
+        default_settings(
+            service={"broker_url": redis.url, "data_dir": good_dir},
+            engine={"weights": weights},
+            batching={"chunk_items": 4},
+        )
     )
     try:
         total = 24
@@ -164,10 +170,12 @@ def test_a_failed_load_is_answered_at_once_then_tried_again_after_a_while(monkey
             pass
 
     state = WorkerState()
-    state.configure(default_settings(broker_url=BROKER, redis_prefix=f"health-{uuid.uuid4().hex[:8]}"))
+    state.configure(
+        default_settings(service={"broker_url": BROKER, "redis_prefix": f"health-{uuid.uuid4().hex[:8]}"})
+    )
     state.node = "flaky@test"
     host = state._host = FlakyHost()
-    key = problems_key(state.settings.redis_prefix, state.node)
+    key = problems_key(state.settings.service.redis_prefix, state.node)
     try:
         state.warm()
         assert state.problems() == ["its model (arrcoc-texture) could not load: the hub is out of reach"]

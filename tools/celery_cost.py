@@ -43,7 +43,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _make(url: str, data: str) -> CeleryExecutor:
-    return CeleryExecutor(default_settings(broker_url=url, data_dir=data))
+    return CeleryExecutor(default_settings(service={"broker_url": url, "data_dir": data}))
 
 
 class _CannedRuntime:
@@ -65,7 +65,7 @@ def _serve_canned(address: str, authkey: str) -> None:
     from arrcoc.service.host.engine_process import EngineServer
     from arrcoc.service.host.runtime import Runtime
 
-    runtime = Runtime(default_settings(device="cpu", backend="eager"))
+    runtime = Runtime(default_settings(engine={"device": "cpu", "backend": "eager"}))
     result = runtime.infer(workload()["jpeg_800x600"][1], QUERIES[0], Controls(), 120)
     runtime.close()
     EngineServer(_CannedRuntime(result), address, bytes.fromhex(authkey)).serve_forever()
@@ -75,7 +75,10 @@ def _canned_group(redis_url: str, root: Path, processes: int) -> tuple[list[Proc
     """The stand-in engine process and `processes` Celery processes pointed at it, in the
     environments run_group gives its members (worker/group.py)."""
     authkey = secrets.token_bytes(16)
-    settings = default_settings(broker_url=redis_url, device="cpu", backend="eager", data_dir=root / "data")
+    settings = default_settings(
+        service={"broker_url": redis_url, "data_dir": root / "data"},
+        engine={"device": "cpu", "backend": "eager"},
+    )
     base = worker_env(redis_url, root / "data")
     (spec,) = plan_engines(settings, ["cpu"], 1, root, authkey, base)
     address, env, fronts_env = spec.address, spec.env, front_env(spec, [spec.address], base, settings)
@@ -125,10 +128,12 @@ def main() -> int:
             env = worker_env(
                 redis.url,
                 root / "data",
-                device=args.device,
-                backend=args.backend,
-                backends=args.backend,
-                worker_processes=str(args.processes),
+                engine={
+                    "device": args.device,
+                    "backend": args.backend,
+                    "backends": args.backend,
+                    "worker_processes": args.processes,
+                },
             )
             procs = [Worker(env, root / "worker.log").ready(600)]
             engine, *fronts = child_pids(procs[0].p.pid)

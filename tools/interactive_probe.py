@@ -34,7 +34,7 @@ def main() -> int:
         type=int,
         nargs="+",
         default=[32],
-        help="ARRCOC_BATCH_MAX_SIZE values to try (one warm engine shared)",
+        help="ARRCOC_BATCHING__MAX_SIZE values to try (one warm engine shared)",
     )
     p.add_argument(
         "--switch-interval-ms",
@@ -46,11 +46,8 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     s = default_settings(
-        device=args.device,
-        backend=args.backend,
-        backends=(args.backend,),
-        broker_url=None,
-        data_dir=Path(tempfile.mkdtemp(prefix="interactive-probe-")),
+        engine={"device": args.device, "backend": args.backend, "backends": (args.backend,)},
+        service={"broker_url": None, "data_dir": Path(tempfile.mkdtemp(prefix="interactive-probe-"))},
     )
     first = InProcessExecutor(s)
     first.warmup()
@@ -58,9 +55,7 @@ def main() -> int:
     out = [_decode_alone(first, image)]
     print(f"== decode alone (the batcher's first stage, synchronised): {out[-1]}", flush=True)
     for max_batch in args.max_batch:
-        ex = InProcessExecutor(
-            s.model_copy(update={"batch_max_size": max_batch}), pipeline=first.runtime.pipeline
-        )
+        ex = InProcessExecutor(s.replace(batching={"max_size": max_batch}), pipeline=first.runtime.pipeline)
         try:
             # the batcher's result (three stages on a GPU) against the pipeline's own, same bucket
             via, direct = ex.infer(image, QUERIES[0]), ex.runtime.pipeline.infer([image], QUERIES[0])[0]

@@ -70,13 +70,10 @@ def probe_dir(base: Path, photos: list[bytes], overlay: str) -> None:
     root = Path(tempfile.mkdtemp(prefix="io-probe-", dir=base))
     print(f"== {base}: raw write {raw_write(root):.0f} MB/s (72 KB blocks)", flush=True)
     s = default_settings(
-        device="cpu",
-        backend="eager",
-        backends=("eager",),
-        data_dir=root,
-        overlay_format=overlay,
-        broker_url=None,
-        max_batch_items=4096,
+        engine={"device": "cpu", "backend": "eager", "backends": ("eager",)},
+        service={"data_dir": root, "broker_url": None},
+        jobs={"overlay_format": overlay},
+        limits={"max_batch_items": 4096},
     )
     ex = InProcessExecutor(s)
     ex.warmup()

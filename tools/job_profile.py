@@ -58,16 +58,16 @@ def main() -> int:
 
     root = Path(tempfile.mkdtemp())
     s = default_settings(
-        device=args.device,
-        backend=args.backend,
-        backends=(args.backend,),
-        data_dir=root,
-        max_batch_items=args.items,
-        max_archive_entries=args.items + 16,
-        max_unpacked_bytes=8 << 30,
-        max_archive_bytes=8 << 30,
-        max_owner_bytes=0,
-        max_data_bytes=0,
+        engine={"device": args.device, "backend": args.backend, "backends": (args.backend,)},
+        service={"data_dir": root},
+        limits={
+            "max_batch_items": args.items,
+            "max_archive_entries": args.items + 16,
+            "max_unpacked_bytes": 8 << 30,
+            "max_archive_bytes": 8 << 30,
+            "max_owner_bytes": 0,
+            "max_data_bytes": 0,
+        },
     )
     ex = InProcessExecutor(s)
     ex.warmup()

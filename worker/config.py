@@ -11,7 +11,7 @@ from arrcoc.settings import Settings
 
 
 def worker_threads(settings: Settings) -> int:
-    return settings.worker_threads or max(settings.batch_max_size, 1) + 4
+    return settings.engine.worker_threads or max(settings.batching.max_size, 1) + 4
 
 
 def build(settings: Settings) -> dict[str, Any]:
@@ -23,8 +23,8 @@ def build(settings: Settings) -> dict[str, Any]:
         "worker_pool": "threads",
         "worker_concurrency": worker_threads(settings),
         # prefork pools enforce these; the threads pool cannot, so tasks also keep deadlines themselves
-        "task_time_limit": settings.task_time_limit_s + 30,
-        "task_soft_time_limit": settings.task_time_limit_s,
+        "task_time_limit": settings.jobs.task_time_limit_s + 30,
+        "task_soft_time_limit": settings.jobs.task_time_limit_s,
         "worker_send_task_events": False,  # events cost every task several publishes; Flower enables them
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_transport": "worker.app:Transport",  # survives a broker restart (worker/app.py)

@@ -1,14 +1,14 @@
 """`arrcoc worker --processes N [--devices all]`: engine processes and Celery processes on a host.
 
 This supervisor never touches a device. Per device (one, or each of `--devices`) it starts
-ARRCOC_ENGINE_PROCESSES engine processes, a GPU's pinned to it with CUDA_VISIBLE_DEVICES, and N
+ARRCOC_ENGINE__PROCESSES engine processes, a GPU's pinned to it with CUDA_VISIBLE_DEVICES, and N
 Celery processes. The first engine process starts alone and fills the compile cache; the others
 start together and warm from it. Once every engine listens, the Celery processes start; each may
 send work to every engine of the host, each call to the one with the least work in flight from it
 (`EngineClient`), so one batch job's chunks run on every device at once.
 
 An engine process that exits is started again alone, and the Celery processes send its work to the
-others meanwhile (an engine that keeps exiting, ARRCOC_ENGINE_RESTARTS times in ten minutes, stops
+others meanwhile (an engine that keeps exiting, ARRCOC_ENGINE__RESTARTS times in ten minutes, stops
 the group). A Celery process that exits stops the whole group: the supervisor exits non-zero
 (compose or systemd restarts it; unacknowledged tasks are redelivered). Members get SIGKILL from
 the kernel if the supervisor itself is killed, so a killed worker leaves no orphans behind.
@@ -34,6 +34,7 @@ from pathlib import Path
 
 from arrcoc.service.host.wiring import Wiring
 from arrcoc.settings import Settings
+from arrcoc.tuning import ENGINE_RESTART_WINDOW_S
 
 log = logging.getLogger(__name__)
 
@@ -90,24 +91,27 @@ def count_gpus(base: Mapping[str, str]) -> int:
 
 
 def resolve_devices(settings: Settings, base: Mapping[str, str]) -> list[str]:
-    """The group's devices: `settings.devices` ("all": cuda:0 ... cuda:n-1), else its one device."""
-    if settings.devices == ("all",):
+    """The group's devices: `settings.engine.devices` ("all": cuda:0 ... cuda:n-1), else its one device."""
+    if settings.engine.devices == ("all",):
         n = count_gpus(base)
         if n == 0:
             raise RuntimeError("--devices all: this host shows no GPU (is CUDA_VISIBLE_DEVICES empty?)")
         return [f"cuda:{i}" for i in range(n)]
-    return list(settings.devices) or [settings.device]
+    return list(settings.engine.devices) or [settings.engine.device]
 
 
 def _pinned(device: str, base: Mapping[str, str]) -> dict[str, str]:
     """The environment that gives an engine process `device` alone, as its cuda:0."""
     if not device.startswith("cuda:"):
-        return {"ARRCOC_DEVICE": device}
+        return {"ARRCOC_ENGINE__DEVICE": device}
     index = int(device.split(":")[1])
     visible = [v.strip() for v in base.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if visible and index >= len(visible):
         raise RuntimeError(f"{device}: CUDA_VISIBLE_DEVICES shows only {len(visible)} GPU(s)")
-    return {"CUDA_VISIBLE_DEVICES": visible[index] if visible else str(index), "ARRCOC_DEVICE": "cuda:0"}
+    return {
+        "CUDA_VISIBLE_DEVICES": visible[index] if visible else str(index),
+        "ARRCOC_ENGINE__DEVICE": "cuda:0",
+    }
 
 
 def plan_engines(
@@ -121,7 +125,7 @@ def plan_engines(
     """The group's engine processes, interleaved by device (device 0's first, device 1's first,
     ..., device 0's second, ...) so that the i-th Celery process prefers engine i mod E and
     consecutive Celery processes prefer different devices."""
-    pinned = len(devices) > 1 or bool(settings.devices)
+    pinned = len(devices) > 1 or bool(settings.engine.devices)
     addresses = [
         [str(sock_dir / f"engine-{di}-{e}.sock") for e in range(per_device)] for di in range(len(devices))
     ]
@@ -131,12 +135,12 @@ def plan_engines(
             env = dict(
                 base,
                 **Wiring(addresses[di][e], authkey, tuple(addresses[di])).to_env(),
-                ARRCOC_DEVICES="",
-                ARRCOC_WORKER_PROCESSES="1",
-                ARRCOC_DEVICE=settings.device,
-                ARRCOC_BACKEND=settings.backend,
-                ARRCOC_DTYPE=settings.dtype,
-                ARRCOC_BROKER_URL=settings.queue_url,
+                ARRCOC_ENGINE__DEVICES="",
+                ARRCOC_ENGINE__WORKER_PROCESSES="1",
+                ARRCOC_ENGINE__DEVICE=settings.engine.device,
+                ARRCOC_ENGINE__BACKEND=settings.engine.backend,
+                ARRCOC_ENGINE__DTYPE=settings.engine.dtype,
+                ARRCOC_SERVICE__BROKER_URL=settings.service.queue_url,
             )
             if pinned:
                 env.update(_pinned(device, base))
@@ -161,8 +165,8 @@ def front_env(
     env = dict(
         spec.env,
         **Wiring(pool[0], Wiring.from_env(spec.env).authkey, (), tuple(pool)).to_env(),
-        ARRCOC_DEVICE=settings.device,
-        ARRCOC_DEVICES=",".join(devices),
+        ARRCOC_ENGINE__DEVICE=settings.engine.device,
+        ARRCOC_ENGINE__DEVICES=",".join(devices),
     )
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if "CUDA_VISIBLE_DEVICES" in base:
@@ -173,8 +177,6 @@ def front_env(
 
 class _Engines:
     """The group's engine processes: started, watched, started again when one exits."""
-
-    RESTART_WINDOW_S = 600.0
 
     def __init__(self, specs: list[EngineSpec], authkey: bytes, restarts: int):
         self.specs = specs
@@ -208,13 +210,13 @@ class _Engines:
         for i, proc in enumerate(self.procs):
             if proc is None or proc.poll() is None:
                 continue
-            recent = [t for t in self.exits[i] if now - t < self.RESTART_WINDOW_S] + [now]
+            recent = [t for t in self.exits[i] if now - t < ENGINE_RESTART_WINDOW_S] + [now]
             self.exits[i] = recent
             spec = self.specs[i]
             if len(recent) > self.restarts:
                 raise RuntimeError(
                     f"the engine process on {spec.device} exited {len(recent)} times within"
-                    f" {self.RESTART_WINDOW_S:.0f} s (last code {proc.returncode})"
+                    f" {ENGINE_RESTART_WINDOW_S:.0f} s (last code {proc.returncode})"
                 )
             log.error(
                 "worker group: the engine process %d on %s exited with code %s; starting it again"
@@ -241,13 +243,13 @@ def run_group(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    engines = _Engines([], authkey, settings.engine_restarts)
+    engines = _Engines([], authkey, settings.engine.restarts)
     fronts: list[subprocess.Popen] = []  # the Celery processes
     code = 0
     try:
         devices = resolve_devices(settings, os.environ)
         specs = plan_engines(
-            settings, devices, min(settings.engine_processes, processes), sock_dir, authkey, os.environ
+            settings, devices, min(settings.engine.processes, processes), sock_dir, authkey, os.environ
         )
         engines.specs, engines.procs, engines.exits = specs, [None] * len(specs), [[] for _ in specs]
         engines.start_all(ready_timeout)
@@ -256,7 +258,11 @@ def run_group(
             argv = [sys.executable, "-m", "arrcoc", "worker", *front_args, "-n", node_name(hostname, i + 1)]
             k = i % len(specs)
             env = front_env(
-                specs[k], pool[k:] + pool[:k], os.environ, settings, devices if settings.devices else ()
+                specs[k],
+                pool[k:] + pool[:k],
+                os.environ,
+                settings,
+                devices if settings.engine.devices else (),
             )
             fronts.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))
         log.info(

@@ -32,20 +32,13 @@ from arrcoc.service.jobs.guard import TRANSPORT_ERRORS, fail_unrecorded, reason_
 from arrcoc.service.jobs.store import RedisJobStore, redis_client
 from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import Settings
+from arrcoc.tuning import GIVE_BACK_WAIT_S, LOAD_RETRY_S
 
 log = logging.getLogger(__name__)
 
-# How long a worker that cannot read a job's data holds its chunk before giving it back: a worker
-# that sees the data may take it meanwhile, and the chunk does not spin between the two.
-GIVE_BACK_WAIT_S = 2.0
-
-# A model that failed to load is tried again by the first request after this long; the requests
-# in between get the reason at once (a load with the hub out of reach takes minutes to fail).
-LOAD_RETRY_S = 300.0
-
 
 class DataUnreachable(ArrcocError):
-    """This worker cannot see a job's data (another ARRCOC_DATA_DIR, shared storage not mounted):
+    """This worker cannot see a job's data (another ARRCOC_SERVICE__DATA_DIR, shared storage not mounted):
     the chunk goes back to the queue for a worker that can, its items untouched."""
 
 
@@ -119,12 +112,12 @@ class Heartbeat:
 
     @property
     def every_s(self) -> float:
-        return max(1.0, self.state.settings.visibility_timeout_s / 4)
+        return max(1.0, self.state.settings.jobs.visibility_timeout_s / 4)
 
     @property
     def resume_s(self) -> float:
         """How long a lost chunk waits to be delivered again, at most (timeout, then a restore scan)."""
-        vt = self.state.settings.visibility_timeout_s
+        vt = self.state.settings.jobs.visibility_timeout_s
         return vt + max(1, min(10, vt // 4))
 
     def hold(self, message: Any) -> None:
@@ -198,7 +191,7 @@ class WorkerState:
         # a batch chunk at a time per device of the group, owners in turn; interactive work interleaves
         s = self.settings
         self.chunk_gate = FairGate(
-            max(1, len(s.devices)) if s is not None and Wiring.from_env().in_group else 1
+            max(1, len(s.engine.devices)) if s is not None and Wiring.from_env().in_group else 1
         )
 
     def host(self) -> EngineHost:
@@ -232,7 +225,7 @@ class WorkerState:
             log.error("the model could not load: %s", e, exc_info=True)
             error = e if isinstance(e, ArrcocError) else EngineError(f"{type(e).__name__}: {e}")
             self._load_failure = (time.monotonic(), error)
-            self._set_problem("model", f"its model ({self.settings.variant}) could not load: {error}")
+            self._set_problem("model", f"its model ({self.settings.engine.variant}) could not load: {error}")
         else:
             self._load_failure = None
             self._set_problem("model", None)
@@ -267,7 +260,7 @@ class WorkerState:
         """Keep this worker's problems in Redis while they last (the heartbeat renews them; a dead
         worker's expire), where a client that hears no answer finds the reason."""
         with contextlib.suppress(Exception):  # Redis away: the next heartbeat publishes them
-            key = problems_key(self.settings.redis_prefix, self.node)
+            key = problems_key(self.settings.service.redis_prefix, self.node)
             if self._problems:
                 ttl = max(30, int(self.heartbeat.every_s * 3))
                 self.raw.set(key, json.dumps(self.problems()), ex=ttl)
@@ -287,8 +280,12 @@ class WorkerState:
         with self._lock:
             if self._store is None:
                 s = self.settings
-                self._store = RedisJobStore(redis_client(s.queue_url, s.redis_timeout_s), s.redis_prefix)
-                self._raw = redis_client(s.queue_url, s.redis_timeout_s, decode_responses=False)
+                self._store = RedisJobStore(
+                    redis_client(s.service.queue_url, s.service.redis_timeout_s), s.service.redis_prefix
+                )
+                self._raw = redis_client(
+                    s.service.queue_url, s.service.redis_timeout_s, decode_responses=False
+                )
         return self._store
 
     @property
@@ -325,7 +322,7 @@ class WorkerState:
 
     # -- tasks ---------------------------------------------------------------------------------
     def _attempts_key(self, task_id: str) -> str:
-        return f"{self.settings.redis_prefix}:attempts:{task_id}"
+        return f"{self.settings.service.redis_prefix}:attempts:{task_id}"
 
     def delivery(self, task_id: str, image_key: str) -> tuple[int, bytes | None]:
         """Deliveries of this task so far (a worker that died mid-task makes it come back) and its
@@ -334,7 +331,10 @@ class WorkerState:
         pipe = self.raw.pipeline(transaction=False)
         pipe.incr(key)
         # only for cleanup: it must outlive every redelivery, however slow workers are to restart
-        pipe.expire(key, max(3600, self.settings.visibility_timeout_s * (self.settings.max_redeliveries + 2)))
+        pipe.expire(
+            key,
+            max(3600, self.settings.jobs.visibility_timeout_s * (self.settings.jobs.max_redeliveries + 2)),
+        )
         pipe.get(image_key)
         n, _, data = pipe.execute()
         return int(n), data
@@ -354,18 +354,18 @@ class WorkerState:
         round trip; a message that names no reply list (sent by an older client) is answered
         through Celery's result backend, as the returned document."""
         s = self.settings
-        if reply_to is not None and not reply_to.startswith(f"{s.redis_prefix}:reply:"):
+        if reply_to is not None and not reply_to.startswith(f"{s.service.redis_prefix}:reply:"):
             # never written to: a message names no key of the service but a reply list
             raise ArrcocError(f"The request named {reply_to!r} as its reply list, not a key of this service.")
         cpu0, t0 = time.thread_time(), time.perf_counter()
         try:
             n, data = self.delivery(task_id, key)
-            if n > s.max_redeliveries:
+            if n > s.jobs.max_redeliveries:
                 raise ArrcocError(
                     f"This request stopped the worker {n - 1} times (crash or out of memory);"
                     " it was dropped. Try a smaller image."
                 )
-            timeout = (deadline - time.time()) if deadline else float(s.task_time_limit_s)
+            timeout = (deadline - time.time()) if deadline else float(s.jobs.task_time_limit_s)
             if timeout <= 0:
                 raise ArrcocError("The request waited past its deadline in the queue; try again.")
             if data is None:
@@ -397,7 +397,8 @@ class WorkerState:
         frame = error_to_frame(answer) if isinstance(answer, BaseException) else result_to_frame(answer)
         pipe = self.raw.pipeline(transaction=False)
         pipe.rpush(reply_to, frame)
-        pipe.expire(reply_to, s.image_ttl_s)  # a reply nobody waits for any more goes, as the image does
+        # a reply nobody waits for any more goes, as the image does
+        pipe.expire(reply_to, s.service.image_ttl_s)
         pipe.delete(self._attempts_key(task_id))
         pipe.execute()
         return None
@@ -424,8 +425,8 @@ class WorkerState:
         except Exception:  # noqa: BLE001 -- an unknown job, Redis away: run_chunk says what is wrong
             return
         reason = (
-            f"it cannot read batch jobs' data: {folder} is not there or not readable (ARRCOC_DATA_DIR="
-            f"{s.data_dir}; is the shared job data directory mounted here?); it gives their chunks back"
+            f"it cannot read batch jobs' data: {folder} is not there or not readable (ARRCOC_SERVICE__DATA_DIR="
+            f"{s.service.data_dir}; is the shared job data directory mounted here?); it gives their chunks back"
         )
         self._set_problem("data", reason)
         log.error("batch job %s: %s", job_id, reason)
@@ -436,7 +437,7 @@ class WorkerState:
         s = self.settings
         self.check_job_data(job_id)
         with self.chunk_gate.turn(self._owner(job_id)):
-            deadline = time.monotonic() + s.task_time_limit_s  # from its turn: waiting is not working
+            deadline = time.monotonic() + s.jobs.task_time_limit_s  # from its turn: waiting is not working
             try:
                 with self.heartbeat.chunk(job_id, start, stop):
                     out = _riding_out_redis(
@@ -469,14 +470,16 @@ class WorkerState:
     def bench(self, job_id: str) -> dict[str, Any]:
         s = self.settings
         store = self.store()
-        name = f"{s.redis_prefix}:lock:device:{socket.gethostname()}:{s.device}"
+        name = f"{s.service.redis_prefix}:lock:device:{socket.gethostname()}:{s.engine.device}"
 
         @contextlib.contextmanager
         def device_lock():
-            lock = store.r.lock(name, timeout=s.task_time_limit_s, blocking_timeout=s.task_time_limit_s)
+            lock = store.r.lock(
+                name, timeout=s.jobs.task_time_limit_s, blocking_timeout=s.jobs.task_time_limit_s
+            )
             if not lock.acquire():
                 raise ArrcocError(
-                    f"The device stayed busy for {s.task_time_limit_s} s; the benchmark gave up."
+                    f"The device stayed busy for {s.jobs.task_time_limit_s} s; the benchmark gave up."
                 )
             try:
                 yield

@@ -46,7 +46,7 @@ from ..request import Controls
 from ..service.jobs.batch import step_items as batch_step_items
 from ..service.jobs.batch import steps_in_flight as batch_steps_in_flight
 from ..service.jobs.files import job_dir
-from ..settings import Settings, default_settings
+from ..settings import LimitSettings, Settings, default_settings
 from .env import collect_env
 from .load import percentile, run_load
 from .parity import dtype_parity
@@ -81,7 +81,9 @@ class E2EConfig:
     # None: the variant's bundled weights, or for a variant whose weights come from the hub (CLIP)
     # random weights of its real shapes ("random": same speed, nothing downloaded; the report says so)
     weights: str | None = None
-    dtype: str = "auto"  # auto | float32 | bfloat16, as ARRCOC_DTYPE (auto: bfloat16 for CLIP on a GPU)
+    dtype: str = (
+        "auto"  # auto | float32 | bfloat16, as ARRCOC_ENGINE__DTYPE (auto: bfloat16 for CLIP on a GPU)
+    )
     # 800x600 JPEGs in the batch job; None: ITEMS for the device (a GPU's job runs for seconds)
     items: int | None = None
     large_items: int = 256  # 4032x3024 JPEGs (12 MP)
@@ -301,7 +303,7 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
 
     pipe, s = runtime.pipeline, runtime.settings
     sync = torch.cuda.synchronize if pipe.device.type == "cuda" else (lambda: None)
-    view_side = s.overlay_max_side
+    view_side = s.jobs.overlay_max_side
 
     def rate(work_fn, items: int, per_call: int) -> dict[str, Any]:
         work_fn()  # warm
@@ -322,11 +324,11 @@ def stages_alone(runtime, work: dict[str, list[bytes]], n: int, step: int, large
         "decode": rate(lambda: pipe.decoder.decode(photos, view_side), n, step),
         "decode_pixels": rate(lambda: pipe.decoder.decode(photos), n, step),
     }
-    done = runtime.process(photos, ["the red one"] * step, Controls(), s.overlay_format)
+    done = runtime.process(photos, ["the red one"] * step, Controls(), s.jobs.overlay_format)
     views = [p.view for p in pipe.decoder.decode(photos, view_side)]
     maps = done.outputs.relevance
     out["overlays"] = rate(
-        lambda: overlays.encode(views, maps, s.overlay_format, s.overlay_jpeg_quality),
+        lambda: overlays.encode(views, maps, s.jobs.overlay_format, s.jobs.overlay_jpeg_quality),
         n,
         step,
     )
@@ -346,7 +348,7 @@ def steps_alone(runtime, images: list[bytes], n: int, step: int, in_flight: int)
     s = runtime.settings
     photos = _cycle(images, step)
     queries = ["the red one"] * step
-    one = lambda _: runtime.process(photos, queries, Controls(), s.overlay_format)  # noqa: E731
+    one = lambda _: runtime.process(photos, queries, Controls(), s.jobs.overlay_format)  # noqa: E731
     steps = max(in_flight, n // step)
     with ThreadPoolExecutor(in_flight, thread_name_prefix="arrcoc-step") as pool:
         list(pool.map(one, range(in_flight)))  # warm: each thread's stream
@@ -461,19 +463,19 @@ def e2e_weights(cfg: E2EConfig) -> str | None:
     return RANDOM_WEIGHTS if get_variant(cfg.variant).load is not None else None
 
 
-def _settings(cfg: E2EConfig, data_dir: Path, **more: Any) -> Settings:
+def _settings(cfg: E2EConfig, data_dir: Path) -> Settings:
     return default_settings(
-        device=cfg.device,
-        backend=cfg.backend,
-        backends=(cfg.backend,),
-        data_dir=data_dir,
-        variant=cfg.variant,
-        weights=e2e_weights(cfg),
-        dtype=cfg.dtype,
-        overlay_format=cfg.overlay,
-        broker_url=None,
-        **_limits(cfg),
-        **more,
+        engine={
+            "device": cfg.device,
+            "backend": cfg.backend,
+            "backends": (cfg.backend,),
+            "variant": cfg.variant,
+            "weights": e2e_weights(cfg),
+            "dtype": cfg.dtype,
+        },
+        jobs={"overlay_format": cfg.overlay},
+        service={"broker_url": None, "data_dir": data_dir},
+        limits=_limits(cfg),
     )
 
 
@@ -518,13 +520,13 @@ def _limits(cfg: E2EConfig) -> dict[str, int]:
     """The input limits raised to let the run's largest job in (its items, its zip's entries and
     bytes); the whole data store for the run's one owner, whose jobs go one after another."""
     n = _max_items(cfg)
-    zipped = max(Settings.model_fields["max_archive_bytes"].default, n * ZIPPED_ITEM_BYTES)
+    zipped = max(LimitSettings().max_archive_bytes, n * ZIPPED_ITEM_BYTES)
     return {
         "max_batch_items": n,
         "max_archive_entries": n + 16,
         "max_archive_bytes": zipped,
         "max_unpacked_bytes": 2 * zipped,
-        "max_owner_bytes": Settings.model_fields["max_data_bytes"].default,
+        "max_owner_bytes": LimitSettings().max_data_bytes,
     }
 
 
@@ -783,18 +785,20 @@ def _celery_group(
     env = worker_env(
         redis.url,
         data,
-        device=cfg.device,
-        backend=cfg.backend,
-        backends=cfg.backend,
-        variant=cfg.variant,
-        dtype=cfg.dtype,
-        **weights,
-        devices=",".join(devices),
-        worker_processes=str(cfg.worker_processes),
-        engine_processes=str(engines),
-        overlay_format=cfg.overlay,
-        worker_threads=str(cfg.clients + 4),
-        **{k: str(v) for k, v in _limits(cfg).items()},
+        engine={
+            "device": cfg.device,
+            "backend": cfg.backend,
+            "backends": cfg.backend,
+            "variant": cfg.variant,
+            "dtype": cfg.dtype,
+            **weights,
+            "devices": ",".join(devices),
+            "worker_processes": cfg.worker_processes,
+            "processes": engines,
+            "worker_threads": cfg.clients + 4,
+        },
+        jobs={"overlay_format": cfg.overlay},
+        limits=_limits(cfg),
     )
     root.mkdir(parents=True, exist_ok=True)
     worker = Worker(env, root / "worker.log")
@@ -807,7 +811,7 @@ def _celery_group(
         worker.ready(900)
         make = functools.partial(
             CeleryExecutor,
-            default_settings(broker_url=redis.url, data_dir=data, **_limits(cfg)),
+            default_settings(service={"broker_url": redis.url, "data_dir": data}, limits=_limits(cfg)),
         )
         ex = make()
         try:

@@ -45,14 +45,14 @@ def load_pipeline(args: argparse.Namespace):
     from ..pipeline import RelevancePipeline
     from ..settings import default_settings
 
-    s = default_settings(device=args.device, backend=args.backend)
+    s = default_settings(engine={"device": args.device, "backend": args.backend})
     pipe = RelevancePipeline(
         args.variant,
         args.weights,
         backend=args.backend,
         device=args.device,
-        cache_dir=s.cache_dir,
-        buckets=tuple(b for b in s.buckets if b <= args.batch) or s.buckets[:1],
+        cache_dir=s.service.cache_dir,
+        buckets=tuple(b for b in s.engine.buckets if b <= args.batch) or s.engine.buckets[:1],
         dtype=parse_dtype(args.dtype),
     )
     pipe.warmup()

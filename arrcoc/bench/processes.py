@@ -13,7 +13,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+
+from ..settings import env_name, settings_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,18 +108,19 @@ class RedisServer(Proc):
         raise RuntimeError(f"redis-server on {self.port} did not start: {self.text()[-500:]}")
 
 
-def worker_env(broker: str, data_dir: Path, **settings: str) -> dict[str, str]:
+def worker_env(broker: str, data_dir: Path, **groups: Mapping[str, object]) -> dict[str, str]:
+    """This environment for a worker on this Redis and data folder, with these settings on top
+    (by group, as Settings.replace takes them: engine={"device": "cpu"})."""
     env = dict(os.environ)
     env.update(
         {
-            "ARRCOC_BROKER_URL": broker,
-            "ARRCOC_DATA_DIR": str(data_dir),
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
             "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
         }
     )
-    env.update({f"ARRCOC_{k.upper()}": v for k, v in settings.items()})
+    env.update(settings_env(service={"broker_url": broker, "data_dir": data_dir}))
+    env.update(settings_env(**groups))
     return env
 
 
@@ -139,10 +143,10 @@ class Worker(Proc):
         super().__init__(argv, env, log)
 
     def ready(self, timeout: float = 120.0) -> Worker:
-        """Until the engine is warm and, in a group (ARRCOC_WORKER_PROCESSES), every Celery process
+        """Until the engine is warm and, in a group (ARRCOC_ENGINE__WORKER_PROCESSES), every Celery process
         has reached it."""
-        devices = [d for d in self.env.get("ARRCOC_DEVICES", "").split(",") if d.strip()]
-        processes = int(self.env.get("ARRCOC_WORKER_PROCESSES", "1")) * max(1, len(devices))
+        devices = [d for d in self.env.get(env_name("engine.devices"), "").split(",") if d.strip()]
+        processes = int(self.env.get(env_name("engine.worker_processes"), "1")) * max(1, len(devices))
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             text = self.text()

@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from pydantic import ValidationError
+
 from ..errors import ArrcocError
 
 # module name under arrcoc.cli -> registers one or more subcommands
@@ -25,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ArrcocError as e:  # the user's to fix: one line, no traceback
+        print(f"arrcoc: error: {e}", file=sys.stderr)
+        return 2
+    except ValidationError as e:  # a setting from the environment (docs/settings.md): what to fix
         print(f"arrcoc: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""Shared by `arrcoc submit` and `arrcoc job`: the Celery executor for ARRCOC_BROKER_URL."""
+"""Shared by `arrcoc submit` and `arrcoc job`: the Celery executor for ARRCOC_SERVICE__BROKER_URL."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import sys
 import time
 from pathlib import Path
 
+from ..tuning import PENDING_TIMEOUT_S
+
 
 def executor(broker: str | None = None, token: str | None = None):
     from ..service.client.celery_executor import CeleryExecutor
     from ..settings import get_settings
 
     s = get_settings()
-    update = {"broker_url": broker or s.queue_url} | (
-        {"api_token": token.strip() or None} if token is not None else {}
-    )
-    return CeleryExecutor(s.model_copy(update=update))
+    access = {"api_token": token.strip() or None} if token is not None else {}
+    return CeleryExecutor(s.replace(service={"broker_url": broker or s.service.queue_url}, access=access))
 
 
 def owner(ex) -> str | None:
@@ -81,9 +81,6 @@ def describe(st) -> str:
     if st.queue_position is not None:
         line += f"  ({st.queue_position} job(s) ahead)"
     return line + (f"  ({st.message})" if st.message else "")
-
-
-PENDING_TIMEOUT_S = 300.0  # `submit batch/bench` without --timeout: how long a job may wait for a worker
 
 
 def follow(

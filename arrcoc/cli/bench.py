@@ -241,7 +241,7 @@ def _resolve(args, device) -> None:
     ):
         if getattr(args, flag) is None:
             if flag == "buckets" and device.type != "cpu":
-                value = get_settings().buckets
+                value = get_settings().engine.buckets
             setattr(args, flag, list(value) if isinstance(value, tuple) else value)
             chosen.append(
                 f"--{flag.replace('_', '-')} {' '.join(map(str, getattr(args, flag)))}"

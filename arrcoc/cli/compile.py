@@ -29,7 +29,9 @@ def add_parser(sub) -> None:
         help="auto: the variant's own on a GPU (CLIP: bfloat16), float32 on a CPU (default: settings)",
     )
     p.add_argument("--buckets", nargs="+", type=int, default=None, help="default: settings")
-    p.add_argument("--cache-dir", type=Path, default=None, help="default: settings (ARRCOC_CACHE_DIR)")
+    p.add_argument(
+        "--cache-dir", type=Path, default=None, help="default: settings (ARRCOC_SERVICE__CACHE_DIR)"
+    )
     p.add_argument("--processes", type=int, default=None, help="aot: parallel builds (default: per device)")
     p.set_defaults(func=run)
 
@@ -42,16 +44,18 @@ def run(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(processName)s %(name)s: %(message)s")
     settings = get_settings()
-    device = resolve_device(args.device or settings.device)
-    variant = args.variant or settings.variant
+    device = resolve_device(args.device or settings.engine.device)
+    variant = args.variant or settings.engine.variant
     model = create_model(variant, None if args.weights == "none" else args.weights, device)
-    cache_dir = args.cache_dir or settings.cache_dir
+    cache_dir = args.cache_dir or settings.service.cache_dir
     backend = create_backend(
         args.backend,
         model,
         device,
-        tuple(args.buckets or settings.buckets),
-        serving_dtype(args.dtype or settings.dtype, device, get_variant(variant).gpu_dtype, args.backend),
+        tuple(args.buckets or settings.engine.buckets),
+        serving_dtype(
+            args.dtype or settings.engine.dtype, device, get_variant(variant).gpu_dtype, args.backend
+        ),
         cache_dir,
     )
     if args.processes is not None and hasattr(backend, "processes"):

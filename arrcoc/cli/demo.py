@@ -1,5 +1,5 @@
 """arrcoc demo [--port N] [--host H] [--share]: the Gradio demo (in-process executor unless
-ARRCOC_BROKER_URL points at a Redis broker)."""
+ARRCOC_SERVICE__BROKER_URL points at a Redis broker)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--dtype",
         choices=DTYPES,
-        help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_DTYPE)",
+        help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_ENGINE__DTYPE)",
     )
     p.set_defaults(func=run)
 
@@ -57,7 +57,7 @@ def run(args) -> int:
     if args.dtype:  # the demo reads its settings from the environment
         from ..settings import get_settings
 
-        os.environ["ARRCOC_DTYPE"] = args.dtype
+        os.environ["ARRCOC_ENGINE__DTYPE"] = args.dtype
         get_settings.cache_clear()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from demo.app import build_demo

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
         "--dtype",
         choices=DTYPES,
         default=None,
-        help="auto: bfloat16 for CLIP on a GPU, else float32 (default: settings, ARRCOC_DTYPE)",
+        help="auto: bfloat16 for CLIP on a GPU, else float32 (default: settings, ARRCOC_ENGINE__DTYPE)",
     )
     p.add_argument("--k", type=int, default=None, help="cells to select (default 200)")
     p.add_argument("--token-budget", type=int, default=None)
@@ -56,13 +56,13 @@ def run(args) -> int:
     settings = get_settings()
     weights = None if args.weights == "none" else args.weights
     pipe = RelevancePipeline(
-        args.variant or settings.variant,
+        args.variant or settings.engine.variant,
         weights,
         args.backend,
         args.device,
         buckets=(1,),
-        cache_dir=settings.cache_dir,
-        dtype=args.dtype or settings.dtype,
+        cache_dir=settings.service.cache_dir,
+        dtype=args.dtype or settings.engine.dtype,
     )
     pipe.warmup()
     controls = Controls(k=args.k, token_budget=args.token_budget)

@@ -23,8 +23,8 @@ def add_parser(sub) -> None:
         " results.parquet alone, or its rows as JSON lines (converted here from results.parquet)",
     )
     p.add_argument("--json", action="store_true", help="status: print JSON")
-    p.add_argument("--broker", help="Redis URL (default ARRCOC_BROKER_URL or the local Redis)")
-    p.add_argument("--token", help="the deployment's API token (default ARRCOC_API_TOKEN)")
+    p.add_argument("--broker", help="Redis URL (default ARRCOC_SERVICE__BROKER_URL or the local Redis)")
+    p.add_argument("--token", help="the deployment's API token (default ARRCOC_ACCESS__API_TOKEN)")
     p.set_defaults(func=run)
 
 

@@ -24,9 +24,11 @@ LOADTEST_QUERIES = (
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("submit", help="send work to the workers (ARRCOC_BROKER_URL, default local Redis)")
-    p.add_argument("--broker", help=f"Redis URL (default ARRCOC_BROKER_URL or {DEFAULT_BROKER_URL})")
-    p.add_argument("--token", help="the deployment's API token (default ARRCOC_API_TOKEN)")
+    p = sub.add_parser(
+        "submit", help="send work to the workers (ARRCOC_SERVICE__BROKER_URL, default local Redis)"
+    )
+    p.add_argument("--broker", help=f"Redis URL (default ARRCOC_SERVICE__BROKER_URL or {DEFAULT_BROKER_URL})")
+    p.add_argument("--token", help="the deployment's API token (default ARRCOC_ACCESS__API_TOKEN)")
     kinds = p.add_subparsers(dest="kind", required=True)
 
     q = kinds.add_parser("infer", help="one image + one query; prints or writes the `arrcoc infer` JSON")
@@ -39,7 +41,7 @@ def add_parser(sub) -> None:
     q.add_argument(
         "--backend",
         choices=BACKENDS,
-        help="one the workers serve (ARRCOC_BACKENDS); default their ARRCOC_BACKEND",
+        help="one the workers serve (ARRCOC_ENGINE__BACKENDS); default their ARRCOC_ENGINE__BACKEND",
     )
     q.add_argument("--timeout", type=seconds, default=120.0, help="seconds to wait for the result")
     q.set_defaults(func=run_infer)

@@ -13,20 +13,22 @@ from ..settings import BACKENDS, DEFAULT_BROKER_URL, DTYPES
 
 def add_parser(sub) -> None:
     p = sub.add_parser("worker", help="start a Celery worker that serves the gpu and bench queues")
-    p.add_argument("--device", help="cpu | cuda | cuda:N (default: settings, ARRCOC_DEVICE)")
+    p.add_argument("--device", help="cpu | cuda | cuda:N (default: settings, ARRCOC_ENGINE__DEVICE)")
     p.add_argument(
         "--devices",
         help="a worker group over several devices: all (every visible GPU) or a list such as cuda:0,cuda:1;"
-        " one engine process (ARRCOC_ENGINE_PROCESSES) and --processes Celery processes per device"
-        " (default: ARRCOC_DEVICES)",
+        " one engine process (ARRCOC_ENGINE__PROCESSES) and --processes Celery processes per device"
+        " (default: ARRCOC_ENGINE__DEVICES)",
     )
     p.add_argument(
-        "--backend", choices=BACKENDS, help="for interactive requests (default: settings, ARRCOC_BACKEND)"
+        "--backend",
+        choices=BACKENDS,
+        help="for interactive requests (default: settings, ARRCOC_ENGINE__BACKEND)",
     )
     p.add_argument(
         "--dtype",
         choices=DTYPES,
-        help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_DTYPE)",
+        help="auto: bfloat16 for CLIP on a GPU, else float32; float32: float32 everywhere (ARRCOC_ENGINE__DTYPE)",
     )
     p.add_argument("--queues", "-Q", help="comma-separated (default: the gpu and bench queues)")
     p.add_argument(
@@ -41,35 +43,34 @@ def add_parser(sub) -> None:
         "--processes",
         type=int,
         help="Celery processes per device feeding the group's engine processes (default:"
-        " ARRCOC_WORKER_PROCESSES or 1, the engine inside the worker); several take more requests per"
+        " ARRCOC_ENGINE__WORKER_PROCESSES or 1, the engine inside the worker); several take more requests per"
         " second",
     )
     p.add_argument("--loglevel", "-l", default="info")
     p.add_argument("--hostname", "-n", default="arrcoc@%h")
-    p.add_argument("--broker", help=f"Redis URL (default: ARRCOC_BROKER_URL or {DEFAULT_BROKER_URL})")
+    p.add_argument(
+        "--broker", help=f"Redis URL (default: ARRCOC_SERVICE__BROKER_URL or {DEFAULT_BROKER_URL})"
+    )
     p.set_defaults(func=run)
 
 
 def worker_settings(args):
     """The settings from the environment, with this command's options on top."""
-    from ..settings import Settings, get_settings
+    from ..settings import get_settings
 
     s = get_settings()
-    overrides = {
-        "device": args.device,
-        "backend": args.backend,
-        "dtype": args.dtype,
-        "broker_url": args.broker or s.queue_url,
-    }
-    if args.devices:  # validated as ARRCOC_DEVICES is
-        overrides["devices"] = Settings.model_validate(s.model_dump() | {"devices": args.devices}).devices
-    return s.model_copy(update={k: v for k, v in overrides.items() if v})
+    engine = {"device": args.device, "backend": args.backend, "dtype": args.dtype, "devices": args.devices}
+    # validated as the environment's values are (--devices as ARRCOC_ENGINE__DEVICES)
+    return s.replace(
+        engine={k: v for k, v in engine.items() if v},
+        service={"broker_url": args.broker or s.service.queue_url},
+    )
 
 
 def worker_argv(args, settings) -> list[str]:
     from worker.config import worker_threads
 
-    queues = args.queues or f"{settings.queue_gpu},{settings.queue_bench}"
+    queues = args.queues or f"{settings.service.queue_gpu},{settings.service.queue_bench}"
     concurrency = args.concurrency or (1 if args.pool == "prefork" else worker_threads(settings))
     return [
         "worker",
@@ -92,8 +93,8 @@ def run(args) -> int:
     from ..service.host.wiring import Wiring
 
     settings = worker_settings(args)
-    processes = args.processes or settings.worker_processes
-    if (processes > 1 or settings.devices) and not Wiring.from_env().in_group:
+    processes = args.processes or settings.engine.worker_processes
+    if (processes > 1 or settings.engine.devices) and not Wiring.from_env().in_group:
         return _run_group(args, processes, settings)
     from worker.app import app, configure
 
@@ -126,7 +127,7 @@ def _run_group(args, processes: int, settings) -> int:
         ("-c", args.concurrency),
         ("--device", args.device),
         ("--backend", args.backend),
-        ("--broker", settings.broker_url),
+        ("--broker", settings.service.broker_url),
     ):
         if value:
             front += [flag, str(value)]

@@ -3,9 +3,9 @@
 Torch-free; used by the demo (each request) and by `arrcoc submit/job`. docs/security.md says what
 this protects and what it does not.
 
-- **Token** (`ARRCOC_API_TOKEN`): when set, the job kinds in `ARRCOC_TOKEN_SCOPE` need it. It is
+- **Token** (`ARRCOC_ACCESS__API_TOKEN`): when set, the job kinds in `ARRCOC_ACCESS__TOKEN_SCOPE` need it. It is
   compared in constant time and never stored: jobs and Redis hold only its SHA-256. Without a
-  token, benchmarks are closed unless `ARRCOC_OPEN_BENCHMARKS` opens them to anyone.
+  token, benchmarks are closed unless `ARRCOC_ACCESS__OPEN_BENCHMARKS` opens them to anyone.
 - **Owner**: every job made through the demo or the CLI records who made it — the token's hash,
   or else the browser (a random id in a cookie) or the Gradio session. Another owner asking for
   that id gets "No job", the same answer as for an id never issued.
@@ -38,21 +38,21 @@ def check_token(settings: Settings, kind: str, given: object) -> str | None:
     if given is not None and not isinstance(given, str):
         raise AccessDenied("The API token must be text.")
     given = (given or "").strip()
-    expected = settings.api_token
+    expected = settings.access.api_token
     if expected and given:
         if not hmac.compare_digest(given.encode(), expected.encode()):
             raise AccessDenied("That API token is not valid on this server.")
         return token_owner(given)
-    if settings.token_required(kind):
+    if settings.access.token_required(kind):
         raise AccessDenied(
-            f"{kind.capitalize()} jobs on this server need the API token (ARRCOC_API_TOKEN):"
+            f"{kind.capitalize()} jobs on this server need the API token (ARRCOC_ACCESS__API_TOKEN):"
             " enter it in the token field, or send it in the X-Arrcoc-Token header."
         )
-    if kind == "bench" and not expected and not settings.open_benchmarks:
+    if kind == "bench" and not expected and not settings.access.open_benchmarks:
         raise AccessDenied(
             "Benchmarks are closed on this server: a benchmark holds the device for minutes, and no"
-            " API token says who may run one. The operator opens them with ARRCOC_API_TOKEN (token"
-            " holders benchmark) or ARRCOC_OPEN_BENCHMARKS=1 (anyone)."
+            " API token says who may run one. The operator opens them with ARRCOC_ACCESS__API_TOKEN (token"
+            " holders benchmark) or ARRCOC_ACCESS__OPEN_BENCHMARKS=1 (anyone)."
         )
     return None
 
@@ -103,30 +103,30 @@ class RateLimiter:
 
 # -- the token as Redis holds it, for `arrcoc submit/job` -------------------------------------------
 def token_key(settings: Settings) -> str:
-    return f"{settings.redis_prefix}:auth:token-sha256"
+    return f"{settings.service.redis_prefix}:auth:token-sha256"
 
 
 def publish_token(redis_client, settings: Settings) -> None:
     """The server side (worker, demo) writes the token's hash where the CLI can check a token
     against it; without a token the key is removed."""
-    if settings.api_token:
-        redis_client.set(token_key(settings), hashlib.sha256(settings.api_token.encode()).hexdigest())
+    if settings.access.api_token:
+        redis_client.set(token_key(settings), hashlib.sha256(settings.access.api_token.encode()).hexdigest())
     else:
         redis_client.delete(token_key(settings))
 
 
 def cli_owner(redis_client, settings: Settings) -> str | None:
-    """`arrcoc submit/job`: the owner its ARRCOC_API_TOKEN gives; AccessDenied when the deployment
+    """`arrcoc submit/job`: the owner its ARRCOC_ACCESS__API_TOKEN gives; AccessDenied when the deployment
     requires a token (its hash is in Redis) and this one is missing or wrong."""
     want = redis_client.get(token_key(settings))
     want = want.decode() if isinstance(want, bytes) else want
-    token = settings.api_token
+    token = settings.access.api_token
     if want:
         have = hashlib.sha256(token.encode()).hexdigest() if token else ""
         if not hmac.compare_digest(have.encode(), want.encode()):
             raise AccessDenied(
-                "This deployment requires its API token: set ARRCOC_API_TOKEN (or pass --token)."
+                "This deployment requires its API token: set ARRCOC_ACCESS__API_TOKEN (or pass --token)."
                 if not token
-                else "ARRCOC_API_TOKEN does not match this deployment's token."
+                else "ARRCOC_ACCESS__API_TOKEN does not match this deployment's token."
             )
     return token_owner(token) if token else None

@@ -35,7 +35,7 @@ MODEL_NOTES["arrcoc-clip-b16-maskclip"] = MODEL_NOTES["arrcoc-clip-b16"].replace
 
 
 def serving_variant(settings: Settings | None = None) -> Variant:
-    return get_variant((settings or get_settings()).variant)
+    return get_variant((settings or get_settings()).engine.variant)
 
 
 def intro_markdown(settings: Settings, variant: Variant) -> str:

@@ -138,10 +138,10 @@ def build_api(settings: Settings) -> None:
             gr.File(label="results (.zip)"),
             gr.File(file_count="multiple"),
         )
-        variant = gr.Textbox(label="variant", value=settings.variant)
+        variant = gr.Textbox(label="variant", value=settings.engine.variant)
         backends = gr.CheckboxGroup(list(BACKENDS), label="backends")
-        buckets = gr.CheckboxGroup([str(b) for b in settings.buckets], label="batch buckets")
-        iters = gr.Slider(1, settings.max_bench_iterations, step=1, label="timed iterations")
+        buckets = gr.CheckboxGroup([str(b) for b in settings.engine.buckets], label="batch buckets")
+        iters = gr.Slider(1, settings.jobs.max_bench_iterations, step=1, label="timed iterations")
         device = gr.Radio(["auto", "cpu", "cuda"], value="auto", label="device")
         foveated, fov_button = gr.Image(type="pil", format="png", label="foveated view"), gr.Button()
         buttons = [gr.Button() for _ in range(5)]

@@ -91,8 +91,8 @@ def batch_cancel(job_id: str, token: str | None = None, request: gr.Request = No
 def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
     with gr.Tab("Batch", id="batch"):
         _caption(
-            f"Many images, one query (or a manifest with a query per file). Zips up to {_mb(settings.max_archive_bytes)}, "
-            f"each photo in them up to {_mb(settings.max_image_bytes)}. Jobs keep running if you close the page. A job is shown only to the "
+            f"Many images, one query (or a manifest with a query per file). Zips up to {_mb(settings.limits.max_archive_bytes)}, "
+            f"each photo in them up to {_mb(settings.limits.max_image_bytes)}. Jobs keep running if you close the page. A job is shown only to the "
             "browser that submitted it (or to its API token): its address (with the job id) brings it back in this "
             "browser, not in another one."
         )
@@ -119,7 +119,7 @@ def build_batch_tab(settings: Settings) -> tuple[gr.Textbox, gr.Timer]:
                 token = gr.Textbox(
                     label="API token",
                     type="password",
-                    visible=settings.token_required("batch"),
+                    visible=settings.access.token_required("batch"),
                     elem_id="batch-token",
                 )
                 submit = gr.Button("Submit batch", variant="primary", elem_id="batch-submit")

@@ -36,7 +36,7 @@ SHORT_COLUMNS = {
 def local_gpu() -> str | None:
     """This process's GPU name (None: none). Only asked when benchmarks run here: a page that
     submits to a queue never imports torch."""
-    if get_settings().broker_url:
+    if get_settings().service.broker_url:
         return None
     import torch
 
@@ -45,30 +45,32 @@ def local_gpu() -> str | None:
 
 def server_machine(settings: Settings) -> reports.Machine:
     """What this server's benchmarks measure: its variant, on its device ("" when a queue's workers run them)."""
-    return reports.Machine(settings.variant, "" if settings.broker_url else (local_gpu() or "cpu"))
+    return reports.Machine(
+        settings.engine.variant, "" if settings.service.broker_url else (local_gpu() or "cpu")
+    )
 
 
 def default_job(settings: Settings) -> tuple[list[str], list[str], int]:
     """(backends, buckets, iterations) a first click runs: on a CPU what `arrcoc bench` runs there
     (arrcoc.bench.CPU_DEFAULTS: eager against ONNX Runtime, single images against a small batch,
     in seconds); on a GPU the served backends at two small buckets."""
-    if not settings.broker_url and local_gpu() is None:
+    if not settings.service.broker_url and local_gpu() is None:
         from arrcoc.bench import CPU_DEFAULTS  # torch is loaded already: local_gpu() asked it
 
         onnx = importlib.util.find_spec("onnxruntime") is not None
         backends = [b for b in CPU_DEFAULTS.backends if b in BACKENDS and (b != "onnx" or onnx)]
-        buckets = [str(b) for b in CPU_DEFAULTS.buckets if b in settings.buckets] or [
-            str(settings.buckets[0])
+        buckets = [str(b) for b in CPU_DEFAULTS.buckets if b in settings.engine.buckets] or [
+            str(settings.engine.buckets[0])
         ]
         return backends, buckets, CPU_DEFAULTS.iters
-    backends = list(dict.fromkeys(["eager", *settings.backends]))
-    small = [b for b in settings.buckets if b <= 8]
-    buckets = [str(b) for b in (small[:1] + small[-1:] if len(small) > 1 else settings.buckets[:2])]
+    backends = list(dict.fromkeys(["eager", *settings.engine.backends]))
+    small = [b for b in settings.engine.buckets if b <= 8]
+    buckets = [str(b) for b in (small[:1] + small[-1:] if len(small) > 1 else settings.engine.buckets[:2])]
     return backends, list(dict.fromkeys(buckets)), 50
 
 
 def gpu_note(settings: Settings) -> str:
-    if settings.broker_url:
+    if settings.service.broker_url:
         return "Benchmarks run on a GPU worker of the queue (this page does not see its device)."
     if local_gpu():
         return f"GPU: **{local_gpu()}**."
@@ -88,13 +90,13 @@ def bench_submit(
     request: gr.Request = None,
 ) -> tuple[str, str, gr.Timer]:
     try:
-        if device == "cuda" and not get_settings().broker_url and local_gpu() is None:
+        if device == "cuda" and not get_settings().service.broker_url and local_gpu() is None:
             raise gr.Error(
                 "No GPU is visible on this server: choose the cpu (or auto) device.",
                 title="GPU only",
                 print_exception=False,
             )
-        owner = owner_of(request, token, "bench")  # ARRCOC_TOKEN_SCOPE=bench: token holders only
+        owner = owner_of(request, token, "bench")  # ARRCOC_ACCESS__TOKEN_SCOPE=bench: token holders only
         job_id = jobs.submit_bench(variant, backends, buckets, iterations, device, owner=owner)
     except gr.Error:
         raise
@@ -188,12 +190,12 @@ def build_bench_tab(settings: Settings) -> tuple:
         gr.Markdown(gpu_note(settings), elem_id="gpu-note")
         with gr.Row():
             with gr.Column():
-                variant = gr.Dropdown(list_variants(), value=settings.variant, label="variant")
+                variant = gr.Dropdown(list_variants(), value=settings.engine.variant, label="variant")
                 backends = gr.CheckboxGroup(
                     list(BACKENDS), value=backends0, label="backends", elem_id="bench-backends"
                 )
                 buckets = gr.CheckboxGroup(
-                    [str(b) for b in settings.buckets],
+                    [str(b) for b in settings.engine.buckets],
                     value=buckets0,
                     label="batch buckets",
                     elem_id="bench-buckets",
@@ -201,14 +203,14 @@ def build_bench_tab(settings: Settings) -> tuple:
                 iters = gr.Slider(
                     1, 300, value=iters0, step=1, label="timed iterations", elem_id="bench-iters"
                 )
-                cuda_label = "cuda" if settings.broker_url or local_gpu() else "cuda (no GPU here)"
+                cuda_label = "cuda" if settings.service.broker_url or local_gpu() else "cuda (no GPU here)"
                 device = gr.Radio(
                     [("auto", "auto"), ("cpu", "cpu"), (cuda_label, "cuda")], value="auto", label="device"
                 )
                 token = gr.Textbox(
                     label="API token",
                     type="password",
-                    visible=settings.token_required("bench"),
+                    visible=settings.access.token_required("bench"),
                     elem_id="bench-token",
                 )
                 submit = gr.Button("Run benchmark", variant="primary", elem_id="bench-submit")

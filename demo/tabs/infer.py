@@ -53,7 +53,7 @@ CLOSE_ERRORS_JS = (
     "() => { document.querySelectorAll('.toast-body.error .toast-close, "
     "[data-testid=toast-body].error [data-testid=toast-close]').forEach(b => b.click()); return []; }"
 )
-SERVER_DEFAULT = "server default"  # the backend dropdown's first choice: sends None (ARRCOC_BACKEND)
+SERVER_DEFAULT = "server default"  # the backend dropdown's first choice: sends None (ARRCOC_ENGINE__BACKEND)
 BACKEND_LABELS = {
     "eager": "eager (PyTorch)",
     "compiled": "compiled (torch.compile + CUDA graphs)",
@@ -190,7 +190,7 @@ def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
     c = variant.config
     image = photo_input(label="Photo", sources=["upload", "clipboard"], height=300, elem_id="photo")
     _caption(
-        f"JPEG, PNG, WebP, … up to {_mb(settings.max_image_bytes)}. Any size: large photos are scaled down, and the "
+        f"JPEG, PNG, WebP, … up to {_mb(settings.limits.max_image_bytes)}. Any size: large photos are scaled down, and the "
         f"model sees every photo at {c.image_size}×{c.image_size}."
     )
     query = gr.Textbox(
@@ -198,7 +198,7 @@ def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
         placeholder="what should the model look for? e.g. the red one",
         elem_id="query",
         max_lines=4,
-        info=f"up to {settings.max_query_chars} characters; colours, positions and text work best",
+        info=f"up to {settings.limits.max_query_chars} characters; colours, positions and text work best",
     )
     run = gr.Button("Run", variant="primary", elem_id="run")
     examples = gr.Examples(
@@ -228,7 +228,11 @@ def build_inputs(settings: Settings, variant: Variant) -> InferenceTab:
                 label="token budget",
                 info=f"≥ {MIN_CELL_TOKENS} × K",
             )
-        default = SERVER_DEFAULT if settings.broker_url else f"{SERVER_DEFAULT} ({service.served_backend()})"
+        default = (
+            SERVER_DEFAULT
+            if settings.service.broker_url
+            else f"{SERVER_DEFAULT} ({service.served_backend()})"
+        )
         backend = gr.Dropdown(
             [(default, SERVER_DEFAULT), *((BACKEND_LABELS.get(b, b), b) for b in BACKENDS)],
             value=SERVER_DEFAULT,

@@ -46,9 +46,15 @@ def _unavailable(e: BaseException, what: str) -> ServiceUnavailableError:
 class CeleryExecutor(Executor):
     def __init__(self, settings: Settings | None = None):
         s = settings or get_settings()
-        super().__init__(s, RedisJobStore(redis_client(s.queue_url, s.redis_timeout_s), s.redis_prefix))
+        super().__init__(
+            s,
+            RedisJobStore(
+                redis_client(s.service.queue_url, s.service.redis_timeout_s), s.service.redis_prefix
+            ),
+        )
         self.app = client_app(s)
-        self.raw = redis_client(s.queue_url, s.redis_timeout_s, decode_responses=False)  # image bytes
+        # image bytes
+        self.raw = redis_client(s.service.queue_url, s.service.redis_timeout_s, decode_responses=False)
 
     def _send(self, name: str, args: list, queue: str, priority: int, **options: Any):
         from kombu.exceptions import OperationalError
@@ -82,23 +88,23 @@ class CeleryExecutor(Executor):
         self._check_types(image, controls)
         image = bytes(image)
         check_image_header(image, s)
-        text = validate_query(query, s.max_query_chars)
+        text = validate_query(query, s.limits.max_query_chars)
         controls = controls or Controls()  # checked where the variant is known (the worker)
-        s.served_backend(backend)  # an unserved backend is a clear error, before anything is queued
+        s.engine.served_backend(backend)  # an unserved backend is a clear error, before anything is queued
         key = image_key(s, image)
         try:
-            self.raw.set(key, image, ex=s.image_ttl_s)
+            self.raw.set(key, image, ex=s.service.image_ttl_s)
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise _unavailable(e, "Could not store the image") from e
         deadline = time.time() + timeout
         task_id = str(uuid.uuid4())
-        reply_to = f"{s.redis_prefix}:reply:{task_id}"
+        reply_to = f"{s.service.redis_prefix}:reply:{task_id}"
         # the answer comes on our own reply list, not Celery's result backend: one blocking pop in
         # place of subscribe, get, unsubscribe and forget, and the arrays raw, not in base64
         self._send(
             TASK_INFER,
             [key, text, controls.to_wire(), deadline, backend, reply_to],
-            s.queue_gpu,
+            s.service.queue_gpu,
             PRIORITY_INFER,
             expires=timeout,
             task_id=task_id,
@@ -111,7 +117,7 @@ class CeleryExecutor(Executor):
         import redis
 
         # each pop blocks for less than the socket timeout, so a dead Redis is still noticed
-        step = max(0.1, self.settings.redis_timeout_s - 1.0)
+        step = max(0.1, self.settings.service.redis_timeout_s - 1.0)
         try:
             while (left := deadline - time.time()) > 0:
                 popped = self.raw.blpop([reply_to], timeout=min(step, max(left, 0.01)))
@@ -135,11 +141,11 @@ class CeleryExecutor(Executor):
 
         s = self.settings
         try:
-            keys = sorted(self.raw.scan_iter(problems_key(s.redis_prefix), count=1000))
+            keys = sorted(self.raw.scan_iter(problems_key(s.service.redis_prefix), count=1000))
             values = self.raw.mget(keys) if keys else []
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             return []
-        node_at = len(problems_key(s.redis_prefix, ""))
+        node_at = len(problems_key(s.service.redis_prefix, ""))
         return [
             f"Worker {key[node_at:].decode(errors='replace')}: {problem}"
             for key, value in zip(keys, values, strict=True)
@@ -155,7 +161,10 @@ class CeleryExecutor(Executor):
             # first): a small job submitted after a big one starts after the big one's first chunk
             for k, (start, stop) in enumerate(chunks):
                 self._send(
-                    TASK_CHUNK, [job_id, start, stop], self.settings.queue_gpu, PRIORITY_CHUNK + min(k, 3)
+                    TASK_CHUNK,
+                    [job_id, start, stop],
+                    self.settings.service.queue_gpu,
+                    PRIORITY_CHUNK + min(k, 3),
                 )
         except ServiceUnavailableError as e:
             self.store.set_state(job_id, JobState.FAILED, str(e))
@@ -163,7 +172,7 @@ class CeleryExecutor(Executor):
 
     def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:
         job_id = bench.create_bench_job(request, self.settings, self.store, owner)
-        self._send(TASK_BENCH, [job_id], self.settings.queue_bench, 0)
+        self._send(TASK_BENCH, [job_id], self.settings.service.queue_bench, 0)
         return job_id
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 
 Two implementations run the same arrcoc code paths: InProcessExecutor (no Redis: the embedded
 default, Hugging Face Spaces, tests) and CeleryExecutor (Redis + GPU workers); factory.py picks
-one from the settings (ARRCOC_BROKER_URL set -> Celery). Job status, cancel and results
+one from the settings (ARRCOC_SERVICE__BROKER_URL set -> Celery). Job status, cancel and results
 come from the job store the same way for both, so they are implemented here once.
 """
 
@@ -40,7 +40,7 @@ class Executor(ABC):
     ) -> RelevanceResult:
         """One image (encoded bytes) + one query -> result. Raises arrcoc errors on bad input.
 
-        backend: one of the served backends (ARRCOC_BACKENDS); None means ARRCOC_BACKEND.
+        backend: one of the served backends (ARRCOC_ENGINE__BACKENDS); None means ARRCOC_ENGINE__BACKEND.
         """
 
     def submit_batch(

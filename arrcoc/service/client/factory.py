@@ -1,4 +1,4 @@
-"""The one place that decides in-process or Celery: ARRCOC_BROKER_URL set -> Celery."""
+"""The one place that decides in-process or Celery: ARRCOC_SERVICE__BROKER_URL set -> Celery."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .executor import Executor
 def create_executor(settings: Settings | None = None) -> Executor:
     """Celery when a broker is configured, otherwise in-process."""
     settings = settings or get_settings()
-    if settings.broker_url:
+    if settings.service.broker_url:
         from .celery_executor import CeleryExecutor
 
         return CeleryExecutor(settings)

@@ -102,7 +102,7 @@ class InProcessExecutor(Executor):
     def __init__(self, settings: Settings | None = None, pipeline: RelevancePipeline | None = None):
         super().__init__(settings or get_settings(), MemoryJobStore())
         self.runtime = Runtime(self.settings, pipeline)
-        self._jobs = FairScheduler(self.settings.job_slice_s)
+        self._jobs = FairScheduler(self.settings.jobs.slice_s)
         # expired jobs' files go on time, and those of jobs nobody can fetch (a restart forgot them) early
         store = self.store
         self.reaper = Reaper(

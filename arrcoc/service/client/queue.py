@@ -38,21 +38,21 @@ def problems_key(prefix: str, node: str = "*") -> str:
 
 def queue_config(settings: Settings) -> dict[str, Any]:
     """What sender and worker must agree on."""
-    timeout = settings.redis_timeout_s
+    timeout = settings.service.redis_timeout_s
     return {
-        "broker_url": settings.queue_url,
-        "result_backend": settings.results_backend or settings.queue_url,
+        "broker_url": settings.service.queue_url,
+        "result_backend": settings.service.results_backend or settings.service.queue_url,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
         "result_accept_content": ["json"],
-        "task_default_queue": settings.queue_gpu,
+        "task_default_queue": settings.service.queue_gpu,
         "task_routes": {
-            TASK_INFER: {"queue": settings.queue_gpu},
-            TASK_CHUNK: {"queue": settings.queue_gpu},
-            TASK_BENCH: {"queue": settings.queue_bench},
+            TASK_INFER: {"queue": settings.service.queue_gpu},
+            TASK_CHUNK: {"queue": settings.service.queue_gpu},
+            TASK_BENCH: {"queue": settings.service.queue_bench},
         },
-        "result_expires": settings.result_expires_s,
+        "result_expires": settings.jobs.result_expires_s,
         "result_extended": False,
         # no STARTED state and no task-sent event: each is one more Redis write per message, and
         # nothing here reads them (Flower turns workers' events on itself when it connects)
@@ -61,13 +61,13 @@ def queue_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": timeout,
         "broker_transport_options": {
-            "visibility_timeout": settings.visibility_timeout_s,
+            "visibility_timeout": settings.jobs.visibility_timeout_s,
             "unacked_index_key": UNACKED_INDEX,
-            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
+            "unacked_restore_interval": max(1, min(10, settings.jobs.visibility_timeout_s // 4)),
             "unacked_restore_throttle": 1,
             # a worker SIGKILLed while it held the restore mutex would block every redelivery for
             # kombu's default 300 s; tasks are idempotent, so a short mutex is safe
-            "unacked_mutex_expire": max(2, min(300, settings.visibility_timeout_s // 2)),
+            "unacked_mutex_expire": max(2, min(300, settings.jobs.visibility_timeout_s // 2)),
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
             "priority_steps": list(range(10)),

@@ -33,14 +33,12 @@ from ...errors import ArrcocError
 from ...request import Controls
 from ...result import RelevanceResult
 from ...settings import Settings, get_settings
+from ...tuning import ZEROGPU_BUILD_S, ZEROGPU_INFER_S
 from ..host.runtime import Runtime
 from .inprocess import InProcessExecutor
 
 log = logging.getLogger(__name__)
 
-INFER_S = 30  # GPU time asked for one interactive request (the platform's default is 60)
-# GPU time asked for the start: building the aot packages of a 12-layer ViT, one at a time
-BUILD_S = 900
 
 try:
     import spaces
@@ -75,7 +73,7 @@ def _gpu_runtime() -> Runtime:
     return _runtime
 
 
-@GPU(duration=INFER_S)
+@GPU(duration=ZEROGPU_INFER_S)
 def gpu_infer(
     image: bytes, query: str, controls: Controls, timeout: float, backend: str | None
 ) -> RelevanceResult | ArrcocError:
@@ -87,7 +85,7 @@ def gpu_infer(
         return e
 
 
-@GPU(duration=BUILD_S)
+@GPU(duration=ZEROGPU_BUILD_S)
 def build_packages() -> dict[str, Any]:
     """Build what is missing (aot: the packages, one at a time, into the cache dir) and warm the
     Runtime's engine; -> what was done, for the log."""
@@ -95,17 +93,17 @@ def build_packages() -> dict[str, Any]:
     runtime = _gpu_runtime()
     s = runtime.settings
     built: list[str] = []
-    if s.backend == "aot":
+    if s.engine.backend == "aot":
         built = _build_aot(s, runtime)
     runtime.warm()
     pipe = runtime.pipeline
     return {
-        "variant": s.variant,
+        "variant": s.engine.variant,
         "backend": pipe.backend.name,
         "device": str(pipe.device),
         "dtype": str(pipe.backend.dtype).removeprefix("torch."),
         "built": built,
-        "cache_dir": str(s.cache_dir),
+        "cache_dir": str(s.service.cache_dir),
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -117,10 +115,10 @@ def _build_aot(s: Settings, runtime: Runtime) -> list[str]:
     from ...engine.base import serving_dtype
     from ...registry import create_model, get_variant
 
-    device = resolve_device(s.device)
-    model = create_model(s.variant, s.weights or "default", device)
-    dtype = serving_dtype(s.dtype, device, get_variant(s.variant).gpu_dtype, "aot")
-    backend = create_backend("aot", model, device, runtime.buckets, dtype, s.cache_dir, processes=1)
+    device = resolve_device(s.engine.device)
+    model = create_model(s.engine.variant, s.engine.weights or "default", device)
+    dtype = serving_dtype(s.engine.dtype, device, get_variant(s.engine.variant).gpu_dtype, "aot")
+    backend = create_backend("aot", model, device, runtime.buckets, dtype, s.service.cache_dir, processes=1)
     times = backend.prepare()
     del backend, model
     return [f"b{lo}-{hi}" if lo != hi else f"b{lo}" for lo, hi in sorted(times)]
@@ -136,7 +134,7 @@ class SpacesExecutor(InProcessExecutor):
         settings = settings or get_settings()
         local = settings
         if on_zero_gpu():
-            local = settings.model_copy(update={"device": "cpu", "backend": "eager", "backends": ("eager",)})
+            local = settings.replace(engine={"device": "cpu", "backend": "eager", "backends": ("eager",)})
         super().__init__(local)
         _settings = settings
         _runtime = None if on_zero_gpu() else self.runtime
@@ -165,4 +163,4 @@ class SpacesExecutor(InProcessExecutor):
         return got
 
 
-__all__ = ["BUILD_S", "GPU", "INFER_S", "SpacesExecutor", "build_packages", "gpu_infer", "on_zero_gpu"]
+__all__ = ["GPU", "SpacesExecutor", "build_packages", "gpu_infer", "on_zero_gpu"]

@@ -28,14 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import ArrcocError, DeadlineExceeded
+from ...tuning import IDLE_GATHER_S
 
 log = logging.getLogger(__name__)
-
-
-# With prepare_batch: with the device idle a batch gathers at most this long (rather than waiting
-# out the whole delay while the device has nothing to do); with a batch on the device, the next
-# one gathers until no caller has arrived for this long.
-IDLE_GATHER_S = 0.0005
 
 
 @dataclass

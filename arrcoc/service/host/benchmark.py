@@ -24,8 +24,9 @@ def run_benchmark(
         "iters": request.iterations,
         "warmup_iters": request.warmup,
         "device": request.device,
-        "dtype": "float32" if settings.dtype == "auto" else settings.dtype,  # options may name one
-        "weights": settings.weights or "default",
+        # options may name one
+        "dtype": "float32" if settings.engine.dtype == "auto" else settings.engine.dtype,
+        "weights": settings.engine.weights or "default",
     }
     kwargs.update({k: v for k, v in request.options.items() if k in known})
     return run_harness(BenchConfig(**{k: v for k, v in kwargs.items() if k in known}), progress=progress)

@@ -8,7 +8,7 @@ one Runtime (engine + dynamic batcher) decodes them on the engine's own path (nv
 result is the same whichever way it came) and serves them all: vLLM splits its API server from its
 engine core for the same reason.
 
-A group runs one or several engine processes per device (ARRCOC_ENGINE_PROCESSES, `--devices`),
+A group runs one or several engine processes per device (ARRCOC_ENGINE__PROCESSES, `--devices`),
 as Triton runs several instances of a model on one GPU: under load one engine process is bound by
 its own Python (decode and engine stages, a connection thread per request, one GIL) while the GPU
 idles (docs/service.md). Each builds the same engine from the same compile cache and decodes on the
@@ -46,6 +46,7 @@ from ...errors import ArrcocError, DeadlineExceeded, EngineError, JobCancelled, 
 from ...request import Controls
 from ...result import RelevanceResult
 from ...settings import DEFAULT_OVERLAY_KIND, Settings, get_settings
+from ...tuning import BENCH_PROGRESS_EVERY_S, ENGINE_DOWN_S
 from ..codec import error_from_wire, error_to_wire
 from ..jobs.types import BenchRequest
 from .interface import EngineHost, ProcessedBatch, Progress
@@ -216,9 +217,6 @@ class EngineServer:
                     notes.append(payload[0] if kind == "ok" else {"error": payload[0]})
 
 
-BENCH_PROGRESS_EVERY_S = 0.25  # a benchmark's progress (and with it a cancel) crosses the socket this often
-
-
 # -- the client: in each Celery worker process ------------------------------------------------------
 class _Route:
     """One engine process of the pool as this client sees it."""
@@ -238,8 +236,6 @@ class EngineClient(EngineHost):
     balancers, which needs no shared state between Celery processes. A call whose engine stops
     answering is sent once more to another engine; the one that failed is skipped for a while
     (its supervisor starts it again)."""
-
-    DOWN_S = 2.0  # how long an engine that failed a call is passed over
 
     def __init__(self, settings: Settings, addresses: str | Sequence[str], authkey: bytes):
         self.settings = settings
@@ -287,7 +283,7 @@ class EngineClient(EngineHost):
         try:
             return self._call(route, msg, timeout)
         except EngineUnavailableError:
-            route.down_until = time.monotonic() + self.DOWN_S
+            route.down_until = time.monotonic() + ENGINE_DOWN_S
             other = self._pick(items, avoid=route)
             if other is None:
                 raise
@@ -297,7 +293,7 @@ class EngineClient(EngineHost):
             try:
                 return self._call(other, msg, timeout)
             except EngineUnavailableError:
-                other.down_until = time.monotonic() + self.DOWN_S
+                other.down_until = time.monotonic() + ENGINE_DOWN_S
                 raise
             finally:
                 self._release(other, items)
@@ -343,7 +339,7 @@ class EngineClient(EngineHost):
     @property
     def info(self) -> dict[str, Any]:
         if self._info is None:
-            self._info = self._routed(("info",), 0, timeout=self.settings.redis_timeout_s * 6)
+            self._info = self._routed(("info",), 0, timeout=self.settings.service.redis_timeout_s * 6)
         return self._info
 
     def engines(self, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -377,7 +373,7 @@ class EngineClient(EngineHost):
     def infer(
         self, image: Any, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
-        self.settings.served_backend(backend)  # an unserved backend is a clear error, before any work
+        self.settings.engine.served_backend(backend)  # an unserved backend is a clear error, before any work
         t0 = time.perf_counter()
         # the engine keeps the deadline; the extra second is for the reply to arrive
         result = self._routed(("infer", image, query, controls, timeout, backend), 1, timeout=timeout + 1.0)
@@ -432,7 +428,7 @@ def main() -> int:
         return 2
     # the batch threads launch kernels and build results holding the GIL between waits; a
     # connection thread that takes the GIL meanwhile may keep it for the switch interval
-    sys.setswitchinterval(settings.engine_switch_interval_ms / 1e3)
+    sys.setswitchinterval(settings.engine.switch_interval_ms / 1e3)
     runtime = Runtime(settings)
     runtime.warm()
     # listening only once warm: a client that connects is served at once

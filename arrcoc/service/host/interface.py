@@ -201,12 +201,12 @@ class EngineHost(ABC):
 
     @property
     def step_pool(self) -> ThreadPoolExecutor:
-        """The batch pipeline's step threads on this side (batch_steps_in_flight), shared by every
+        """The batch pipeline's step threads on this side (batching.steps_in_flight), shared by every
         chunk this process runs, whoever sent it: each carries a step from its files to its
         recorded results, so one step is written while the next is decoded and run."""
         with _STEP_POOL_LOCK:
             if self._steps is None:
-                n = self.settings.batch_steps_in_flight
+                n = self.settings.batching.steps_in_flight
                 self._steps = ThreadPoolExecutor(n, thread_name_prefix="arrcoc-step")
             return self._steps
 

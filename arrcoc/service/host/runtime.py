@@ -28,6 +28,7 @@ from ...pipeline import BatchResults, PreparedRequest, RelevancePipeline
 from ...request import Controls, check_overlay_kind, image_limits
 from ...result import RelevanceResult
 from ...settings import DEFAULT_OVERLAY_KIND, Settings
+from ...tuning import CPU_MAX_BATCH
 from ..codec import error_to_wire
 from ..jobs.types import BenchRequest
 from .batching import DynamicBatcher
@@ -35,10 +36,6 @@ from .interface import MAPS, EngineHost, ProcessedBatch, Progress, StepOutputs
 
 log = logging.getLogger(__name__)
 
-# On a CPU a batch costs more per image than one image does (the engine's threads already take
-# every core: benchmarks/2026-11-22-cpu-2core-buckets.md), so there requests run one at a time
-# unless ARRCOC_BATCH_MAX_SIZE says otherwise.
-CPU_MAX_BATCH = 1
 
 ItemResult = Callable[[], RelevanceResult]  # builds one item's result, in the thread that calls it
 
@@ -72,11 +69,11 @@ class Runtime(EngineHost):
     # -- the engine ------------------------------------------------------------------------
     @property
     def pipeline(self) -> RelevancePipeline:
-        """The pipeline of the default backend (ARRCOC_BACKEND)."""
+        """The pipeline of the default backend (ARRCOC_ENGINE__BACKEND)."""
         return self.pipeline_for(None)
 
     def pipeline_for(self, backend: str | None) -> RelevancePipeline:
-        name = self.settings.served_backend(backend)
+        name = self.settings.engine.served_backend(backend)
         pipe = self._pipelines.get(name)
         if pipe is None:
             with self._build_lock:
@@ -92,23 +89,23 @@ class Runtime(EngineHost):
         first = next(iter(self._pipelines.values()), None)
         if first is None:
             pipe = RelevancePipeline(
-                s.variant,
-                s.weights or "default",
+                s.engine.variant,
+                s.engine.weights or "default",
                 backend,
-                s.device,
+                s.engine.device,
                 limits=image_limits(s),
                 buckets=buckets,
-                cache_dir=s.cache_dir,
-                dtype=s.dtype,
-                query_source=s.query_encoder,
-                query_cache_size=s.query_cache_size,
-                max_query_chars=s.max_query_chars,
+                cache_dir=s.service.cache_dir,
+                dtype=s.engine.dtype,
+                query_source=s.engine.query_encoder,
+                query_cache_size=s.engine.query_cache_size,
+                max_query_chars=s.limits.max_query_chars,
             )
         else:  # another backend over the same model and query encoder
-            dtype = serving_dtype(s.dtype, first.device, first.variant.gpu_dtype, backend)
-            engine = create_backend(backend, first.model, first.device, buckets, dtype, s.cache_dir)
+            dtype = serving_dtype(s.engine.dtype, first.device, first.variant.gpu_dtype, backend)
+            engine = create_backend(backend, first.model, first.device, buckets, dtype, s.service.cache_dir)
             pipe = RelevancePipeline(
-                s.variant,
+                s.engine.variant,
                 backend=engine,
                 device=str(first.device),
                 query_encoder=first.encoder,
@@ -118,7 +115,7 @@ class Runtime(EngineHost):
         pipe.encoder.encode("warm up")  # load the query encoder now, not on the first request
         log.info(
             "engine %s/%s on %s ready in %.1f s",
-            s.variant,
+            s.engine.variant,
             pipe.backend.name,
             pipe.device,
             time.perf_counter() - t0,
@@ -127,17 +124,17 @@ class Runtime(EngineHost):
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        """The engine's buckets. On a CPU, unless ARRCOC_BUCKETS is set, only those up to the CPU
+        """The engine's buckets. On a CPU, unless ARRCOC_ENGINE__BUCKETS is set, only those up to the CPU
         batch cap: larger ones are never used there, and each costs a compile on `compiled`."""
         s = self.settings
-        if "buckets" in s.model_fields_set or resolve_device(s.device).type != "cpu":
-            return s.buckets
-        return tuple(b for b in s.buckets if b <= self._cpu_batch_cap) or s.buckets[:1]
+        if "buckets" in s.engine.model_fields_set or resolve_device(s.engine.device).type != "cpu":
+            return s.engine.buckets
+        return tuple(b for b in s.engine.buckets if b <= self._cpu_batch_cap) or s.engine.buckets[:1]
 
     @property
     def _cpu_batch_cap(self) -> int:
         s = self.settings
-        return s.batch_max_size if "batch_max_size" in s.model_fields_set else CPU_MAX_BATCH
+        return s.batching.max_size if "max_size" in s.batching.model_fields_set else CPU_MAX_BATCH
 
     @property
     def max_batch(self) -> int:
@@ -146,9 +143,9 @@ class Runtime(EngineHost):
 
     @property
     def interactive_batch(self) -> int:
-        """Largest batch the dynamic batcher gathers: ARRCOC_BATCH_MAX_SIZE (16 by default) on a
+        """Largest batch the dynamic batcher gathers: ARRCOC_BATCHING__MAX_SIZE (16 by default) on a
         GPU, 1 on a CPU unless it is set (see CPU_MAX_BATCH); never over the largest bucket."""
-        size = self.settings.batch_max_size
+        size = self.settings.batching.max_size
         if self.pipeline.device.type == "cpu":
             size = min(size, self._cpu_batch_cap)
         return max(1, min(size, max(self.buckets)))
@@ -257,7 +254,7 @@ class Runtime(EngineHost):
     ) -> ProcessedBatch:
         t0 = time.perf_counter()
         prepared = pipe.prepare_many(
-            images, queries, controls, None if overlay == "none" else self.settings.overlay_max_side
+            images, queries, controls, None if overlay == "none" else self.settings.jobs.overlay_max_side
         )
         sync()  # the stage times below are the device's too
         t1 = time.perf_counter()
@@ -274,7 +271,7 @@ class Runtime(EngineHost):
                 [prepared[i][1] for i in done],
                 maps[done],
                 overlay,
-                self.settings.overlay_jpeg_quality,
+                self.settings.jobs.overlay_jpeg_quality,
                 kind,
             )
             for i, data in zip(done, encoded, strict=True):
@@ -304,7 +301,7 @@ class Runtime(EngineHost):
 
     # -- interactive requests: through the batcher -----------------------------------------
     def batcher_for(self, backend: str | None) -> DynamicBatcher:
-        name = self.settings.served_backend(backend)
+        name = self.settings.engine.served_backend(backend)
         batcher = self._batchers.get(name)
         if batcher is None:
             self.pipeline_for(name)  # build and warm the engine first
@@ -318,9 +315,9 @@ class Runtime(EngineHost):
                     batcher = self._batchers[name] = DynamicBatcher(
                         run,
                         size,
-                        self.settings.batch_max_delay_ms / 1e3,
+                        self.settings.batching.max_delay_ms / 1e3,
                         f"arrcoc-batcher-{name}",
-                        self.settings.batch_idle_wait,
+                        self.settings.batching.idle_wait,
                         self._decode_ahead(name),
                         launch,
                     )
@@ -356,7 +353,7 @@ class Runtime(EngineHost):
     def infer(
         self, image: ImageLike, query: str, controls: Controls, timeout: float, backend: str | None = None
     ) -> RelevanceResult:
-        self.settings.served_backend(backend)  # an unserved backend is a clear error, before any work
+        self.settings.engine.served_backend(backend)  # an unserved backend is a clear error, before any work
         return self.infer_prepared(self.prepare(image, query, controls), timeout, backend)
 
     def infer_prepared(

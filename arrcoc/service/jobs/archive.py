@@ -31,6 +31,7 @@ from ...errors import InvalidInputError, ServiceUnavailableError
 from ...images import draft_size, jpeg_header
 from ...request import validate_query
 from ...settings import Settings
+from ...tuning import CENTRAL_BYTES_PER_ENTRY, HEADER_READ_BYTES, PACK_ITEMS
 from .budget import RESERVED, disk_full, outputs_estimate, reserve
 from .parts import stored_data_start
 
@@ -80,9 +81,6 @@ class CorruptEntry(OSError):
     """An item's stored bytes do not match the zip's CRC: that item fails, its neighbours run."""
 
 
-# Inputs are unpacked PACK_ITEMS to a file (inputs/<first index>.pack, items at offsets): creating
-# a file per item would be most of what unpacking costs (docs/service.md#batch-jobs).
-PACK_ITEMS = 64
 # Entries stored as they are (photos mostly: deflate does not shrink a JPEG, so zip tools store
 # them) are not copied at all: the archive is written once, as ARCHIVE, and such an item is read
 # at its offset there, its CRC checked when the batch pipeline reads it (an entry that does not
@@ -139,9 +137,6 @@ def _is_junk(name: str) -> bool:
 _EOCD = struct.Struct("<4sHHHHIIH")
 _ZIP64_LOCATOR = struct.Struct("<4sIQI")
 _ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")
-# what one central-directory entry may take on average (46 fixed bytes, its name, extra field and
-# comment): the directory's size is bounded by the entry limit times this
-CENTRAL_BYTES_PER_ENTRY = 512
 
 
 def declared_directory(archive: bytes | memoryview) -> tuple[int, int] | None:
@@ -165,24 +160,24 @@ def declared_directory(archive: bytes | memoryview) -> tuple[int, int] | None:
 def open_archive(archive: bytes, settings: Settings) -> zipfile.ZipFile:
     if not archive:
         raise InvalidInputError("The uploaded file is empty; upload a .zip of images.")
-    if len(archive) > settings.max_archive_bytes:
+    if len(archive) > settings.limits.max_archive_bytes:
         raise InvalidInputError(
-            f"The zip is {len(archive) / 1e6:.0f} MB; the limit is {settings.max_archive_bytes / 1e6:.0f} MB."
+            f"The zip is {len(archive) / 1e6:.0f} MB; the limit is {settings.limits.max_archive_bytes / 1e6:.0f} MB."
             " Split it into several jobs."
         )
     declared = declared_directory(archive)
     if declared is not None:  # none: zipfile says what is wrong below
         entries, cd_size = declared
-        if entries > settings.max_archive_entries:
+        if entries > settings.limits.max_archive_entries:
             raise InvalidInputError(
-                f"The zip has {entries} entries; the limit is {settings.max_archive_entries}."
+                f"The zip has {entries} entries; the limit is {settings.limits.max_archive_entries}."
                 " Split it into several jobs."
             )
-        if cd_size > settings.max_archive_entries * CENTRAL_BYTES_PER_ENTRY:
+        if cd_size > settings.limits.max_archive_entries * CENTRAL_BYTES_PER_ENTRY:
             raise InvalidInputError(
                 f"The zip's list of entries (its central directory) is {cd_size / 1e6:.1f} MB; the limit is"
-                f" {settings.max_archive_entries * CENTRAL_BYTES_PER_ENTRY / 1e6:.1f} MB (names of about"
-                f" {CENTRAL_BYTES_PER_ENTRY} bytes for each of {settings.max_archive_entries} entries)."
+                f" {settings.limits.max_archive_entries * CENTRAL_BYTES_PER_ENTRY / 1e6:.1f} MB (names of about"
+                f" {CENTRAL_BYTES_PER_ENTRY} bytes for each of {settings.limits.max_archive_entries} entries)."
                 " Use shorter names or split the job."
             )
     try:
@@ -205,9 +200,9 @@ def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInf
     to. Every problem of a kind is named, never dropped. Returns {clean name: entry} of the files
     (folders and junk such as __MACOSX/ and dot files left out)."""
     infos = zf.infolist()
-    if len(infos) > settings.max_archive_entries:
+    if len(infos) > settings.limits.max_archive_entries:
         raise InvalidInputError(
-            f"The zip has {len(infos)} entries; the limit is {settings.max_archive_entries}."
+            f"The zip has {len(infos)} entries; the limit is {settings.limits.max_archive_entries}."
             " Split it into several jobs."
         )
     files = [i for i in infos if not i.is_dir() and not _is_junk(i.filename)]
@@ -248,34 +243,36 @@ def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInf
         for i in files
         if i.filename not in manifests
         and i.file_size > 4096
-        and i.file_size > settings.max_archive_ratio * max(i.compress_size, 1)
+        and i.file_size > settings.limits.max_archive_ratio * max(i.compress_size, 1)
     ]
     if bombs:
         worst = max(bombs, key=lambda i: i.file_size / max(i.compress_size, 1))
         raise InvalidInputError(
-            f"{len(bombs)} zip entries expand more than {settings.max_archive_ratio}x (the worst, {worst.filename!r},"
+            f"{len(bombs)} zip entries expand more than {settings.limits.max_archive_ratio}x (the worst, {worst.filename!r},"
             f" {worst.file_size / max(worst.compress_size, 1):.0f}x to {worst.file_size / 1e6:.1f} MB): this looks"
             " like a zip bomb and was refused."
         )
     big = [
-        i.filename for i in files if i.filename not in manifests and i.file_size > settings.max_image_bytes
+        i.filename
+        for i in files
+        if i.filename not in manifests and i.file_size > settings.limits.max_image_bytes
     ]
     if big:
         raise InvalidInputError(
-            f"Some zip entries are larger than {settings.max_image_bytes / 1e6:.0f} MB:"
+            f"Some zip entries are larger than {settings.limits.max_image_bytes / 1e6:.0f} MB:"
             f" {_listing(big)}. Downscale those images."
         )
-    long = [n for n in manifests if zf.getinfo(n).file_size > settings.max_manifest_bytes]
+    long = [n for n in manifests if zf.getinfo(n).file_size > settings.limits.max_manifest_bytes]
     if long:
         raise InvalidInputError(
-            f"The manifest {long[0]!r} is larger than {settings.max_manifest_bytes / 1e6:.0f} MB;"
+            f"The manifest {long[0]!r} is larger than {settings.limits.max_manifest_bytes / 1e6:.0f} MB;"
             " split the job."
         )
     total = sum(i.file_size for i in files)
-    if total > settings.max_unpacked_bytes:
+    if total > settings.limits.max_unpacked_bytes:
         raise InvalidInputError(
             f"The zip expands to {total / 1e9:.2f} GB; the limit is"
-            f" {settings.max_unpacked_bytes / 1e9:.2f} GB. Split it into several jobs."
+            f" {settings.limits.max_unpacked_bytes / 1e9:.2f} GB. Split it into several jobs."
         )
     return by_name
 
@@ -421,7 +418,7 @@ def _read_manifest(
         with zf.open(info) as src:
             counted = _Counted(src)
             text = io.TextIOWrapper(io.BufferedReader(counted), encoding="utf-8-sig", newline="")
-            return manifest_rows(text, name, default_query, settings.max_batch_items)
+            return manifest_rows(text, name, default_query, settings.limits.max_batch_items)
     except UnicodeDecodeError as e:  # the decoder holds the piece read last
         offset = counted.read_bytes - len(e.object) + e.start if counted else e.start
         raise _not_utf8(name, e.object[e.start], max(offset, 0)) from None
@@ -468,7 +465,7 @@ def unpack(
     zf = open_archive(archive, settings)
     by_name = inspect(zf, settings)
     if query is not None and not (isinstance(query, str) and not query.strip()):
-        query = validate_query(query, settings.max_query_chars)
+        query = validate_query(query, settings.limits.max_query_chars)
     else:
         query = None
     pairs, skipped, why = _items_of(zf, by_name, query, settings)
@@ -484,7 +481,7 @@ def unpack(
     unique = dict.fromkeys(name for name, _ in pairs)
     need = (
         (len(archive) if spans else 0)
-        + sum(min(by_name[n].file_size, settings.max_image_bytes) for n in unique if n not in spans)
+        + sum(min(by_name[n].file_size, settings.limits.max_image_bytes) for n in unique if n not in spans)
         + outputs_estimate((sizes[name] for name, _ in pairs), settings, pictures)
     )
     reserve(settings, job_dir, owner, need, paid_by)
@@ -538,9 +535,9 @@ def _items_of(
         raise InvalidInputError(
             f"The zip holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))}); add some and upload again."
         )
-    if len(pairs) > settings.max_batch_items:
+    if len(pairs) > settings.limits.max_batch_items:
         raise InvalidInputError(
-            f"The zip has {len(pairs)} items; the limit is {settings.max_batch_items} per job."
+            f"The zip has {len(pairs)} items; the limit is {settings.limits.max_batch_items} per job."
         )
     named = {name for name, _ in pairs} | set(manifests)
     skipped = sorted(n for n in by_name if n not in named)
@@ -565,7 +562,7 @@ def _extract(
     (job_dir / "inputs").mkdir(parents=True, exist_ok=True)
     if spans:  # written as it came; each stored entry's CRC is checked when its item is read
         _write_archive(archive, job_dir / ARCHIVE)
-    budget = _Budget(settings.max_unpacked_bytes)
+    budget = _Budget(settings.limits.max_unpacked_bytes)
     # one copy per file, however many manifest rows name it
     written: dict[str, tuple[str, int, int, int | None]] = {
         name: (ARCHIVE, start, length, crc) for name, (start, length, crc) in spans.items()
@@ -585,7 +582,9 @@ def _extract(
                 offset = pack.tell()
                 try:
                     with zf.open(info) as src:
-                        length = budget.copy(src, pack, name, min(info.file_size, settings.max_image_bytes))
+                        length = budget.copy(
+                            src, pack, name, min(info.file_size, settings.limits.max_image_bytes)
+                        )
                 except (
                     zipfile.BadZipFile,
                     OSError,
@@ -606,11 +605,6 @@ def _extract(
         if pack is not None:
             pack.close()
     return items
-
-
-# What a header read may take of a compressed entry to learn an image's size: a JPEG's frame header
-# follows its metadata (EXIF, ICC: each segment at most 64 KiB).
-HEADER_BYTES = 256 * 1024
 
 
 def _decoded_size(head: bytes | memoryview, side: int) -> tuple[int, int] | None:
@@ -637,29 +631,29 @@ def _check_work(
     pairs: list[tuple[str, str]],
     settings: Settings,
 ) -> dict[str, tuple[int, int]]:
-    """Refuse a job whose items' decoded pixels, summed, pass ARRCOC_MAX_JOB_MEGAPIXELS (one large
+    """Refuse a job whose items' decoded pixels, summed, pass ARRCOC_LIMITS__MAX_JOB_MEGAPIXELS (one large
     image named by many manifest rows counts once a row), from the headers alone. Returns each
     file's decoded (width, height); one whose header cannot be read counts as the pixel limit, and
     as a picture of the largest overlay."""
-    side = settings.overlay_max_side
+    side = settings.jobs.overlay_max_side
     sizes: dict[str, tuple[int, int] | None] = {}
     for name in dict.fromkeys(name for name, _ in pairs):
         if name in spans:
             start, length, _ = spans[name]
-            head: bytes | memoryview = view[start : start + min(length, HEADER_BYTES)]
+            head: bytes | memoryview = view[start : start + min(length, HEADER_READ_BYTES)]
         else:
             try:
                 with zf.open(by_name[name]) as src:
-                    head = src.read(HEADER_BYTES)
+                    head = src.read(HEADER_READ_BYTES)
             except Exception:  # noqa: BLE001 -- a broken entry is refused when it is extracted
                 head = b""
         sizes[name] = _decoded_size(head, side)
-    pixels = {n: size[0] * size[1] if size else settings.max_image_pixels for n, size in sizes.items()}
+    pixels = {n: size[0] * size[1] if size else settings.limits.max_image_pixels for n, size in sizes.items()}
     total = sum(pixels[name] for name, _ in pairs) / 1e6
-    if total > settings.max_job_megapixels:
+    if total > settings.limits.max_job_megapixels:
         raise InvalidInputError(
             f"The job is {total:,.0f} megapixels of decoding ({len(pairs)} items); the limit is"
-            f" {settings.max_job_megapixels:,.0f} (ARRCOC_MAX_JOB_MEGAPIXELS). Split it into smaller jobs"
+            f" {settings.limits.max_job_megapixels:,.0f} (ARRCOC_LIMITS__MAX_JOB_MEGAPIXELS). Split it into smaller jobs"
             " or downscale the images."
         )
     return {n: size or (side, side) for n, size in sizes.items()}

@@ -65,9 +65,9 @@ def create_batch_job(
     jd.mkdir(parents=True)
     try:
         items = unpack(archive, query, jd, settings, owner, paid_by=paid_by, pictures=drawn != "none")
-        chunk = max(1, settings.batch_chunk_items)
+        chunk = max(1, settings.batching.chunk_items)
         # job.json is the reaper's: it tells when the folder's files go
-        (jd / "job.json").write_text(json.dumps({"expires_at": time.time() + settings.job_ttl_s}))
+        (jd / "job.json").write_text(json.dumps({"expires_at": time.time() + settings.jobs.ttl_s}))
         record = {
             "controls": (controls or Controls()).to_wire(),
             "overlays": drawn,
@@ -77,7 +77,7 @@ def create_batch_job(
             job_id,
             JobKind.BATCH,
             len(items),
-            settings.job_ttl_s,
+            settings.jobs.ttl_s,
             record | ({"owner": owner} if owner else {}),
         )
     except BaseException:
@@ -109,7 +109,7 @@ def steps_in_flight(host: EngineHost, settings: Settings) -> int:
     """Steps of a chunk run at once: several on an accelerator, where one step decodes and runs
     while another's results are drawn (docs/service.md#concurrency); one on a CPU, where the
     engine's threads take every core that a second step's decoding would compete for."""
-    return 1 if host.on_cpu else settings.batch_steps_in_flight
+    return 1 if host.on_cpu else settings.batching.steps_in_flight
 
 
 def steps_of(group: list[Item], size: int) -> list[list[Item]]:
@@ -177,7 +177,7 @@ def run_chunk(
     suspect: list[Item] = []
     skipped: list[tuple[Item, str]] = []
     for it, n in zip(todo, attempts, strict=True):
-        if n >= settings.max_redeliveries:
+        if n >= settings.jobs.max_redeliveries:
             skipped.append(
                 (
                     it,
@@ -191,7 +191,7 @@ def run_chunk(
     stages: dict[str, float] = {}
     processed = 0
     # a job run whole from its start (in-process, or one Celery chunk) writes results.zip as it goes
-    streamed = ResultsZip(jd, settings.results_jsonl) if len(fresh) == len(every) else None
+    streamed = ResultsZip(jd, settings.jobs.results_jsonl) if len(fresh) == len(every) else None
     yielded: list[bool] = []
 
     asked: list[bool] = []
@@ -282,7 +282,7 @@ def _run_group(
     recorded after the one before it, so while one writes, the next is on the device. This thread
     hands the steps out, asking before each whether the job was cancelled, another owner waits
     (`yield_now`) or the deadline passed; what was handed out is recorded whatever stops it."""
-    fmt = "none" if drawn == "none" else settings.overlay_format
+    fmt = "none" if drawn == "none" else settings.jobs.overlay_format
     kind = DEFAULT_OVERLAY_KIND if drawn == "none" else drawn
     sink = _Sink(job_id, jd, store, OVERLAY_EXTENSIONS.get(fmt, ""), stages, streamed)
     in_flight = steps_in_flight(host, settings)
@@ -428,7 +428,7 @@ def maybe_finalize(
         if streamed is not None and streamed.complete(st.total):
             streamed.finish()
         else:
-            build_results_zip(jd, settings.results_jsonl)
+            build_results_zip(jd, settings.jobs.results_jsonl)
     release(jd)  # every item recorded: its inputs go before anyone sees the job finished
     if before_done is not None:
         before_done()
@@ -455,7 +455,7 @@ def results_zip(job_id: str, store: JobStore, settings: Settings) -> Path:
     jd = job_dir(settings, job_id)
     if st.state == JobState.CANCELLED or (st.state == JobState.FAILED and not (jd / "results.zip").exists()):
         # whatever was recorded before the cancel or the failure (a full disk)
-        return build_results_zip(jd, settings.results_jsonl)
+        return build_results_zip(jd, settings.jobs.results_jsonl)
     if st.state not in (JobState.DONE, JobState.FAILED) or not (jd / "results.zip").exists():
         raise JobError(
             f"Job {job_id} is {st.state.value} ({st.done + st.failed}/{st.total}); fetch it when done."

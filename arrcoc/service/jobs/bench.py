@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ArrcocError, InvalidInputError, JobCancelled, JobError
 from ...settings import BACKENDS, Settings
+from ...tuning import BENCH_STATUS_EVERY_S
 from .files import atomic_write, job_dir, new_job_id
 from .store import JobStore
 from .types import BenchRequest, JobKind, JobState
@@ -25,7 +26,6 @@ _VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
 # harness options a job may set; the rest (cache_dir, weights, startup, ...) belong to the server
 _OPTIONS = {"input_sets": range(1, 9), "dtype": ("float32", "bfloat16")}
-PROGRESS_EVERY_S = 0.5  # progress notes and cancel checks: at most this often (a Redis call each)
 
 
 def _whole(x: object, what: str, lo: int, hi: int) -> int:
@@ -41,17 +41,17 @@ def check_bench_request(request: BenchRequest, settings: Settings) -> BenchReque
     variants, backends, buckets = request.variants, request.backends, request.buckets
     if (
         not variants
-        or len(variants) > s.max_bench_variants
+        or len(variants) > s.jobs.max_bench_variants
         or not all(isinstance(v, str) and _VARIANT.match(v) for v in variants)
     ):
-        raise InvalidInputError(f"Name 1 to {s.max_bench_variants} model variants, e.g. arrcoc-texture.")
+        raise InvalidInputError(f"Name 1 to {s.jobs.max_bench_variants} model variants, e.g. arrcoc-texture.")
     if not backends or not all(isinstance(b, str) and b in BACKENDS for b in backends):
         raise InvalidInputError(f"Backends must be some of {', '.join(BACKENDS)}.")
-    if not buckets or len(buckets) > s.max_bench_buckets:
-        raise InvalidInputError(f"Choose 1 to {s.max_bench_buckets} batch buckets.")
-    buckets = tuple(sorted({_whole(b, "A bucket", 1, max(s.buckets)) for b in buckets}))
-    iterations = _whole(request.iterations, "Iterations", 1, s.max_bench_iterations)
-    warmup = _whole(request.warmup, "Warmup iterations", 0, s.max_bench_warmup)
+    if not buckets or len(buckets) > s.jobs.max_bench_buckets:
+        raise InvalidInputError(f"Choose 1 to {s.jobs.max_bench_buckets} batch buckets.")
+    buckets = tuple(sorted({_whole(b, "A bucket", 1, max(s.engine.buckets)) for b in buckets}))
+    iterations = _whole(request.iterations, "Iterations", 1, s.jobs.max_bench_iterations)
+    warmup = _whole(request.warmup, "Warmup iterations", 0, s.jobs.max_bench_warmup)
     if not isinstance(request.device, str) or not _DEVICE.match(request.device):
         raise InvalidInputError("The device must be auto, cpu or cuda[:N].")
     options = request.options if isinstance(request.options, dict) else None
@@ -85,12 +85,12 @@ def create_bench_job(
                 "job_id": job_id,
                 "kind": "bench",
                 "request": doc,
-                "expires_at": time.time() + settings.job_ttl_s,
+                "expires_at": time.time() + settings.jobs.ttl_s,
             }
         )
     )
     store.create(
-        job_id, JobKind.BENCH, 1, settings.job_ttl_s, {"request": doc} | ({"owner": owner} if owner else {})
+        job_id, JobKind.BENCH, 1, settings.jobs.ttl_s, {"request": doc} | ({"owner": owner} if owner else {})
     )
     return job_id
 
@@ -116,7 +116,7 @@ def run_bench_job(
         return {"job_id": job_id, "skipped": store.record(job_id)["state"]}  # cancelled while queued
     try:
         with (device_lock or nullcontext)():
-            report, note = host.benchmark(request, _progress(store, job_id, settings.bench_time_limit_s))
+            report, note = host.benchmark(request, _progress(store, job_id, settings.jobs.bench_time_limit_s))
         note["interactive_note"] = (
             "Interactive requests and batch chunks on this worker waited while the benchmark held the device."
         )
@@ -151,11 +151,11 @@ def _progress(store: JobStore, job_id: str, time_limit_s: float) -> Callable[[fl
         now = time.monotonic()
         if now - t0 > time_limit_s:
             raise JobCancelled(
-                f"The benchmark ran past its time limit ({time_limit_s:.0f} s, ARRCOC_BENCH_TIME_LIMIT_S)"
+                f"The benchmark ran past its time limit ({time_limit_s:.0f} s, ARRCOC_JOBS__BENCH_TIME_LIMIT_S)"
                 " and was stopped; ask for fewer iterations, buckets or backends."
             )
         if (
-            message == said[0] and now - last[0] < PROGRESS_EVERY_S and fraction < 1
+            message == said[0] and now - last[0] < BENCH_STATUS_EVERY_S and fraction < 1
         ):  # not a Redis call per iteration
             return
         last[0], said[0] = now, message

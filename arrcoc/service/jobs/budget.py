@@ -31,17 +31,13 @@ from pathlib import Path
 
 from ...errors import InvalidInputError
 from ...settings import Settings
+from ...tuning import PICTURE_BYTES_PER_PIXEL, PICTURE_HEADER_BYTES, ROW_BYTES
 
 RESERVED = "reserved.json"
-# What an item's row may take on disk (its maps as JSON numbers), estimated.
-ROW_BYTES = 64 * 1024
-# What an item's overlay picture may take: it is drawn on the photo as decoded, at most
-# `overlay_max_side` a side (never enlarged), and encoded at most 4 bytes a pixel (a PNG of one-pixel
-# rows holds 3 and a filter byte a pixel; a JPEG at quality 90 of noise about 1), its sides rounded up
-# to JPEG's 16-pixel blocks, plus its headers and tables.
-PICTURE_BYTES_PER_PIXEL = 4
+# What an item's row and overlay picture may take (the estimates: arrcoc.tuning): the picture is
+# drawn on the photo as decoded, at most `jobs.overlay_max_side` a side (never enlarged), its sides
+# rounded up to JPEG's 16-pixel blocks.
 PICTURE_BLOCK = 16
-PICTURE_HEADER_BYTES = 4 * 1024
 # An item's row and picture are written twice: in the step's part, then copied into results.zip when
 # results.zip is built from the parts (once when it is written as the job runs). The estimate only
 # reserves: once the job is over, what its folder holds replaces it.
@@ -69,7 +65,7 @@ def outputs_estimate(sizes: Iterable[tuple[int, int]], settings: Settings, pictu
     its overlay, whose size follows its photo's (`sizes`: each item's decoded (width, height), as
     its header says). A tiny photo named by many manifest rows reserves a row each and a tiny
     picture each, not a large photo's."""
-    side = settings.overlay_max_side
+    side = settings.jobs.overlay_max_side
     return OUTPUT_COPIES * sum(ROW_BYTES + (picture_bytes(size, side) if pictures else 0) for size in sizes)
 
 
@@ -146,16 +142,16 @@ def reserve(
     root = job_dir.parent
     with _locked(root):
         total, mine = usage(root, paid_by)
-        if settings.max_data_bytes and total + nbytes > settings.max_data_bytes:
+        if settings.limits.max_data_bytes and total + nbytes > settings.limits.max_data_bytes:
             raise InvalidInputError(
                 f"The service's disk for batch jobs is full: this job needs up to {_gb(nbytes)} and"
-                f" {_gb(max(0, settings.max_data_bytes - total))} of {_gb(settings.max_data_bytes)} are free"
-                " (ARRCOC_MAX_DATA_BYTES). Try again when older jobs have expired, or submit a smaller job."
+                f" {_gb(max(0, settings.limits.max_data_bytes - total))} of {_gb(settings.limits.max_data_bytes)} are free"
+                " (ARRCOC_LIMITS__MAX_DATA_BYTES). Try again when older jobs have expired, or submit a smaller job."
             )
-        if settings.max_owner_bytes and mine + nbytes > settings.max_owner_bytes:
+        if settings.limits.max_owner_bytes and mine + nbytes > settings.limits.max_owner_bytes:
             raise InvalidInputError(
-                f"Your batch jobs hold {_gb(mine)} of the {_gb(settings.max_owner_bytes)} each user may use"
-                f" (ARRCOC_MAX_OWNER_BYTES); this job needs up to {_gb(nbytes)}. Fetch and wait for your"
+                f"Your batch jobs hold {_gb(mine)} of the {_gb(settings.limits.max_owner_bytes)} each user may use"
+                f" (ARRCOC_LIMITS__MAX_OWNER_BYTES); this job needs up to {_gb(nbytes)}. Fetch and wait for your"
                 " earlier jobs to expire, or submit a smaller job."
             )
         job_dir.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import ArrcocError, JobError
 from ...settings import Settings
+from ...tuning import ORPHAN_AGE_S, UNREACHABLE_AGE_S
 from .types import JobKind, JobState
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def new_job_id(kind: JobKind) -> str:
 def job_dir(settings: Settings, job_id: str) -> Path:
     if not _JOB_ID.match(job_id):
         raise JobError(f"{job_id!r} is not a job id (they look like batch-0123456789abcdef).")
-    return Path(settings.data_dir) / "jobs" / job_id
+    return Path(settings.service.data_dir) / "jobs" / job_id
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -41,12 +42,9 @@ def atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-ORPHAN_AGE_S = 24 * 3600  # a job folder without job.json (its creation died) is removed after this
-
-
 def sweep_expired(settings: Settings, now: float | None = None) -> int:
     """Delete job folders whose TTL has passed (and orphans: no job.json a day on); returns how many."""
-    root = Path(settings.data_dir) / "jobs"
+    root = Path(settings.service.data_dir) / "jobs"
     now = now or time.time()
     removed = 0
     for folder in root.iterdir() if root.is_dir() else ():
@@ -66,16 +64,13 @@ def sweep_expired(settings: Settings, now: float | None = None) -> int:
     return removed
 
 
-UNREACHABLE_AGE_S = 600  # a job folder younger than this may still be being created
-
-
 def sweep_unreachable(settings: Settings, store: JobStore, in_memory: bool, now: float | None = None) -> int:
     """Delete the folders of jobs nobody can fetch any more, before their TTL: jobs the store does
     not know or reports expired (a flushed Redis), and, for a store held in a process's memory,
     jobs whose creating process has ended (a restart forgot them). Returns how many."""
     from .budget import creator_gone
 
-    root = Path(settings.data_dir) / "jobs"
+    root = Path(settings.service.data_dir) / "jobs"
     now = now or time.time()
     removed = 0
     for folder in root.iterdir() if root.is_dir() else ():
@@ -126,7 +121,7 @@ class Reaper:
     ):
         self.settings = settings
         self.sweeps: list[Callable[[], object]] = [lambda: sweep_expired(settings), *(extra or [])]
-        self.interval_s = float(interval_s or settings.reap_interval_s)
+        self.interval_s = float(interval_s or settings.jobs.reap_interval_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="arrcoc-reaper", daemon=True)
 

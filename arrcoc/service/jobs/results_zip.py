@@ -1,7 +1,7 @@
 """results.zip: a batch job's parts gathered in index order, one row per recorded item.
 
 results.parquet (each part's rows one row group; stored in the zip only), summary.csv, the
-overlays and, when asked (ARRCOC_RESULTS_JSONL), results.jsonl derived from results.parquet at
+overlays and, when asked (ARRCOC_JOBS__RESULTS_JSONL), results.jsonl derived from results.parquet at
 the end. Built from the parts once every item is recorded (`build_results_zip`: the pictures
 copied from where the parts say they are, as they are stored), or, when a job runs as one chunk
 from its start, as its steps are written: each step's pictures straight into it

@@ -17,9 +17,8 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from ...errors import JobError, ServiceUnavailableError
+from ...tuning import LOST_AFTER_BEATS, TOMBSTONE_S
 from .types import JobKind, JobState, JobStatus
-
-TOMBSTONE_S = 30 * 24 * 3600  # how long "expired" is remembered after a job's TTL
 
 
 class JobStore(ABC):
@@ -377,7 +376,6 @@ class RedisJobStore(JobStore):
         return changed
 
     # -- liveness of running chunks: a worker beats for each chunk it runs (worker/state.py) ------
-    LOST_AFTER_BEATS = 3  # a chunk whose worker missed this many beats is lost
 
     def chunk_alive(self, job_id: str, start: int, stop: int, every_s: float, resume_s: float) -> None:
         key = self.key(job_id, "alive")
@@ -401,7 +399,7 @@ class RedisJobStore(JobStore):
                 (
                     tuple(int(x) for x in span.split("-"))
                     for span, at in marks.items()
-                    if now - float(at) > self.LOST_AFTER_BEATS * every
+                    if now - float(at) > LOST_AFTER_BEATS * every
                 )
             )
         except ValueError:
