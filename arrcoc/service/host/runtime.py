@@ -1,4 +1,5 @@
-"""One engine per process: the pipeline, the device lock and the dynamic batcher.
+"""One engine per process: the engine, the device lock, and per backend the host's one pipeline
+(gather: the dynamic batcher -> decode -> engine -> outputs: arrcoc.service.host.stages).
 
 Both executors run work through a Runtime, so a result is the same whichever one served it.
 Nothing here touches the device until first use (`pipeline` is built lazily), so a Celery

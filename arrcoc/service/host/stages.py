@@ -64,15 +64,19 @@ class Stages:
         # on a GPU that decodes JPEGs, a gathered batch decodes on a stream of its own while the
         # device runs the batch before (the gather stage overlaps them); elsewhere nothing to overlap
         self.overlap = pipe.decoder.gpu
-        self._stream = torch.cuda.Stream(pipe.device) if self.overlap else None
+
+    @functools.cached_property
+    def _stream(self) -> torch.cuda.Stream:
+        """The decode stage's own CUDA stream (made on first use: a step never decodes on it)."""
+        return torch.cuda.Stream(self.pipe.device)
 
     # -- decode ----------------------------------------------------------------------------
     def decode(self, requests: list[PreparedRequest]) -> list[PreparedRequest | ArrcocError]:
         """An interactive batch: what `prepare` left for the GPU decoded, per request the request
         with its pixels or its ImageError (off the GPU decoder, the requests as they came)."""
-        stream = self._stream
-        if stream is None:
+        if not self.overlap:
             return requests
+        stream = self._stream
         t0 = time.perf_counter()
 
         def stamp() -> float:
