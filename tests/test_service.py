@@ -94,6 +94,22 @@ def test_zip_with_one_query_and_with_manifests(settings, tmp_path):
 
 
 # -- the dynamic batcher ---------------------------------------------------------------------
+class StandIn:
+    """The stages a batcher runs its batches through (arrcoc.service.host.stages.Stages) as plain
+    functions: `run` runs a batch at once; `launch` starts it and returns its wait; with `overlap`
+    the batcher gathers and decodes the next batch while the last one runs."""
+
+    def __init__(self, run=None, decode=None, launch=None, overlap=False):
+        self.run, self.launch, self.overlap = run, launch, overlap
+        self.decode = decode or (lambda items: items)
+
+    def engine(self, items):
+        if self.launch is not None:
+            return self.launch(items)
+        results = self.run(items)
+        return lambda: results
+
+
 def test_batcher_coalesces_concurrent_requests_and_keeps_order():
     seen: list[int] = []
 
@@ -102,7 +118,7 @@ def test_batcher_coalesces_concurrent_requests_and_keeps_order():
         time.sleep(0.02)
         return [ValueError(f"bad {x}") if x == 13 else x * 10 for x in items]
 
-    b = DynamicBatcher(run, max_batch=8, max_delay_s=0.05)
+    b = DynamicBatcher(StandIn(run), max_batch=8, max_delay_s=0.05)
     futures = [b.submit(i) for i in range(40)]
     assert [f.result(5) for i, f in enumerate(futures) if i != 13] == [i * 10 for i in range(40) if i != 13]
     with pytest.raises(ValueError, match="bad 13"):
@@ -122,7 +138,7 @@ def test_a_lone_request_runs_at_once_unless_told_to_wait_when_idle():
     """At low load the batching delay only adds latency: a request with nobody else waiting (after
     a batch of one) runs at once; `idle_wait` restores Triton's rule (always wait the delay)."""
     for idle_wait, at_least, at_most in ((False, 0.0, 0.5), (True, 1.0, 5.0)):
-        b = DynamicBatcher(lambda items: items, max_batch=8, max_delay_s=1.0, idle_wait=idle_wait)
+        b = DynamicBatcher(StandIn(lambda items: items), max_batch=8, max_delay_s=1.0, idle_wait=idle_wait)
         for i in range(2):  # the first, and one after a batch of one
             t0 = time.perf_counter()
             assert b.submit(i).result(10) == i
@@ -132,7 +148,9 @@ def test_a_lone_request_runs_at_once_unless_told_to_wait_when_idle():
 
 def test_batcher_off_runs_one_at_a_time():
     sizes = []
-    b = DynamicBatcher(lambda items: sizes.append(len(items)) or items, max_batch=1, max_delay_s=0.01)
+    b = DynamicBatcher(
+        StandIn(lambda items: sizes.append(len(items)) or items), max_batch=1, max_delay_s=0.01
+    )
     threads = [threading.Thread(target=lambda i=i: b.submit(i).result(5)) for i in range(10)]
     [t.start() for t in threads]
     [t.join() for t in threads]
@@ -141,9 +159,9 @@ def test_batcher_off_runs_one_at_a_time():
 
 
 def test_pipelined_batcher_gathers_the_next_batch_while_the_device_runs_one():
-    """With prepare_batch (a GPU decodes a batch's JPEGs) one thread starts batch k on the device,
-    gathers batch k+1 from what arrived meanwhile, hands batch k out, then prepares batch k+1; an item
-    that fails to prepare fails alone; every other caller gets its own result."""
+    """With overlap (a GPU decodes a batch's JPEGs) one thread starts batch k on the device,
+    gathers batch k+1 from what arrived meanwhile, hands batch k out, then decodes batch k+1; an item
+    that fails to decode fails alone; every other caller gets its own result."""
     log, threads, futures = [], set(), []
 
     def prepare(items):
@@ -165,12 +183,10 @@ def test_pipelined_batcher_gathers_the_next_batch_while_the_device_runs_one():
 
     # idle_wait: the first four gather into one batch (with the device idle they would go at once)
     b = DynamicBatcher(
-        lambda items: pytest.fail("runs through launch_batch"),
+        StandIn(decode=prepare, launch=launch, overlap=True),
         max_batch=8,
         max_delay_s=0.05,
-        prepare_batch=prepare,
         idle_wait=True,
-        launch_batch=launch,
         name="pipelined",
     )
     futures.extend(b.submit(i) for i in range(4))
@@ -192,7 +208,8 @@ def test_pipelined_batcher_gathers_the_next_batch_while_the_device_runs_one():
     assert threads == {"pipelined"}
     # a lone request with the device idle: prepared, started and handed out at once
     lone = DynamicBatcher(
-        lambda items: [threading.current_thread().name for _ in items], prepare_batch=prepare, name="lone"
+        StandIn(lambda items: [threading.current_thread().name for _ in items], prepare, overlap=True),
+        name="lone",
     )
     t0 = time.perf_counter()
     assert lone.submit(1).result(5) == "lone"
@@ -214,7 +231,7 @@ def test_pipelined_batcher_gathers_while_the_device_is_busy_and_goes_when_it_is_
             assert release.wait(5)
         return items
 
-    b = DynamicBatcher(run, max_batch=8, max_delay_s=2.0, prepare_batch=lambda items: items)
+    b = DynamicBatcher(StandIn(run, overlap=True), max_batch=8, max_delay_s=2.0)
     t0 = time.perf_counter()
     futures = [b.submit(i) for i in range(3)]  # the engine is idle: they go without the 2 s delay
     deadline = time.monotonic() + 5
@@ -308,9 +325,9 @@ def test_a_runtime_leaves_a_lent_pipeline_open(settings):
 
 
 def test_the_device_is_held_from_launch_to_collect_and_never_left_held(settings, monkeypatch):
-    """The batcher starts a batch (`launch_batch`) and collects it later on the same thread: the
-    device is held in between (a benchmark waits) and given back on every path — results, one bad
-    item failing alone, a lone bad item raising. A device left held would stall the worker."""
+    """The engine stage starts a batch (`Stages.engine`) and collects it later on the same thread:
+    the device is held in between (a benchmark waits) and given back on every path — results, one
+    bad item failing alone, a lone bad item. A device left held would stall the worker."""
     from arrcoc.service.host.runtime import Runtime
 
     def free() -> bool:  # whether another thread can take the device now
@@ -328,10 +345,11 @@ def test_the_device_is_held_from_launch_to_collect_and_never_left_held(settings,
 
     rt = Runtime(settings)
     try:
+        stages = rt.stages_for(None)
         good = [rt.prepare(png_bytes(i), "the sky", Controls()) for i in range(2)]
-        wait = rt.launch_batch(good)
+        wait = stages.engine(good)
         assert not free(), "the device must be held until the batch is collected"
-        results = wait()
+        results = [r() for r in wait()]
         assert free() and [r.grid for r in results] == [results[0].grid] * 2
         assert [r.relevance.tolist() for r in results] == [
             r.relevance.tolist() for r in rt.pipeline.run(good)
@@ -346,12 +364,66 @@ def test_the_device_is_held_from_launch_to_collect_and_never_left_held(settings,
 
         monkeypatch.setattr(rt.pipeline, "launch", refusing)
         bad = dataclasses.replace(good[0], query="bad")
-        out = rt.launch_batch([good[0], bad, good[1]])()
+        out = stages.engine([good[0], bad, good[1]])()
         assert free()
-        assert isinstance(out[1], InvalidInputError) and out[0].grid == out[2].grid == results[0].grid
-        with pytest.raises(InvalidInputError, match="a bad item"):
-            rt.launch_batch([bad])
-        assert free()
+        assert isinstance(out[1], InvalidInputError) and out[0]().grid == out[2]().grid == results[0].grid
+        [alone] = stages.engine([bad])()
+        assert isinstance(alone, InvalidInputError) and free()
+    finally:
+        rt.close()
+
+
+def test_one_bad_item_in_an_engine_call_fails_alone_on_both_paths(settings, monkeypatch, caplog):
+    """An engine call that raises for one item (a tokenizer refusing its query: the encoder runs
+    inside the engine call) runs again item by item through the one isolation function
+    (arrcoc.service.host.isolation.isolated), whichever way the batch came: gathered from
+    concurrent interactive requests, or a batch job's step. The bad item gets its error, its
+    neighbours the results they get without it."""
+    from arrcoc.service.host.runtime import Runtime
+
+    # four interactive requests wait for each other (idle_wait, a long delay) and go as one batch
+    rt = Runtime(
+        settings.model_copy(
+            update={"batch_max_size": 4, "batch_max_delay_ms": 30_000, "batch_idle_wait": True}
+        )
+    )
+    try:
+        images = [png_bytes(i) for i in range(4)]
+        queries = ["the sky", "the sea", "refused", "the mug"]
+        expected = rt.pipeline.infer(
+            [images[i] for i in (0, 1, 3)], [queries[i] for i in (0, 1, 3)]
+        )  # before the stand-in: the neighbours' own results
+        encode = rt.pipeline.encoder.encode
+
+        def tokenizer(texts):
+            if "refused" in ([texts] if isinstance(texts, str) else texts):
+                raise TypeError("the tokenizer refused a query")
+            return encode(texts)
+
+        monkeypatch.setattr(rt.pipeline.encoder, "encode", tokenizer)
+        caplog.set_level("WARNING", logger="arrcoc.service.host.isolation")
+
+        def ask(i):
+            try:
+                return rt.infer(images[i], queries[i], Controls(), 60)
+            except Exception as e:  # noqa: BLE001 -- the bad item's error is what is asserted
+                return e
+
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(ask, range(4)))
+        assert isinstance(got[2], TypeError) and "refused" in str(got[2])
+        for r, want in zip([got[i] for i in (0, 1, 3)], expected, strict=True):
+            assert r.query == want.query and np.allclose(r.relevance, want.relevance, atol=1e-5)
+        assert "batch of 4 failed (TypeError" in caplog.text
+
+        caplog.clear()
+        step = rt.process(images, queries, Controls(), "none")
+        assert step.outputs.ok.tolist() == [True, True, False, True]
+        assert step.errors[2] is not None and "refused" in step.errors[2]
+        assert [e for i, e in enumerate(step.errors) if i != 2] == [None] * 3
+        for i, want in zip((0, 1, 3), expected, strict=True):
+            assert np.allclose(step.outputs.relevance[i], want.relevance, atol=1e-5)
+        assert "batch of 4 failed (TypeError" in caplog.text
     finally:
         rt.close()
 

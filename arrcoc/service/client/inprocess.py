@@ -1,6 +1,6 @@
 """InProcessExecutor: no Redis. Threads in this process; batch jobs in the data dir.
 
-Interactive requests go through the same dynamic batcher and `Runtime.run_batch` as a Celery
+Interactive requests go through the same dynamic batcher and engine host pipeline as a Celery
 worker; batch and benchmark jobs run on one job thread (the device is one) through the same
 functions (`arrcoc.service.jobs`), jobs of different owners taking turns (`FairScheduler`).
 Job state lives in memory: it survives a browser refresh, not a restart.

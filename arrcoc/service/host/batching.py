@@ -1,19 +1,19 @@
-"""Dynamic batching: coalesce concurrent requests into one engine call (Triton-style).
+"""The gather stage: concurrent requests into one engine call (Triton-style dynamic batching).
 
-Callers `submit()` an item from any thread and wait on the returned Future. One batching thread
-takes the first waiting item, then keeps collecting until `max_batch` items are in hand or
-`max_delay_s` has passed since that first item arrived, and runs them as one batch. Under load
-the backlog that queued during the last batch runs at once; when idle a request waits at most
-`max_delay_s`.
+Callers `submit()` an item from any thread and wait on the returned Future. The batcher's one
+thread runs the engine host's pipeline for them (`arrcoc.service.host.stages`): it gathers a
+batch, decodes it (`stages.decode`), starts it on the device (`stages.engine`) and hands its
+results out. A batch gathers until `max_batch` items are in hand or `max_delay_s` has passed
+since its first arrived; under load the backlog that queued during the last batch goes at once;
+when idle a request waits at most `max_delay_s`.
 
-With `prepare_batch` (on a GPU: decode a batch's JPEGs) the batching thread runs a pipeline on its
-own: it starts batch k on the device (`launch_batch`), gathers batch k+1 from what queued meanwhile
-while the device runs, waits for batch k and hands its results out, then prepares batch k+1 — and
-while that decodes (nvJPEG holds no GIL) batch k's callers send their next requests, which batch
-k+2 gathers at once. Two threads handing batches to each other under one GIL take turns more than they overlap
-(docs/service.md#concurrency). A batch
-gathers while the device is busy and as long as callers keep arriving; with the device idle, what
-has queued goes at once.
+With `stages.overlap` (on a GPU that decodes JPEGs) the one thread overlaps the stages: it
+starts batch k on the device, gathers batch k+1 from what queued meanwhile while the device runs,
+waits for batch k and hands its results out, then decodes batch k+1 — and while that decodes
+(nvJPEG holds no GIL) batch k's callers send their next requests, which batch k+2 gathers at
+once. Two threads handing batches to each other under one GIL take turns more than they overlap
+(docs/service.md#concurrency). A batch gathers while the device is busy and as long as callers
+keep arriving; with the device idle, what has queued goes at once.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ...errors import ArrcocError, DeadlineExceeded
 from ...tuning import IDLE_GATHER_S
@@ -41,39 +41,32 @@ class _Request:
     enqueued: float = field(default_factory=time.monotonic)
 
 
-# run_batch(items) -> one result or one exception per item, in order
-RunBatch = Callable[[list[Any]], Sequence[Any]]
-# prepare_batch(items) -> per item the item ready to run, or the exception it failed with
-PrepareBatch = Callable[[list[Any]], Sequence[Any]]
-# launch_batch(items) -> a function that waits for the batch started: one result or exception per item
-LaunchBatch = Callable[[list[Any]], Callable[[], Sequence[Any]]]
+class BatchStages(Protocol):
+    """What the gather stage runs a batch through (arrcoc.service.host.stages.Stages)."""
 
+    # whether the engine runs a batch while the next gathers and decodes (a GPU that decodes JPEGs)
+    overlap: bool
 
-def _at_once(run_batch: RunBatch) -> LaunchBatch:
-    """run_batch as a launch: run now, the results ready when asked for."""
+    def decode(self, items: list[Any]) -> Sequence[Any]:
+        """Per item the item ready for the engine, or the exception it failed with."""
+        ...
 
-    def launch(items: list[Any]) -> Callable[[], Sequence[Any]]:
-        results = run_batch(items)
-        return lambda: results
-
-    return launch
+    def engine(self, items: list[Any]) -> Callable[[], Sequence[Any]]:
+        """Start the batch; the returned function waits for it: one result or exception per item."""
+        ...
 
 
 class DynamicBatcher:
     def __init__(
         self,
-        run_batch: RunBatch,
+        stages: BatchStages,
         max_batch: int = 32,
         max_delay_s: float = 0.005,
         name: str = "batcher",
         idle_wait: bool = False,
-        prepare_batch: PrepareBatch | None = None,
-        launch_batch: LaunchBatch | None = None,
     ):
         assert max_batch >= 1 and max_delay_s >= 0
-        self.run_batch = run_batch
-        self.prepare_batch = prepare_batch
-        self.launch_batch = launch_batch or _at_once(run_batch)
+        self.stages = stages
         self.idle_wait = idle_wait
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
@@ -81,8 +74,7 @@ class DynamicBatcher:
         self._last_size = 0  # the size of the last batch gathered
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._closed = False
-        loop = self._loop if prepare_batch is None else self._pipelined_loop
-        self._thread = threading.Thread(target=loop, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, item: Any, deadline: float | None = None) -> Future:
@@ -99,35 +91,55 @@ class DynamicBatcher:
             self._queue.put(None)
             self._thread.join(timeout)
 
-    # -- gathering a batch -------------------------------------------------------------------
-    def _collect(self, first: _Request) -> list[_Request]:
-        """A batch that starts with `first`, the device idle."""
+    # -- the one loop ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        """Start the decoded batch on the device, gather the next, hand the started one out,
+        decode the next; repeat. Without `overlap` the started batch is handed out before the next
+        gathers (the engine ran it already)."""
+        ahead: tuple[list[_Request], list[Any]] | None = None  # decoded, to run next
+        closing = False
+        while ahead is not None or not closing:
+            running = self._engine(*ahead) if ahead is not None else None
+            busy = running is not None and self.stages.overlap  # the device runs it meanwhile
+            if running is not None and not busy:
+                self._finish(*running)
+            batch = None if closing else self._gather(busy)
+            closing = closing or batch is None
+            if busy:  # handed out before the next batch decodes: while it decodes (nvJPEG
+                self._finish(*running)  # holds no GIL) these callers send their next requests
+            ahead = self._decoded(self._live(batch or []))
+        self._fail_queued()
+
+    # -- gather ------------------------------------------------------------------------------
+    def _gather(self, busy: bool) -> list[_Request] | None:
+        """The next batch (None: the batcher is closing). With the device `busy`: what has queued
+        and whoever keeps arriving (under load, the callers of the batch handed out last are
+        sending their next), empty if nobody is there. With it idle: the first request waited
+        for, then company until the delay since it arrived (Triton's max queue delay: one that
+        already waited out a running batch goes with whatever queued meanwhile, at once)."""
+        if busy:
+            wait = IDLE_GATHER_S if self._last_size > 1 else 0.0  # at low load nobody is coming
+            try:
+                first = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
+            except queue.Empty:
+                return []
+        else:
+            first = self._queue.get()
+        if first is None:
+            return None
         batch = [first]
-        if not self.idle_wait and self._last_size <= 1 and self._queue.empty():
+        until, gap = first.enqueued + self.max_delay_s, None
+        if busy:
+            gap = IDLE_GATHER_S
+        elif not self.idle_wait and self._last_size <= 1 and self._queue.empty():
             # low load (the last batch was one request, and nobody else is waiting): run it at
             # once; waiting for company that is not coming only adds the delay to its latency.
             # Under load batches are larger, and the delay gathers them.
             return batch
-        # the delay counts from when the first request arrived (Triton's max queue delay): one that
-        # already waited out a running batch goes with whatever else queued meanwhile, at once
-        until = first.enqueued + self.max_delay_s
-        if self.prepare_batch is not None and not self.idle_wait:
+        elif self.stages.overlap and not self.idle_wait:
             # nothing runs on the device: gathering longer only adds to every caller's latency
             until = min(until, first.enqueued + IDLE_GATHER_S)
-        return self._more(batch, until, None)
-
-    def _gather(self) -> list[_Request]:
-        """The next batch while one runs on the device: what has queued, and whoever keeps
-        arriving (under load, the callers of the batch handed out last are sending their next)."""
-        wait = IDLE_GATHER_S if self._last_size > 1 else 0.0  # at low load nobody is coming
-        try:
-            first = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
-        except queue.Empty:
-            return []
-        if first is None:
-            self._queue.put(None)
-            return []
-        return self._more([first], first.enqueued + self.max_delay_s, IDLE_GATHER_S)
+        return self._more(batch, until, gap)
 
     def _more(self, batch: list[_Request], until: float, gap: float | None) -> list[_Request]:
         """Add to `batch` until it is full, `until` passes or, with `gap`, nobody arrived for that long."""
@@ -162,67 +174,33 @@ class DynamicBatcher:
             self._last_size = len(live)
         return live
 
-    # -- running -------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                break
-            live = self._live(self._collect(first))
-            if live:
-                self._hand_out(live, self._call(self.run_batch, live, [r.item for r in live]))
-        self._fail_queued()
-
-    def _pipelined_loop(self) -> None:
-        """Start batch k on the device, gather batch k+1, hand batch k out, prepare batch k+1; repeat."""
-        ahead: tuple[list[_Request], list[Any]] | None = None  # prepared, to run next
-        closing = False
-        while ahead is not None or not closing:
-            running = self._launch(*ahead) if ahead is not None else None
-            live, closing = self._next_batch(running is not None, closing)
-            if running is not None:  # handed out before the next batch is prepared: while it
-                self._finish(*running)  # decodes (nvJPEG holds no GIL) these callers send their next
-            ahead = self._prepared(live)
-        self._fail_queued()
-
-    def _next_batch(self, busy: bool, closing: bool) -> tuple[list[_Request], bool]:
-        """The next batch's live requests, and whether the batcher is closing: gathered while the
-        device is busy, else waited for (until close() says stop)."""
-        if busy:
-            return self._live(self._gather()), closing
-        if closing:
-            return [], True
-        first = self._queue.get()
-        if first is None:
-            return [], True
-        return self._live(self._collect(first)), False
-
-    def _prepared(self, live: list[_Request]) -> tuple[list[_Request], list[Any]] | None:
-        """prepare_batch over the live requests: those that failed hear why; None if none is left."""
+    # -- decode, engine, hand out -----------------------------------------------------------
+    def _decoded(self, live: list[_Request]) -> tuple[list[_Request], list[Any]] | None:
+        """The decode stage over the live requests: those that failed hear why; None if none is left."""
         if not live:
             return None
-        ready = self._ready(live, self._call(self.prepare_batch, live, [r.item for r in live]))
+        ready = self._ready(live, self._call(self.stages.decode, live, [r.item for r in live]))
         return ready if ready[0] else None
 
     def _finish(self, live: list[_Request], wait: Callable[[], Sequence[Any]]) -> None:
         """Wait for a launched batch and hand its results out."""
         self._hand_out(live, self._call(lambda _: wait(), live, []))
 
-    def _launch(
+    def _engine(
         self, live: list[_Request], items: list[Any]
     ) -> tuple[list[_Request], Callable[[], Sequence[Any]]]:
         try:
-            return live, self.launch_batch(items)
+            return live, self.stages.engine(items)
         except BaseException as e:  # noqa: BLE001 -- every caller of the batch hears why
             log.exception("batch of %d failed to start", len(live))
             failed = [e] * len(live)
             return live, lambda: failed
 
     @staticmethod
-    def _ready(live: list[_Request], prepared: Sequence[Any]) -> tuple[list[_Request], list[Any]]:
-        """Callers whose item failed to prepare hear why; the rest go on, with their prepared items."""
+    def _ready(live: list[_Request], decoded: Sequence[Any]) -> tuple[list[_Request], list[Any]]:
+        """Callers whose item failed to decode hear why; the rest go on, with their decoded items."""
         ok = []
-        for req, item in zip(live, prepared, strict=True):
+        for req, item in zip(live, decoded, strict=True):
             if isinstance(item, BaseException):
                 req.future.set_exception(item)
             else:

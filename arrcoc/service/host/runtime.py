@@ -1,4 +1,5 @@
-"""One engine per process: the pipeline, the device lock and the dynamic batcher.
+"""One engine per process: the engine, the device lock, and per backend the host's one pipeline
+(gather: the dynamic batcher -> decode -> engine -> outputs: arrcoc.service.host.stages).
 
 Both executors run work through a Runtime, so a result is the same whichever one served it.
 Nothing here touches the device until first use (`pipeline` is built lazily), so a Celery
@@ -9,11 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from ...engine import create_backend, resolve_device
 from ...engine.base import serving_dtype
 from ...errors import ArrcocError, DeadlineExceeded
 from ...images import ImageLike
-from ...pipeline import BatchResults, PreparedRequest, RelevancePipeline
+from ...pipeline import PreparedRequest, RelevancePipeline
 from ...request import Controls, check_overlay_kind, image_limits
 from ...result import RelevanceResult
 from ...settings import DEFAULT_OVERLAY_KIND, Settings
@@ -32,25 +32,11 @@ from ...tuning import CPU_MAX_BATCH
 from ..codec import error_to_wire
 from ..jobs.types import BenchRequest
 from .batching import DynamicBatcher
-from .interface import MAPS, EngineHost, ProcessedBatch, Progress, StepOutputs
+from .interface import EngineHost, ProcessedBatch, Progress
+from .stages import Stages, on_stream
 
 log = logging.getLogger(__name__)
 
-
-ItemResult = Callable[[], RelevanceResult]  # builds one item's result, in the thread that calls it
-
-
-@contextlib.contextmanager
-def on_stream(stream: torch.cuda.Stream) -> Iterator[None]:
-    """`torch.cuda.stream(stream)` without its device lookups, each of which asks
-    torch.cuda.is_available() (an environment read): the interactive batcher enters a stream for
-    every batch, on its one serial thread (docs/service.md#concurrency)."""
-    previous = torch.cuda.current_stream(stream.device_index)
-    torch.cuda.set_stream(stream)
-    try:
-        yield
-    finally:
-        torch.cuda.set_stream(previous)
 
 
 class Runtime(EngineHost):
@@ -62,7 +48,8 @@ class Runtime(EngineHost):
             self._pipelines[pipeline.backend.name] = pipeline
         self._lent = pipeline
         self._build_lock = threading.RLock()
-        self._batchers: dict[str, DynamicBatcher] = {}
+        self._stages: dict[str, Stages] = {}  # each backend's decode, engine and outputs stages
+        self._batchers: dict[str, DynamicBatcher] = {}  # each backend's gather stage
         self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
         self._streams = threading.local()  # a CUDA stream per thread (_thread_stream)
 
@@ -158,61 +145,24 @@ class Runtime(EngineHost):
         """Check and resize one request in the caller's thread (see RelevancePipeline.prepare)."""
         return self.pipeline.prepare(image, query, controls)
 
+    def stages_for(self, backend: str | None) -> Stages:
+        """The backend's decode, engine and outputs stages (arrcoc.service.host.stages)."""
+        name = self.settings.served_backend(backend)
+        stages = self._stages.get(name)
+        if stages is None:
+            pipe = self.pipeline_for(name)  # build and warm the engine first
+            with self._build_lock:
+                stages = self._stages.get(name)
+                if stages is None:
+                    stages = self._stages[name] = Stages(pipe, self.device_lock)
+        return stages
+
     def run_batch(
         self, items: Sequence[PreparedRequest], backend: str | None = None
     ) -> list[RelevanceResult | Exception]:
-        """Prepared requests -> one result or one error per item."""
-        return self.launch_batch(items, backend)()
-
-    def launch_batch(
-        self, items: Sequence[PreparedRequest], backend: str | None = None
-    ) -> Callable[[], list[RelevanceResult | Exception]]:
-        """`run_batch` in two steps: the engine call started now, the returned function waits for
-        it. The device is held from one to the other (call the function, on this thread)."""
-        launched = self._launch(items, backend)
-        return lambda: [r if isinstance(r, Exception) else r() for r in launched()]
-
-    def _launch(
-        self, items: Sequence[PreparedRequest], backend: str | None
-    ) -> Callable[[], list[ItemResult | Exception]]:
-        """`launch_batch` with each item's result left unbuilt: the interactive batcher hands it to
-        the request's own thread, which builds it (arrcoc.pipeline.BatchResults)."""
-        pipe = self.pipeline_for(backend)
-        self.device_lock.acquire()
-        try:
-            collect = pipe.launch(list(items))
-        except ArrcocError:
-            try:
-                if len(items) == 1:
-                    raise
-                results = self._one_by_one(pipe, items)  # one bad item must not fail its neighbours
-            finally:
-                self.device_lock.release()
-            return lambda: results
-        except BaseException:
-            self.device_lock.release()
-            raise
-
-        def wait() -> list[ItemResult | Exception]:
-            try:
-                batch = collect()
-            finally:
-                self.device_lock.release()
-            return [functools.partial(batch.result, i) for i in range(len(batch))]
-
-        return wait
-
-    @staticmethod
-    def _one_by_one(
-        pipe: RelevancePipeline, items: Sequence[PreparedRequest]
-    ) -> list[ItemResult | Exception]:
-        out: list[ItemResult | Exception] = []
-        for item in items:
-            try:
-                out.append(functools.partial(pipe.launch([item])().result, 0))
-            except ArrcocError as e:
-                out.append(e)
-        return out
+        """Prepared requests -> one result or one error per item (the engine and outputs stages)."""
+        results = self.stages_for(backend).engine(list(items))()
+        return [r if isinstance(r, Exception) else r() for r in results]
 
     # -- batch jobs: bytes to results and overlays, on the engine's device ---------------------
     def process(
@@ -224,14 +174,14 @@ class Runtime(EngineHost):
         backend: str | None = None,
         kind: str = DEFAULT_OVERLAY_KIND,
     ) -> ProcessedBatch:
-        pipe = self.pipeline_for(backend)
+        stages = self.stages_for(backend)
         # on a GPU each calling thread works on a stream of its own, so that calls in flight
         # together (a batch job's pipeline, a worker group's processes) overlap: one's overlays
         # encode while the next decodes; the stage times are this stream's, waited for
-        stream = self._thread_stream(pipe.device)
+        stream = self._thread_stream(stages.pipe.device)
         with on_stream(stream) if stream is not None else contextlib.nullcontext():
             return self._process(
-                pipe,
+                stages,
                 images,
                 queries,
                 controls,
@@ -243,7 +193,7 @@ class Runtime(EngineHost):
 
     def _process(
         self,
-        pipe: RelevancePipeline,
+        stages: Stages,
         images: Sequence[bytes],
         queries: Sequence[str],
         controls: Controls,
@@ -252,16 +202,14 @@ class Runtime(EngineHost):
         backend: str | None,
         sync,
     ) -> ProcessedBatch:
+        """A step entering the pipeline at decode: decode -> engine -> outputs (overlays when asked)."""
         t0 = time.perf_counter()
-        prepared = pipe.prepare_many(
-            images, queries, controls, None if overlay == "none" else self.settings.jobs.overlay_max_side
+                        self.settings.batching.idle_wait,
         )
         sync()  # the stage times below are the device's too
         t1 = time.perf_counter()
         errors = [error_to_wire(p)["message"] if isinstance(p, ArrcocError) else None for p in prepared]
-        outputs = self._run_step(
-            pipe, [None if isinstance(p, ArrcocError) else p[0] for p in prepared], errors
-        )
+        outputs = stages.run_step([None if isinstance(p, ArrcocError) else p[0] for p in prepared], errors)
         t2 = time.perf_counter()
         pictures: list[bytes | None] = [None] * len(prepared)
         done = np.flatnonzero(outputs.ok)
@@ -280,25 +228,6 @@ class Runtime(EngineHost):
         stage_ms = {"decode": (t1 - t0) * 1e3, "engine": (t2 - t1) * 1e3, "render_encode": (t3 - t2) * 1e3}
         return ProcessedBatch(outputs, errors, pictures, stage_ms)
 
-    def _run_step(
-        self, pipe: RelevancePipeline, requests: list[PreparedRequest | None], errors: list[str | None]
-    ) -> StepOutputs:
-        """A step's decoded requests (None where an item already failed) in one engine call, its
-        outputs as columns; an item the engine refuses fails alone (`errors` gets its message)."""
-        ok = [i for i, r in enumerate(requests) if r is not None]
-        ran: list[tuple[list[int], BatchResults]] = []
-        if ok:
-            with self.device_lock:
-                try:
-                    ran.append((ok, pipe.launch([requests[i] for i in ok])()))
-                except ArrcocError:
-                    for i in ok:  # one bad item must not fail its neighbours
-                        try:
-                            ran.append(([i], pipe.launch([requests[i]])()))
-                        except ArrcocError as e:
-                            errors[i] = error_to_wire(e)["message"]
-        return step_outputs(len(requests), ran)
-
     # -- interactive requests: through the batcher -----------------------------------------
     def batcher_for(self, backend: str | None) -> DynamicBatcher:
         name = self.settings.engine.served_backend(backend)
@@ -310,41 +239,14 @@ class Runtime(EngineHost):
                 batcher = self._batchers.get(name)
                 if batcher is None:
                     # each request's result is built by its caller (infer_prepared), not by the batcher
-                    run = lambda items: self._launch(items, name)()  # noqa: E731
-                    launch = lambda items: self._launch(items, name)  # noqa: E731
                     batcher = self._batchers[name] = DynamicBatcher(
-                        run,
+                        self.stages_for(name),
                         size,
                         self.settings.batching.max_delay_ms / 1e3,
                         f"arrcoc-batcher-{name}",
                         self.settings.batching.idle_wait,
-                        self._decode_ahead(name),
-                        launch,
                     )
         return batcher
-
-    def _decode_ahead(self, backend: str):
-        """On a GPU that decodes JPEGs: the batcher's first stage, decoding a batch on a stream of
-        its own while the device runs the batch before (None elsewhere: nothing to overlap)."""
-        pipe = self.pipeline_for(backend)
-        if not pipe.decoder.gpu:
-            return None
-        stream = torch.cuda.Stream(pipe.device)
-
-        def decode(items: list[PreparedRequest]) -> list[PreparedRequest | ArrcocError]:
-            t0 = time.perf_counter()
-
-            def stamp() -> float:
-                # the engine's stream reads these pixels: they must be whole first; and they are
-                # freed only after the engine's outputs came back to the host, so the allocator
-                # may reuse them. (A plain wait: handing the engine a CUDA event instead was no faster.)
-                stream.synchronize()
-                return (time.perf_counter() - t0) * 1e3  # batch_decode_ms, in each result's timings
-
-            with on_stream(stream):
-                return pipe.decode_pending(items, stamp)
-
-        return decode
 
     @property
     def submitted(self) -> int:
@@ -446,45 +348,3 @@ class Runtime(EngineHost):
         for pipe in self._pipelines.values():
             if pipe is not self._lent:
                 pipe.backend.close()
-
-
-def step_outputs(n: int, ran: list[tuple[list[int], BatchResults]]) -> StepOutputs:
-    """The outputs of a step's engine calls (`ran`: each call's items' positions and its outputs)
-    as arrays over the step's n items, each field filled per call, not per item."""
-    if not ran:
-        return StepOutputs.failed(n)
-    first = ran[0][1]
-    grid = first.out.relevance.shape[-1]
-    c = first.requests[0].controls  # one job, one set of controls
-    k = int(c.k)
-    ok = np.zeros(n, bool)
-    maps = {name: np.zeros((n, grid, grid), np.float32) for name in MAPS}
-    selected, budgets = np.zeros((n, k), np.int32), np.zeros((n, k), np.int32)
-    balance, tensions = np.zeros((n, 3), np.float32), np.zeros((n, 3), np.float32)
-    match, bucket = np.zeros(n, np.float32), np.zeros(n, np.int32)
-    size = np.zeros((n, 2), np.int32)
-    for positions, batch in ran:
-        at, out = np.asarray(positions), batch.out
-        ok[at] = True
-        for name in MAPS:
-            maps[name][at] = getattr(out, name)
-        selected[at], budgets[at] = out.order[:, :k], batch.budgets[:, :k]
-        balance[at], tensions[at], match[at] = out.balance, out.tensions, out.match
-        size[at] = [r.size for r in batch.requests]
-        bucket[at] = batch.shared["bucket"]
-    s = first.shared
-    return StepOutputs(
-        ok=ok,
-        selected=selected,
-        budgets=budgets,
-        balance=balance,
-        tensions=tensions,
-        match_score=match,
-        image_size=size,
-        bucket=bucket,
-        token_budget=int(c.token_budget),
-        variant=s["variant"],
-        weights_version=s["weights_version"],
-        backend=s["backend"],
-        **maps,
-    )

@@ -1,9 +1,10 @@
 """One bad item never sinks a batch job, and a job always ends with counts.
 
 `process_isolated` runs a pipeline step on the engine host; an exception the host did not turn
-into an item's error (a tokenizer's TypeError, a bug in a decoder) runs the step again item by
-item, so each item's exception is its own error and its neighbours' results are kept. Errors of
-the transport (the engine process or Redis gone) still end the call: the chunk is redelivered.
+into an item's error (a bug in a decoder, an engine process's failure outside its engine stage)
+runs the step again item by item (`arrcoc.service.host.isolation.isolated`, the engine stage's
+rule too), so each item's exception is its own error and its neighbours' results are kept. Errors
+of the transport (the engine process or Redis gone) still end the call: the chunk is redelivered.
 
 `fail_unrecorded` is the last resort of whoever runs a chunk (the in-process executor, a worker):
 the items a chunk left unrecorded when it died of an exception are recorded as failed with the
@@ -13,13 +14,14 @@ reason, so that the job reaches a final state instead of staying "running" forev
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ...errors import ServiceUnavailableError
 from ...settings import DEFAULT_OVERLAY_KIND, Settings
 from ..codec import error_to_wire
 from ..host.interface import ProcessedBatch, StepOutputs
+from ..host.isolation import done, isolated
 from .archive import load_items
 from .budget import disk_full
 from .files import job_dir
@@ -45,28 +47,30 @@ def process_isolated(
     overlay: str,
     kind: str = DEFAULT_OVERLAY_KIND,
 ) -> ProcessedBatch:
-    """`host.process`, each item's exception its own error."""
-    try:
-        return host.process(images, queries, controls, overlay, kind=kind)
-    except TRANSPORT_ERRORS:
-        raise
-    except Exception as e:
-        if len(images) == 1:
-            log.warning("batch item failed: %s: %s", type(e).__name__, e)
-            return ProcessedBatch(StepOutputs.failed(1), [error_to_wire(e)["message"]], [None], {})
-        log.warning("batch step failed (%s: %s); running its items one by one", type(e).__name__, e)
-    ones = [
-        process_isolated(host, [image], [query], controls, overlay, kind)
-        for image, query in zip(images, queries, strict=True)
-    ]
+    """`host.process`, each item's exception its own error (through `isolated`, as the engine's)."""
+
+    def process(at: list[int]) -> Callable[[], ProcessedBatch]:
+        return done(
+            host.process([images[i] for i in at], [queries[i] for i in at], controls, overlay, kind=kind)
+        )
+
+    ran = isolated(process, range(len(images)), TRANSPORT_ERRORS)()
+    if len(ran) == 1 and isinstance(ran[0][1], ProcessedBatch):
+        return ran[0][1]
+    parts = []
+    for _, got in ran:
+        if isinstance(got, Exception):
+            log.warning("batch item failed: %s: %s", type(got).__name__, got)
+            got = ProcessedBatch(StepOutputs.failed(1), [error_to_wire(got)["message"]], [None], {})
+        parts.append(got)
     stage_ms: dict[str, float] = {}
-    for one in ones:
-        for name, ms in one.stage_ms.items():
+    for part in parts:
+        for name, ms in part.stage_ms.items():
             stage_ms[name] = stage_ms.get(name, 0.0) + ms
     return ProcessedBatch(
-        StepOutputs.concat([one.outputs for one in ones]),
-        [e for one in ones for e in one.errors],
-        [x for one in ones for x in one.overlays],
+        StepOutputs.concat([part.outputs for part in parts]),
+        [e for part in parts for e in part.errors],
+        [x for part in parts for x in part.overlays],
         stage_ms,
     )
 
