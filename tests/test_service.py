@@ -382,11 +382,7 @@ def test_one_bad_item_in_an_engine_call_fails_alone_on_both_paths(settings, monk
     from arrcoc.service.host.runtime import Runtime
 
     # four interactive requests wait for each other (idle_wait, a long delay) and go as one batch
-    rt = Runtime(
-        settings.model_copy(
-            update={"batch_max_size": 4, "batch_max_delay_ms": 30_000, "batch_idle_wait": True}
-        )
-    )
+    rt = Runtime(settings.replace(batching={"max_size": 4, "max_delay_ms": 30_000, "idle_wait": True}))
     try:
         images = [png_bytes(i) for i in range(4)]
         queries = ["the sky", "the sea", "refused", "the mug"]

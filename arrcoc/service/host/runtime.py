@@ -38,7 +38,6 @@ from .stages import Stages, on_stream
 log = logging.getLogger(__name__)
 
 
-
 class Runtime(EngineHost):
     def __init__(self, settings: Settings, pipeline: RelevancePipeline | None = None):
         self.settings = settings
@@ -147,7 +146,7 @@ class Runtime(EngineHost):
 
     def stages_for(self, backend: str | None) -> Stages:
         """The backend's decode, engine and outputs stages (arrcoc.service.host.stages)."""
-        name = self.settings.served_backend(backend)
+        name = self.settings.engine.served_backend(backend)
         stages = self._stages.get(name)
         if stages is None:
             pipe = self.pipeline_for(name)  # build and warm the engine first
@@ -204,7 +203,8 @@ class Runtime(EngineHost):
     ) -> ProcessedBatch:
         """A step entering the pipeline at decode: decode -> engine -> outputs (overlays when asked)."""
         t0 = time.perf_counter()
-                        self.settings.batching.idle_wait,
+        prepared = stages.pipe.prepare_many(
+            images, queries, controls, None if overlay == "none" else self.settings.jobs.overlay_max_side
         )
         sync()  # the stage times below are the device's too
         t1 = time.perf_counter()
