@@ -81,9 +81,8 @@ class E2EConfig:
     # None: the variant's bundled weights, or for a variant whose weights come from the hub (CLIP)
     # random weights of its real shapes ("random": same speed, nothing downloaded; the report says so)
     weights: str | None = None
-    dtype: str = (
-        "auto"  # auto | float32 | bfloat16, as ARRCOC_ENGINE__DTYPE (auto: bfloat16 for CLIP on a GPU)
-    )
+    # auto | float32 | bfloat16, as ARRCOC_ENGINE__DTYPE (auto: bfloat16 for CLIP on a GPU)
+    dtype: str = "auto"
     # 800x600 JPEGs in the batch job; None: ITEMS for the device (a GPU's job runs for seconds)
     items: int | None = None
     large_items: int = 256  # 4032x3024 JPEGs (12 MP)
@@ -109,6 +108,8 @@ class E2EConfig:
 
 
 # what the zip of the largest job may take per item: well above any of the workload's 800x600 JPEGs
+# at least what the disk budget reserves for one of the run's items, its overlay included
+RESERVED_ITEM_BYTES = 8 << 20
 ZIPPED_ITEM_BYTES = 256 * 1024
 # the standard 800x600 job per device type: seconds of work on a GPU, minutes on a small CPU
 ITEMS = {"cuda": 8192, "cpu": 2048}
@@ -411,7 +412,6 @@ def decode_parity(runtime, work: dict[str, list[bytes]]) -> dict[str, Any] | Non
         reqs = [dataclasses.replace(p[0], pixels=px) for p, px in zip(prepared, pixels, strict=True)]
         rows.append((kind, runtime.run_batch(reqs), pixels))
     (_, gpu, gpx), (_, cpu_res, cpx) = rows
-    cpu.close()
     rel = [float(np.abs(a.relevance - b.relevance).max()) for a, b in zip(gpu, cpu_res, strict=True)]
     overlap = [
         len(set(a.selected.tolist()) & set(b.selected.tolist())) / len(a.selected)
@@ -518,15 +518,18 @@ def _max_items(cfg: E2EConfig) -> int:
 
 def _limits(cfg: E2EConfig) -> dict[str, int]:
     """The input limits raised to let the run's largest job in (its items, its zip's entries and
-    bytes); the whole data store for the run's one owner, whose jobs go one after another."""
+    bytes, what it reserves of the disk: a job over several devices is several times the standard
+    one); the whole data store for the run's one owner, whose jobs go one after another."""
     n = _max_items(cfg)
     zipped = max(LimitSettings().max_archive_bytes, n * ZIPPED_ITEM_BYTES)
+    disk = max(LimitSettings().max_data_bytes, n * RESERVED_ITEM_BYTES)
     return {
         "max_batch_items": n,
         "max_archive_entries": n + 16,
         "max_archive_bytes": zipped,
         "max_unpacked_bytes": 2 * zipped,
-        "max_owner_bytes": LimitSettings().max_data_bytes,
+        "max_data_bytes": disk,
+        "max_owner_bytes": disk,
     }
 
 
