@@ -17,8 +17,8 @@ from pathlib import Path
 ROLES = (
     ("client", "_drive"),
     ("engine", "_engine_loop"),
-    ("batcher", "DynamicBatcher._loop"),
-    ("batcher", "DynamicBatcher._pipelined_loop"),  # the one-thread batcher (issue 12's fifth session on)
+    ("batcher", "DynamicBatcher._loop"),  # the gather stage's one loop (arrcoc.service.host.batching)
+    ("batcher", "DynamicBatcher._pipelined_loop"),  # its GPU loop in profiles recorded before the one loop
     ("connection", "EngineServer._serve"),
     ("celery task", "fast_trace_task"),
     ("celery consumer", "asynloop"),

@@ -125,7 +125,7 @@ class Stages:
         ok = [i for i, r in enumerate(requests) if r is not None]
         ran: list[tuple[list[int], BatchResults]] = []
         if ok:
-            for positions, got in self.engine_calls([requests[i] for i in ok])():  # type: ignore[misc]
+            for positions, got in self.engine_calls([r for r in requests if r is not None])():
                 at = [ok[j] for j in positions]
                 if isinstance(got, Exception):
                     for i in at:
@@ -137,11 +137,11 @@ class Stages:
 
 def per_item(ran: list[tuple[list[int], BatchResults | Exception]], n: int) -> list[ItemResult | Exception]:
     """Engine calls' outcomes as one entry per request: a function that builds its result, or its error."""
-    out: list[ItemResult | Exception] = [None] * n  # type: ignore[list-item]
+    out: list[ItemResult | Exception | None] = [None] * n
     for positions, got in ran:
         for j, i in enumerate(positions):
             out[i] = got if isinstance(got, Exception) else functools.partial(got.result, j)
-    return out
+    return out  # type: ignore[return-value] -- every position is some call's
 
 
 def step_outputs(n: int, ran: list[tuple[list[int], BatchResults]]) -> StepOutputs:
