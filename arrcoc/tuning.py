@@ -11,7 +11,7 @@ from __future__ import annotations
 # one gathers until no caller has arrived for this long.
 IDLE_GATHER_S = 0.0005
 # On a CPU a batch costs more per image than one image does (the engine's threads already take
-# every core: benchmarks/2026-11-22-cpu-2core-buckets.md), so there requests run one at a time
+# every core; BENCHMARKS.md's CPU bucket table), so there requests run one at a time
 # unless ARRCOC_BATCHING__MAX_SIZE says otherwise.
 CPU_MAX_BATCH = 1
 # a benchmark's progress (and with it a cancel) crosses the engine process's socket this often
