@@ -39,7 +39,15 @@ COMPRESSION = "snappy"
 # Dictionary encoding only where values repeat: on the maps' floats it costs more than the rest of
 # writing a step and grows the file (docs/service.md, "Batch results").
 DICTIONARY = ["status", "variant", "weights_version", "backend"]
-WRITE_OPTIONS = {"compression": COMPRESSION, "use_dictionary": DICTIONARY}
+
+
+def write_options(schema: pa.Schema) -> dict[str, object]:
+    """ParquetWriter's options for a table of `schema`. Min/max statistics only on the plain
+    columns, which a reader filters on; on the lists (maps, cells, boxes) they would describe
+    every value of every row at once, and computing them is a quarter of writing a row group."""
+    plain = [f.name for f in schema if not pa.types.is_fixed_size_list(f.type)]
+    return {"compression": COMPRESSION, "use_dictionary": DICTIONARY, "write_statistics": plain}
+
 
 # what a step's table is built with per item: (index, file name in the zip, query)
 ItemKey = tuple[int, str, str]
@@ -113,7 +121,7 @@ def _metadata() -> dict[bytes, bytes]:
 def to_bytes(table: pa.Table) -> bytes:
     """A table as a Parquet file of one row group."""
     buf = io.BytesIO()
-    pq.write_table(table, buf, row_group_size=max(1, table.num_rows), **WRITE_OPTIONS)
+    pq.write_table(table, buf, row_group_size=max(1, table.num_rows), **write_options(table.schema))
     return buf.getvalue()
 
 
@@ -149,7 +157,7 @@ class ResultsWriter:
             if not pc.any(pc.equal(table["status"], "ok")).as_py():
                 self._waiting.append(table)
                 return
-            self._writer = pq.ParquetWriter(self.path, table.schema, **WRITE_OPTIONS)
+            self._writer = pq.ParquetWriter(self.path, table.schema, **write_options(table.schema))
             for waiting in self._waiting:
                 self._write(waiting)
             self._waiting = []
@@ -176,7 +184,9 @@ class ResultsWriter:
 
     def close(self) -> None:
         if self._writer is None and self._waiting:  # no item of the job ran
-            self._writer = pq.ParquetWriter(self.path, self._waiting[0].schema, **WRITE_OPTIONS)
+            self._writer = pq.ParquetWriter(
+                self.path, self._waiting[0].schema, **write_options(self._waiting[0].schema)
+            )
             for waiting in self._waiting:
                 self._write(waiting)
             self._waiting = []

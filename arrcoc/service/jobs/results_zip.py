@@ -18,6 +18,7 @@ import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +43,9 @@ from .results import (
     summary_lines,
     write_summary,
 )
+
+# bytes a copy into results.zip moves at once
+COPY_PIECE = 1 << 20
 
 
 class ResultsZip:
@@ -110,12 +114,12 @@ class ResultsZip:
         try:
             self._parquet.close()
             zf = self._zf
-            zf.write(self._parquet.path, RESULTS_NAME)  # stored: Parquet's pages are compressed already
+            with open(self._parquet.path, "rb") as rows:  # stored: Parquet's pages are compressed already
+                _store(zf, RESULTS_NAME, rows)
             if self._summary.tell() == 0:
                 write_summary(pa.table({"index": pa.array([], pa.int32())}), self._summary, header=True)
             self._summary.seek(0)
-            with zf.open(zipfile.ZipInfo(SUMMARY_NAME, time.localtime()[:6]), "w") as out:
-                shutil.copyfileobj(self._summary, out, 1 << 20)
+            _store(zf, SUMMARY_NAME, self._summary)
             if self.jsonl:
                 info = zipfile.ZipInfo(JSONL_NAME, time.localtime()[:6])
                 info.compress_type = zipfile.ZIP_DEFLATED
@@ -161,6 +165,16 @@ class ResultsZip:
             Path(self._summary.name).unlink(missing_ok=True)
         if not self.finished:
             self._parquet.discard()
+
+
+def _store(zf: zipfile.ZipFile, name: str, src: BinaryIO) -> None:
+    """`src`, from where it stands to its end, as the stored entry `name` of `zf`, copied in large
+    pieces (ZipFile.write copies 8 KiB at a time, a Python call and a CRC call each); its size
+    decides whether the entry needs ZIP64."""
+    info = zipfile.ZipInfo(name, time.localtime()[:6])
+    info.file_size = os.fstat(src.fileno()).st_size - src.tell()
+    with zf.open(info, "w") as out:
+        shutil.copyfileobj(src, out, COPY_PIECE)
 
 
 def build_results_zip(jd: Path, jsonl: bool = False) -> Path:
