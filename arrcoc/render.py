@@ -30,7 +30,7 @@ _LUT = np.stack(
 def colorize(values: np.ndarray, vmin: float = 0.0, vmax: float = 1.0) -> np.ndarray:
     """(H, W) floats -> (H, W, 3) uint8 colours."""
     scaled = (np.asarray(values, dtype=np.float64) - vmin) / max(vmax - vmin, 1e-12)
-    return _LUT[np.clip(scaled * 255.0 + 0.5, 0, 255).astype(np.uint8)]
+    return _LUT[np.clip(np.nan_to_num(scaled * 255.0 + 0.5), 0, 255).astype(np.uint8)]
 
 
 def heatmap_image(
@@ -216,7 +216,10 @@ def blend_overlays(views, maps, alpha: float = OVERLAY_ALPHA, max_pixels: int = 
     lut = torch.from_numpy(_LUT).to(device)  # (256, 3) uint8
     grids = torch.as_tensor(np.asarray(maps, dtype=np.float32)).to(device)
     g = grids.shape[-1]
-    heat = lut[(grids * 255.0 + 0.5).clamp_(0, 255).long()].permute(0, 3, 1, 2)  # (B, 3, G, G) uint8
+    # a value that is no number takes the table's first colour: as an index it would be out of
+    # range, which on a GPU is a device-side assert that leaves the process's CUDA context unusable
+    index = (grids * 255.0 + 0.5).nan_to_num_(0.0).clamp_(0, 255).long()
+    heat = lut[index].permute(0, 3, 1, 2)  # (B, 3, G, G) uint8
     out: list = [None] * len(views)
     by_shape: dict[tuple[int, ...], list[int]] = {}
     for i, view in enumerate(views):

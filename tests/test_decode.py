@@ -436,6 +436,25 @@ def test_a_steps_overlays_drawn_as_one_tensor_operation_match_pillows_drawing() 
         assert np.abs(picture.numpy().transpose(1, 2, 0).astype(np.int16) - ref).max() <= 1
 
 
+def test_a_map_that_is_no_number_is_drawn_as_the_lowest_colour_not_an_index_out_of_range() -> None:
+    """A map holding NaN or infinities (a model fault) draws: such a cell takes the colour table's
+    first (NaN, -inf) or last (+inf) colour, as Pillow's drawing of the same map does. As an index
+    it would be out of range: an IndexError on a CPU, and on a GPU a device-side assert that would
+    leave the engine process's CUDA context unusable for every later request."""
+    from arrcoc.render import blend_overlays, overlay
+
+    rng = np.random.default_rng(6)
+    view = rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    bad = rng.random((32, 32)).astype(np.float32)
+    bad[0, 0], bad[5, 7], bad[31, 31] = np.nan, -np.inf, np.inf
+    clean = np.nan_to_num(bad, nan=0.0, posinf=1.0, neginf=0.0)
+    (got,) = blend_overlays([torch.from_numpy(view.transpose(2, 0, 1).copy())], bad[None])
+    (same,) = blend_overlays([torch.from_numpy(view.transpose(2, 0, 1).copy())], clean[None])
+    assert torch.equal(got, same)
+    drawn = np.asarray(overlay(Image.fromarray(view), bad), dtype=np.int16)
+    assert np.abs(got.numpy().transpose(1, 2, 0).astype(np.int16) - drawn).max() <= 1
+
+
 def test_a_png_in_a_gpu_decoded_step_falls_back_alone_and_the_step_runs(monkeypatch) -> None:
     """A batch-job step of JPEGs with a PNG among them on the GPU path: the JPEGs go to the GPU
     decoder in one call, the PNG to Pillow, and every item has its result, the PNG's the same as
