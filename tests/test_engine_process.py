@@ -190,6 +190,40 @@ def test_calls_go_to_the_least_loaded_engine_and_around_one_that_is_gone(served)
     pool.close()
 
 
+def test_an_engine_process_whose_gpu_is_lost_answers_then_exits_to_be_started_again(
+    served, tmp_path, monkeypatch
+):
+    """A CUDA error that sticks to the process's context (a device-side assert) would fail every
+    later call: the engine process answers the call that showed it, then exits (its worker group
+    starts it again; its callers see EngineUnavailableError and try again). A call whose items all
+    ran asks nothing. Stand-in: CI has no GPU whose context can be lost, so the runtime's check
+    says so, and os._exit is recorded instead of ending the test run (the process would be gone)."""
+    import os
+
+    from arrcoc.service.host import engine_process
+
+    runtime, _, _, settings = served
+    asked: list[int] = []
+    exits: list[int] = []
+    lost = "CUDA error: device-side assert triggered"
+    monkeypatch.setattr(runtime, "device_lost", lambda: asked.append(1) or lost)
+
+    monkeypatch.setattr(os, "_exit", exits.append)
+    address = str(tmp_path / "lost.sock")
+    server = EngineServer(runtime, address, KEY)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = EngineClient(settings, address, KEY)
+    try:
+        ok = client.process([png_bytes(0)], ["the sky"], Controls(), "none")
+        assert ok.errors == [None] and not asked and not exits
+        failed = client.process([b"not an image"], ["the sky"], Controls(), "none")
+        assert failed.errors[0] and not failed.outputs.ok[0]  # the answer came first
+        assert asked and exits == [engine_process.EXIT_DEVICE_LOST]
+    finally:
+        client.close()
+        server.close()
+
+
 def test_the_groups_wiring_travels_outside_the_users_settings():
     """Where a group's engines are is the supervisor's wiring, in _ARRCOC_ENGINE_* variables: it
     round-trips, and none of it is an ARRCOC_ setting a user could set by mistake."""

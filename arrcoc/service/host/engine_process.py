@@ -75,6 +75,18 @@ class _Peer:
     conn: Connection
 
 
+# the engine process's exit status once its GPU's context is unusable (its group starts it again)
+EXIT_DEVICE_LOST = 75
+
+
+def _failed(reply: tuple[str, Any]) -> bool:
+    """Whether a reply carries an error: the call's, or an item's of a step."""
+    kind, payload = reply
+    return kind == "err" or (
+        isinstance(payload, ProcessedBatch) and any(e is not None for e in payload.errors)
+    )
+
+
 # -- the server: in the engine process ------------------------------------------------------------
 class EngineServer:
     """Serves one Runtime to local clients: a thread per connection, all sharing its batcher."""
@@ -120,10 +132,24 @@ class EngineServer:
                     reply = ("ok", handler(peer, *args))
                 except Exception as e:  # noqa: BLE001 -- every error goes back to the caller
                     reply = ("err", error_to_wire(e))
+                lost = self.runtime.device_lost() if _failed(reply) else None
                 try:
                     _send(conn, reply)
                 except (OSError, ValueError):
                     return
+                finally:
+                    if lost:
+                        self._exit_lost(lost)
+
+    def _exit_lost(self, why: str) -> None:
+        """The GPU's context is unusable: every later call would fail the same way. This process
+        exits, its worker group starts it again, and the work in flight on it goes back to its
+        callers (EngineUnavailableError: their tasks are tried again, an item that was running
+        counts an attempt)."""
+        log.critical(
+            "the device can run nothing more (%s); this engine process exits to be started again", why
+        )
+        os._exit(EXIT_DEVICE_LOST)
 
     def _count(self, items: int) -> None:
         with self._served_lock:

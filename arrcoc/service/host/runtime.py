@@ -309,6 +309,19 @@ class Runtime(EngineHost):
             stream = self._streams.stream = torch.cuda.Stream(device)
         return stream
 
+    def device_lost(self) -> str | None:
+        """Why this process's GPU can run nothing more, or None. A CUDA error that sticks to the
+        process's context (a device-side assert, an illegal memory access) fails every later call,
+        so it shows in a synchronize; other errors (out of memory, a bad argument) do not."""
+        device = resolve_device(self.settings.engine.device)
+        if device.type != "cuda" or not torch.cuda.is_initialized():
+            return None
+        try:
+            torch.cuda.synchronize(device)
+        except RuntimeError as e:
+            return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None
+
     def warm(self) -> None:
         """Build and warm the default backend's engine and batcher now, not on the first request."""
         self.batcher_for(None)
