@@ -1093,6 +1093,7 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
         f"Over all {n} devices: the batch job has {n} times the items, the callers and client processes are"
         f" {n} times as many.",
     ]
+    lines += _failures_lines(every)
     serial = {k: v for k, v in (("one", report.get("batch_celery")), ("all", every.get("batch_celery"))) if v}
     parallel = {k: chunk_phase(v.get("jpeg_800x600")) for k, v in serial.items()}
     if all(parallel.values()) and len(parallel) == 2:
@@ -1104,6 +1105,27 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
             f" {parallel['all']} on all, **{ratio:.2f}x** ({ratio / n:.2f} of linear).",
         ]
     return lines
+
+
+def _failures_lines(phase: dict[str, Any]) -> list[str]:
+    """What failed in a phase's batch jobs and many-callers rounds, said beside its figures (a
+    figure of a run whose items failed is no speed of the work)."""
+    said = []
+    for row, job in (phase.get("batch_celery") or {}).items():
+        if job.get("failed"):
+            said.append(f"batch job {row}: {job['failed']} of {job['items']} items failed")
+    calls = phase.get("interactive_celery_n") or {}
+    if calls.get("errors"):
+        first = calls["errors"][0].strip().splitlines()[0]
+        said.append(
+            f"many callers: {calls['requests'] - calls.get('ok', 0)} of {calls['requests']} requests failed"
+        )
+    else:
+        first = None
+    if not said:
+        return []
+    why = f" (first error: {first})" if first else ""
+    return ["", f"**Failures**: {'; '.join(said)}{why}."]
 
 
 def _serial_lines(report: dict[str, Any]) -> list[str]:
