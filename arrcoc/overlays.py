@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from . import nvjpeg
 from .foveate import foveate_views
 from .render import blend_overlays, overlay
 from .settings import DEFAULT_OVERLAY_KIND
@@ -48,12 +49,10 @@ def encode(
             for v, m in zip(views, maps, strict=True)
         ]
     if fmt == "jpeg" and views[0].is_cuda:
-        from torchvision.io import encode_jpeg
-
         # torchvision's encoder reads the pictures on a stream of its own, which does not wait
         # for the one they were drawn on
         torch.cuda.current_stream(views[0].device).synchronize()
-        return _to_host_bytes(encode_jpeg(pictures, quality=quality))
+        return _to_host_bytes(nvjpeg.encode(pictures, quality))
     return [_save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality) for a in to_host(pictures)]
 
 

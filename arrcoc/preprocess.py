@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from . import nvjpeg
 from .errors import ArrcocError, InvalidInputError
 from .images import ImageLike, ImageLimits, decode_image, jpeg_complete, jpeg_header, load_image, read_bytes
 
@@ -171,11 +172,8 @@ class Decoder:
         return Pixels(pixels, decoded.size, view)
 
     def _gpu_many(self, encoded: Sequence[Encoded], view_side: int | None) -> list[Pixels | ArrcocError]:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        datas = [jpeg_tensor(e.data) for e in encoded]
         try:
-            decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device)
+            decoded = nvjpeg.decode([jpeg_tensor(e.data) for e in encoded], self.device)
         except RuntimeError:  # one of them nvJPEG refuses (an odd or corrupt JPEG): each on its own
             return [self._gpu_one(e, view_side) for e in encoded]
         return self._finish(
@@ -183,10 +181,8 @@ class Decoder:
         )
 
     def _gpu_one(self, e: Encoded, view_side: int | None) -> Pixels | ArrcocError:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         try:
-            img = decode_jpeg(jpeg_tensor(e.data), mode=ImageReadMode.RGB, device=self.device)
+            (img,) = nvjpeg.decode([jpeg_tensor(e.data)], self.device)
         except RuntimeError:
             try:
                 return self._cpu_one(e.data, view_side)  # Pillow decodes it, or says what is wrong

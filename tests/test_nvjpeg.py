@@ -1,0 +1,104 @@
+"""arrcoc.nvjpeg: torchvision's GPU codecs allocate their outputs on a stream of their own and hand
+them to the caller's. CI has no GPU: torch.cuda's stream calls are fakes that record what happens
+to which stream, and torchvision's codecs fakes that note the stream current while they allocate
+(the only mocks here; on a GPU the bench e2e runs this path). CI has no torchvision either: a
+stand-in module holds the two codecs."""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from arrcoc import nvjpeg
+
+
+@dataclass
+class FakeStream:
+    name: str
+    log: list = field(repr=False)
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.log.append(("wait", self.name, other.name))
+
+    def synchronize(self) -> None:
+        self.log.append(("synchronize", self.name))
+
+
+@dataclass
+class FakeOutput:
+    """An output tensor as the codec returns it: it says on which streams it was marked used."""
+
+    allocated_on: str
+    log: list = field(repr=False)
+    device: torch.device = torch.device("cuda", 0)
+
+    def record_stream(self, stream: FakeStream) -> None:
+        self.log.append(("record", self.allocated_on, stream.name))
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    log: list = []
+    state = {"current": FakeStream("caller", log)}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: state["current"])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: state.__setitem__("current", s))
+    monkeypatch.setattr(
+        torch.cuda, "Stream", lambda device=None, priority=0: FakeStream(f"own{priority}", log)
+    )
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: FakeStream("legacy", log))
+
+    def codec(n):
+        log.append(("codec", state["current"].name))
+        return [FakeOutput(state["current"].name, log) for _ in range(n)]
+
+    io = types.ModuleType("torchvision.io")
+    io.ImageReadMode = types.SimpleNamespace(RGB="RGB")
+    io.decode_jpeg = lambda datas, mode, device: codec(len(datas))
+    io.encode_jpeg = lambda pictures, quality: codec(len(pictures))
+    monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
+    monkeypatch.setitem(sys.modules, "torchvision.io", io)
+    nvjpeg._own_stream.cache_clear()
+    yield log, state
+    nvjpeg._own_stream.cache_clear()
+
+
+def test_a_decodes_outputs_come_from_the_codecs_own_stream_and_go_to_the_callers(gpu):
+    log, state = gpu
+    out = nvjpeg.decode([torch.zeros(4, dtype=torch.uint8)] * 3, torch.device("cuda", 0))
+    assert len(out) == 3
+    assert log == [
+        ("codec", "own-1"),  # allocated on a high-priority stream nothing else runs on
+        ("wait", "caller", "own-1"),
+        *[("record", "own-1", "caller")] * 3,  # freed, each waits for the caller's work on it
+    ]
+    assert state["current"].name == "caller"
+
+
+def test_an_encodes_copies_are_waited_for_and_its_outputs_handed_to_the_caller(gpu):
+    log, state = gpu
+    out = nvjpeg.encode([FakeOutput("caller", [])] * 2, 90)
+    assert len(out) == 2
+    assert log == [
+        ("codec", "own-1"),
+        ("synchronize", "legacy"),  # torchvision's last copy runs on the legacy default stream
+        ("wait", "caller", "own-1"),
+        *[("record", "own-1", "caller")] * 2,
+    ]
+    assert state["current"].name == "caller"
+
+
+def test_the_callers_stream_comes_back_when_the_codec_refuses(gpu, monkeypatch):
+    log, state = gpu
+
+    def refuse(datas, mode, device):
+        raise RuntimeError("nvJPEG: bad stream")
+
+    monkeypatch.setattr(sys.modules["torchvision.io"], "decode_jpeg", refuse)
+    with pytest.raises(RuntimeError, match="bad stream"):
+        nvjpeg.decode([torch.zeros(4, dtype=torch.uint8)], torch.device("cuda", 0))
+    assert state["current"].name == "caller"
