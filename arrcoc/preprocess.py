@@ -28,6 +28,7 @@ from PIL import Image
 from . import nvjpeg
 from .errors import ArrcocError, InvalidInputError
 from .images import ImageLike, ImageLimits, decode_image, jpeg_complete, jpeg_header, load_image, read_bytes
+from .isolation import done, isolated
 
 _PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
@@ -172,23 +173,30 @@ class Decoder:
         return Pixels(pixels, decoded.size, view)
 
     def _gpu_many(self, encoded: Sequence[Encoded], view_side: int | None) -> list[Pixels | ArrcocError]:
-        try:
-            decoded = nvjpeg.decode([jpeg_tensor(e.data) for e in encoded], self.device)
-        except RuntimeError:  # one of them nvJPEG refuses (an odd or corrupt JPEG): each on its own
-            return [self._gpu_one(e, view_side) for e in encoded]
-        return self._finish(
-            [_orient(img, e.orientation) for img, e in zip(decoded, encoded, strict=True)], view_side
-        )
+        """The run in one nvJPEG call; when nvJPEG refuses it (an odd or corrupt JPEG among them),
+        each JPEG alone (`isolated`), and one refused alone goes to Pillow, which decodes it or
+        says what is wrong."""
 
-    def _gpu_one(self, e: Encoded, view_side: int | None) -> Pixels | ArrcocError:
-        try:
-            (img,) = nvjpeg.decode([jpeg_tensor(e.data)], self.device)
-        except RuntimeError:
-            try:
-                return self._cpu_one(e.data, view_side)  # Pillow decodes it, or says what is wrong
-            except ArrcocError as err:
-                return err
-        return self._finish([_orient(img, e.orientation)], view_side)[0]
+        def launch(run: list[Encoded]) -> Callable[[], list[torch.Tensor]]:
+            return done(nvjpeg.decode([jpeg_tensor(e.data) for e in run], self.device))
+
+        images: list[torch.Tensor | None] = [None] * len(encoded)
+        for positions, got in isolated(launch, encoded)():
+            if not isinstance(got, Exception):
+                for i, img in zip(positions, got, strict=True):
+                    images[i] = _orient(img, encoded[i].orientation)
+        ran = [i for i, img in enumerate(images) if img is not None]
+        out: list[Pixels | ArrcocError | None] = [None] * len(encoded)
+        finished = self._finish([images[i] for i in ran], view_side) if ran else []
+        for i, pixels in zip(ran, finished, strict=True):
+            out[i] = pixels
+        for i, img in enumerate(images):
+            if img is None:
+                try:
+                    out[i] = self._cpu_one(encoded[i].data, view_side)
+                except ArrcocError as err:
+                    out[i] = err
+        return out  # type: ignore[return-value] -- every position is filled
 
     def _finish(self, images: list[torch.Tensor], view_side: int | None) -> list[Pixels]:
         """Upright decoded images -> Pixels: the engine's pixels and the overlays' views each

@@ -528,3 +528,43 @@ def test_a_batch_of_large_photos_decodes_in_bounded_calls_in_order(monkeypatch) 
     calls.clear()
     dec.finish(ordinary)
     assert len(calls) == 1
+
+
+def test_a_jpeg_nvjpeg_refuses_goes_to_pillow_alone_and_its_neighbours_stay_on_the_gpu_path(
+    monkeypatch, caplog
+) -> None:
+    """`Decoder._gpu_many`: when the run's one nvJPEG call is refused, each JPEG is tried alone
+    (arrcoc.isolation.isolated, the one place a batch runs again item by item); the one nvJPEG
+    refuses alone goes to Pillow, and its neighbours keep the GPU path's decode and resize.
+    Stand-in: nvJPEG is Pillow's decode that refuses the cat (nvJPEG cannot run in CI; the only
+    mock here)."""
+    import arrcoc.preprocess as pre
+
+    photos = [(EXAMPLES / n).read_bytes() for n in ("coffee.jpg", "chelsea.jpg", "astronaut.jpg")]
+    calls: list[int] = []
+
+    def nvjpeg_decode(datas, device):
+        calls.append(len(datas))
+        if any(bytes(d.numpy()) == photos[1] for d in datas):
+            raise RuntimeError("nvJPEG: unsupported")
+        return [
+            torch.from_numpy(
+                np.asarray(Image.open(io.BytesIO(bytes(d.numpy()))).convert("RGB")).transpose(2, 0, 1).copy()
+            )
+            for d in datas
+        ]
+
+    monkeypatch.setattr(pre.nvjpeg, "decode", nvjpeg_decode)
+    dec = Decoder(torch.device("cpu"), 64, ImageLimits())
+    encoded = [dec._encoded(data) for data in photos]
+    assert all(e is not None for e in encoded)  # headers pass: all three are the GPU's to decode
+    caplog.set_level("WARNING", logger="arrcoc.isolation")
+    coffee, cat, astronaut = dec._gpu_many(encoded, 32)
+    assert calls == [3, 1, 1, 1]  # the run, then each alone
+    assert "running its items one by one" in caplog.text
+    pillow = dec._cpu_one(photos[1], 32)
+    assert torch.equal(cat.pixels, pillow.pixels) and torch.equal(cat.view, pillow.view)  # as on a CPU
+    for got, e in ((coffee, encoded[0]), (astronaut, encoded[2])):  # still the GPU path's
+        alone = dec._gpu_many([e], 32)[0]
+        assert torch.equal(got.pixels, alone.pixels) and torch.equal(got.view, alone.view)
+        assert got.size == alone.size

@@ -376,7 +376,7 @@ def test_the_device_is_held_from_launch_to_collect_and_never_left_held(settings,
 def test_one_bad_item_in_an_engine_call_fails_alone_on_both_paths(settings, monkeypatch, caplog):
     """An engine call that raises for one item (a tokenizer refusing its query: the encoder runs
     inside the engine call) runs again item by item through the one isolation function
-    (arrcoc.service.host.isolation.isolated), whichever way the batch came: gathered from
+    (arrcoc.isolation.isolated), whichever way the batch came: gathered from
     concurrent interactive requests, or a batch job's step. The bad item gets its error, its
     neighbours the results they get without it."""
     from arrcoc.service.host.runtime import Runtime
@@ -397,7 +397,7 @@ def test_one_bad_item_in_an_engine_call_fails_alone_on_both_paths(settings, monk
             return encode(texts)
 
         monkeypatch.setattr(rt.pipeline.encoder, "encode", tokenizer)
-        caplog.set_level("WARNING", logger="arrcoc.service.host.isolation")
+        caplog.set_level("WARNING", logger="arrcoc.isolation")
 
         def ask(i):
             try:

@@ -9,7 +9,7 @@
   step's images, and their overlays' views, together (`RelevancePipeline.prepare_many`).
 - **engine**: one engine call under the device lock, padded to its bucket, started now and
   waited for later (`Stages.engine_calls`); a call that fails to start runs again item by item
-  (`arrcoc.service.host.isolation.isolated`), so a bad item fails only itself.
+  (`arrcoc.isolation.isolated`), so a bad item fails only itself.
 - **outputs**: per interactive request its result, built by the request's own thread
   (`Stages.engine`, `arrcoc.pipeline.BatchResults`); per step its results as columns
   (`Stages.run_step`, `step_outputs`) and its overlays (`Runtime._process`).
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ...isolation import isolated
 from ..codec import error_to_wire
 from .interface import MAPS, StepOutputs
-from .isolation import isolated
 
 if TYPE_CHECKING:
     from ...errors import ArrcocError

@@ -2,7 +2,7 @@
 
 `process_isolated` runs a pipeline step on the engine host; an exception the host did not turn
 into an item's error (a bug in a decoder, an engine process's failure outside its engine stage)
-runs the step again item by item (`arrcoc.service.host.isolation.isolated`, the engine stage's
+runs the step again item by item (`arrcoc.isolation.isolated`, the engine stage's
 rule too), so each item's exception is its own error and its neighbours' results are kept. Errors
 of the transport (the engine process or Redis gone) still end the call: the chunk is redelivered.
 
@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ...errors import ServiceUnavailableError
+from ...isolation import done, isolated
 from ...settings import DEFAULT_OVERLAY_KIND, Settings
 from ..codec import error_to_wire
 from ..host.interface import ProcessedBatch, StepOutputs
-from ..host.isolation import done, isolated
 from .archive import load_items
 from .budget import disk_full
 from .files import job_dir

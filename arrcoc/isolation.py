@@ -1,9 +1,9 @@
 """Failure isolation, in one place: a batch that fails runs again item by item.
 
 The engine stage (`arrcoc.service.host.stages.Stages.engine_calls`: interactive batches and batch
-job steps alike) and a batch job's call of its engine host (`arrcoc.service.jobs.guard`) both go
-through `isolated`, so one bad item fails only itself and its neighbours keep their results.
-No torch here: the Celery side imports it.
+job steps alike), a batch job's call of its engine host (`arrcoc.service.jobs.guard`) and the GPU
+decoder's nvJPEG call (`arrcoc.preprocess.Decoder`) all go through `isolated`, so one bad item
+fails only itself and its neighbours keep their results. No torch here: the Celery side imports it.
 """
 
 from __future__ import annotations
