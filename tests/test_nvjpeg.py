@@ -102,3 +102,34 @@ def test_the_callers_stream_comes_back_when_the_codec_refuses(gpu, monkeypatch):
     with pytest.raises(RuntimeError, match="bad stream"):
         nvjpeg.decode([torch.zeros(4, dtype=torch.uint8)], torch.device("cuda", 0))
     assert state["current"].name == "caller"
+
+
+def _nvjpeg_on_this_machine() -> bool:
+    from arrcoc.preprocess import gpu_decoder_available
+
+    return gpu_decoder_available()
+
+
+@pytest.mark.skipif(not _nvjpeg_on_this_machine(), reason="needs a GPU and torchvision with nvJPEG")
+def test_on_a_gpu_a_decode_never_writes_into_memory_the_callers_stream_still_reads():
+    """pytorch/vision#9606's pattern, on a real GPU: tensors of a decode's output size are filled,
+    read by reductions queued behind a long kernel on the caller's stream, and freed before those
+    run; then a decode. torchvision alone may be handed those blocks and overwrite them before the
+    reductions read them; through arrcoc.nvjpeg every reduction reads what was written."""
+    from pathlib import Path
+
+    device = torch.device("cuda")
+    photo = (Path(__file__).resolve().parent.parent / "arrcoc" / "examples" / "coffee.jpg").read_bytes()
+    jpeg = torch.frombuffer(bytearray(photo), dtype=torch.uint8)
+    shape = (3, 400, 600)  # the photo decoded
+    wrong = 0
+    for _ in range(20):
+        held = [torch.full(shape, 7, dtype=torch.uint8, device=device) for _ in range(8)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(20_000_000)  # the caller's stream busy for a while
+        sums = [t.sum(dtype=torch.int64) for t in held]  # queued behind it
+        del held  # freed while the reductions that read them are still queued
+        nvjpeg.decode([jpeg] * 8, device)
+        torch.cuda.synchronize()
+        wrong += sum(int(s) != 7 * 3 * 400 * 600 for s in sums)
+    assert wrong == 0
