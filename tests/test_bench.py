@@ -302,8 +302,9 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
 
 
 def test_a_phase_whose_items_failed_says_so_beside_its_figures():
-    """The several-devices section of an e2e report names what failed (a two-GPU run whose engine
-    lost its GPU once reported 413 images/s and nothing else); a clean phase adds nothing."""
+    """An e2e report names what failed beside its figures, with the first error (a two-GPU run
+    whose engine lost its GPU once reported 413 images/s and nothing else); a clean phase adds
+    nothing."""
     from arrcoc.bench.e2e import _failures_lines
 
     assert _failures_lines({"batch_celery": {"jpeg_800x600": {"items": 16, "failed": 0}}}) == []
@@ -315,5 +316,5 @@ def test_a_phase_whose_items_failed_says_so_beside_its_figures():
             }
         )
     )
-    assert "7 of 16 items failed" in said and "6 of 10 requests failed" in said
+    assert "celery batch job jpeg_800x600: 7 of 16 items failed" in said and "6 of 10 requests failed" in said
     assert "first error: EngineError: gone)" in said

@@ -1040,6 +1040,7 @@ def markdown(report: dict[str, Any]) -> str:
             f" {report['celery_engine_processes']} engine processes; clients in {cfg['client_processes']}"
             " processes.",
         ]
+    lines += _failures_lines(report)
     lines += _devices_lines(report)
     return "\n".join(lines) + "\n"
 
@@ -1108,20 +1109,22 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
 
 
 def _failures_lines(phase: dict[str, Any]) -> list[str]:
-    """What failed in a phase's batch jobs and many-callers rounds, said beside its figures (a
-    figure of a run whose items failed is no speed of the work)."""
-    said = []
-    for row, job in (phase.get("batch_celery") or {}).items():
-        if job.get("failed"):
-            said.append(f"batch job {row}: {job['failed']} of {job['items']} items failed")
-    calls = phase.get("interactive_celery_n") or {}
-    if calls.get("errors"):
-        first = calls["errors"][0].strip().splitlines()[0]
-        said.append(
-            f"many callers: {calls['requests'] - calls.get('ok', 0)} of {calls['requests']} requests failed"
-        )
-    else:
-        first = None
+    """What failed in a phase's batch jobs and interactive rounds, with the first error, said beside
+    its figures (a figure of a run whose items failed is no speed of the work)."""
+    said: list[str] = []
+    first: str | None = None
+    for path in ("inprocess", "celery"):
+        for row, job in (phase.get(f"batch_{path}") or {}).items():
+            if job.get("failed"):
+                said.append(f"{path} batch job {row}: {job['failed']} of {job['items']} items failed")
+        for n in ("1", "n"):
+            calls = phase.get(f"interactive_{path}_{n}") or {}
+            if calls.get("errors"):
+                first = first or calls["errors"][0].strip().splitlines()[0]
+                said.append(
+                    f"{path}, {calls.get('clients', '?')} callers: {calls['requests'] - calls.get('ok', 0)}"
+                    f" of {calls['requests']} requests failed"
+                )
     if not said:
         return []
     why = f" (first error: {first})" if first else ""
