@@ -95,6 +95,14 @@ class Encoded:
     size: tuple[int, int]  # the upright original's (width, height)
 
 
+def _guarded(step: Callable[..., Any], *args: Any) -> Any:
+    """step(*args), or the ArrcocError it raised (an item's own error, said to it alone)."""
+    try:
+        return step(*args)
+    except ArrcocError as e:
+        return e
+
+
 class Decoder:
     """Decodes encoded images for one engine device (see the module docstring) in two steps:
     `start` in the request's own thread (header checks, and on the CPU path the whole decode), and
@@ -139,21 +147,14 @@ class Decoder:
 
     def decode(self, images: Sequence[bytes], view_side: int | None = None) -> list[Pixels | ArrcocError]:
         """Both steps for a batch: one Pixels (on this decoder's device) or one ImageError per image."""
-
-        def guarded(step: Callable[..., Any], *args: Any) -> Any:
-            try:
-                return step(*args)
-            except ArrcocError as e:
-                return e
-
         # Pillow's decodes in this thread: a batch job's steps in flight already decode side by side
         # on a GPU, and on a CPU the engine's threads take every core
         out: list[Any] = (
-            [guarded(self._encoded, data) for data in images] if self.gpu else [None] * len(images)
+            [_guarded(self._encoded, data) for data in images] if self.gpu else [None] * len(images)
         )
         for i, got in enumerate(out):
             if got is None:
-                out[i] = guarded(self._cpu_one, images[i], view_side)
+                out[i] = _guarded(self._cpu_one, images[i], view_side)
         pending = [i for i, got in enumerate(out) if isinstance(got, Encoded)]
         for i, got in zip(pending, self.finish([out[i] for i in pending], view_side), strict=True):
             out[i] = got
@@ -180,23 +181,19 @@ class Decoder:
         def launch(run: list[Encoded]) -> Callable[[], list[torch.Tensor]]:
             return done(nvjpeg.decode([jpeg_tensor(e.data) for e in run], self.device))
 
-        images: list[torch.Tensor | None] = [None] * len(encoded)
+        images: dict[int, torch.Tensor] = {}  # what nvJPEG decoded, by position
         for positions, got in isolated(launch, encoded)():
             if not isinstance(got, Exception):
-                for i, img in zip(positions, got, strict=True):
-                    images[i] = _orient(img, encoded[i].orientation)
-        ran = [i for i, img in enumerate(images) if img is not None]
-        out: list[Pixels | ArrcocError | None] = [None] * len(encoded)
-        finished = self._finish([images[i] for i in ran], view_side) if ran else []
-        for i, pixels in zip(ran, finished, strict=True):
-            out[i] = pixels
-        for i, img in enumerate(images):
-            if img is None:
-                try:
-                    out[i] = self._cpu_one(encoded[i].data, view_side)
-                except ArrcocError as err:
-                    out[i] = err
-        return out  # type: ignore[return-value] -- every position is filled
+                images.update(
+                    (i, _orient(img, encoded[i].orientation)) for i, img in zip(positions, got, strict=True)
+                )
+        finished = (
+            dict(zip(images, self._finish(list(images.values()), view_side), strict=True)) if images else {}
+        )
+        return [
+            finished[i] if i in finished else _guarded(self._cpu_one, e.data, view_side)
+            for i, e in enumerate(encoded)
+        ]
 
     def _finish(self, images: list[torch.Tensor], view_side: int | None) -> list[Pixels]:
         """Upright decoded images -> Pixels: the engine's pixels and the overlays' views each
