@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
 from PIL import Image
 
 from ...errors import InvalidInputError, ServiceUnavailableError
@@ -487,9 +488,8 @@ def unpack(
     reserve(settings, job_dir, owner, need, paid_by)
     try:
         items = _extract(archive, zf, view, by_name, spans, pairs, job_dir, settings)
-        with open(job_dir / "items.jsonl", "w") as f:
-            for it in items:
-                f.write(json.dumps(it.to_json()) + "\n")
+        with open(job_dir / "items.jsonl", "wb") as f:
+            f.writelines(orjson.dumps(it.to_json()) + b"\n" for it in items)
         if skipped:  # said in the job's status, never dropped silently
             (job_dir / SKIPPED).write_text(json.dumps({"files": skipped, "why": why}))
     except BaseException as e:  # nothing of a refused job is kept, its reservation included
@@ -676,5 +676,5 @@ def skipped_note(job_dir: Path) -> str:
 
 
 def load_items(job_dir: Path) -> list[Item]:
-    with open(job_dir / "items.jsonl") as f:
-        return [Item(**json.loads(line)) for line in f if line.strip()]
+    with open(job_dir / "items.jsonl", "rb") as f:
+        return [Item(**orjson.loads(line)) for line in f if line.strip()]
