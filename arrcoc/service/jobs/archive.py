@@ -113,6 +113,8 @@ _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\
 def odd_character(name: str) -> str | None:
     """What makes a file name unfit to show, in words (None: nothing): a control character, a lone
     surrogate (not valid UTF-8) or a bidirectional formatting character."""
+    if name.isascii() and name.isprintable():  # the usual name: no control character, nothing else odd
+        return None
     for ch in name:
         if ch in _BIDI:
             return f"a bidirectional formatting character (U+{ord(ch):04X})"
@@ -128,7 +130,7 @@ def _is_junk(name: str) -> bool:
     """A folder or an OS's litter (__MACOSX/, dot files); judged on the name with backslashes as
     separators, so that `..\\..\\x.jpg` is an unsafe path, reported, not a dot file dropped."""
     name = name.replace("\\", "/")
-    base = posixpath.basename(name)
+    base = name.rpartition("/")[2]
     return name.startswith("__MACOSX/") or (base.startswith(".") and base not in (".", "..")) or not base
 
 
@@ -207,7 +209,8 @@ def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInf
             " Split it into several jobs."
         )
     files = [i for i in infos if not i.is_dir() and not _is_junk(i.filename)]
-    unsafe = [i.filename for i in files if _clean(i.filename) is None]
+    cleaned = [_clean(i.filename) for i in files]
+    unsafe = [i.filename for i, name in zip(files, cleaned, strict=True) if name is None]
     if unsafe:
         raise InvalidInputError(
             f"Some zip entries have unsafe paths (absolute or with '..'): {_listing(unsafe)};"
@@ -222,8 +225,7 @@ def inspect(zf: zipfile.ZipFile, settings: Settings) -> dict[str, zipfile.ZipInf
         )
     by_name: dict[str, zipfile.ZipInfo] = {}
     dups: list[str] = []
-    for info in files:
-        name = _clean(info.filename)
+    for info, name in zip(files, cleaned, strict=True):
         if name in by_name:  # a second entry of the same name would silently replace the first
             dups.append(name)
         by_name[name] = info
