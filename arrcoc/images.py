@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import struct
 import threading
 import warnings
 from collections.abc import Iterator
@@ -155,6 +156,10 @@ class JpegHeader:
     orientation: int  # EXIF orientation 1-8 (1 without EXIF)
 
 
+# A segment's start (0xFF, its marker, the length that follows) and a frame header's first fields
+# (precision, height, width, components), big-endian as JPEG stores them.
+_SEGMENT = struct.Struct(">BBH")
+_FRAME = struct.Struct(">BHHB")
 # Frames Pillow and nvJPEG both decode: baseline, extended and progressive, Huffman-coded, 8 bits.
 _PLAIN_SOF = frozenset((0xC0, 0xC1, 0xC2))
 # Markers with no length field (TEM, RSTn) and the rest of the SOF family (lossless, arithmetic):
@@ -175,37 +180,33 @@ def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
     pos, end, orientation = 2, len(data), 1
     exif_seen = False
     while pos + 4 <= end:
-        if data[pos] != 0xFF:
+        ff, marker, length = _SEGMENT.unpack_from(data, pos)
+        if ff != 0xFF:
             return None
-        marker = data[pos + 1]
         if marker == 0xFF:  # a fill byte before the marker
             pos += 1
             continue
         if marker in _ODD_MARKERS or marker in (0xD8, 0xD9, 0xDA):  # no frame before these: odd
             return None
-        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
         if length < 2 or pos + 2 + length > end:
             return None
-        body = data[pos + 4 : pos + 2 + length]
-        if marker == 0xE1 and not exif_seen and body[:6] == b"Exif\x00\x00":  # Pillow keeps the first
-            exif_seen = True
+        # the segment's body is data[pos + 4 : pos + 2 + length]: read in place, sliced only for EXIF
+        if marker == 0xE1 and not exif_seen and length >= 8 and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
+            exif_seen = True  # Pillow keeps the first
             exif = Image.Exif()
             try:
-                exif.load(bytes(body))  # the header may be a view of a larger buffer
+                # bytes: the header may be a view of a larger buffer
+                exif.load(bytes(data[pos + 4 : pos + 2 + length]))
                 orientation = int(exif.get(0x0112, 1))
             except Exception:  # noqa: BLE001 -- an EXIF block Pillow cannot read: Pillow decides
                 return None
             if orientation not in range(1, 9):
                 return None
         elif marker in _PLAIN_SOF:
-            if len(body) < 6 or body[0] != 8:
+            if length < 8:
                 return None
-            height, width, components = (
-                int.from_bytes(body[1:3], "big"),
-                int.from_bytes(body[3:5], "big"),
-                body[5],
-            )
-            if not width or not height or components not in (1, 3, 4):
+            precision, height, width, components = _FRAME.unpack_from(data, pos + 4)
+            if precision != 8 or not width or not height or components not in (1, 3, 4):
                 return None
             return JpegHeader((width, height), components, orientation)
         pos += 2 + length
