@@ -3,7 +3,8 @@
 Both read a folder of JPEG photos, run the model the project serves (variant, weights, backend,
 dtype and batch size given) with one query, and write each photo's maps and selected cells to a
 Parquet file, one row group per batch (no overlays). Timed from the first file read to the Parquet
-file closed; loading and warming the model are not timed.
+file closed; loading and warming the model and encoding the query (once, loading the text model)
+are not timed.
 
 - `dataloader`: a torch DataLoader whose worker processes decode with Pillow (draft mode, so a large
   JPEG decodes at a fraction of its size) and resize, pinned memory, prefetching, persistent workers;
