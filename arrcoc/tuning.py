@@ -59,6 +59,9 @@ HEADER_READ_BYTES = 256 * 1024
 ROW_BYTES = 64 * 1024
 PICTURE_BYTES_PER_PIXEL = 4
 PICTURE_HEADER_BYTES = 4 * 1024
+# Bytes a copy into results.zip moves at once (results.parquet, summary.csv): ZipFile.write moves
+# 8 KiB at a time, a Python call and a CRC call each.
+COPY_PIECE = 1 << 20
 
 # --- Clients (arrcoc.service.client, arrcoc.cli) ---
 

@@ -23,6 +23,7 @@ from typing import BinaryIO
 import numpy as np
 import pyarrow as pa
 
+from ...tuning import COPY_PIECE
 from .parts import (
     Pictures,
     append_pictures,
@@ -43,9 +44,6 @@ from .results import (
     summary_lines,
     write_summary,
 )
-
-# bytes a copy into results.zip moves at once
-COPY_PIECE = 1 << 20
 
 
 class ResultsZip:
@@ -169,8 +167,7 @@ class ResultsZip:
 
 def _store(zf: zipfile.ZipFile, name: str, src: BinaryIO) -> None:
     """`src`, from where it stands to its end, as the stored entry `name` of `zf`, copied in large
-    pieces (ZipFile.write copies 8 KiB at a time, a Python call and a CRC call each); its size
-    decides whether the entry needs ZIP64."""
+    pieces (COPY_PIECE); its size decides whether the entry needs ZIP64."""
     info = zipfile.ZipInfo(name, time.localtime()[:6])
     info.file_size = os.fstat(src.fileno()).st_size - src.tell()
     with zf.open(info, "w") as out:
