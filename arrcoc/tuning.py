@@ -59,6 +59,10 @@ HEADER_READ_BYTES = 256 * 1024
 ROW_BYTES = 64 * 1024
 PICTURE_BYTES_PER_PIXEL = 4
 PICTURE_HEADER_BYTES = 4 * 1024
+# Values ParquetWriter encodes at a time (pyarrow's write_batch_size, 1,024 by default): a map
+# column's row group holds a step's rows of 1,024 floats each; in larger batches the list
+# columns' levels are encoded in fewer, longer calls, and a row group is written sooner.
+PARQUET_WRITE_BATCH = 1 << 16
 # Bytes a copy into results.zip moves at once (results.parquet, summary.csv): ZipFile.write moves
 # 8 KiB at a time, a Python call and a CRC call each.
 COPY_PIECE = 1 << 20

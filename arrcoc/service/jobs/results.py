@@ -22,6 +22,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ...result import BOX_FIELDS, SCORER_NAMES, TENSION_NAMES, WEAK_MATCH, cell_boxes
+from ...tuning import PARQUET_WRITE_BATCH
 from ..host.interface import MAPS
 from .csvcells import FORMULA_START
 
@@ -46,7 +47,12 @@ def write_options(schema: pa.Schema) -> dict[str, object]:
     columns, which a reader filters on; on the lists (maps, cells, boxes) they would describe
     every value of every row at once, and computing them is a quarter of writing a row group."""
     plain = [f.name for f in schema if not pa.types.is_fixed_size_list(f.type)]
-    return {"compression": COMPRESSION, "use_dictionary": DICTIONARY, "write_statistics": plain}
+    return {
+        "compression": COMPRESSION,
+        "use_dictionary": DICTIONARY,
+        "write_statistics": plain,
+        "write_batch_size": PARQUET_WRITE_BATCH,
+    }
 
 
 # what a step's table is built with per item: (index, file name in the zip, query)
