@@ -140,7 +140,7 @@ def to_ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def from_ipc(data: bytes, columns: list[str] | None = None) -> pa.Table:
+def from_ipc(data: bytes | pa.Buffer, columns: list[str] | None = None) -> pa.Table:
     table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
     return table.select(columns) if columns is not None else table
 
