@@ -1017,6 +1017,32 @@ def test_turns_keep_turning_after_a_job_yields(settings, tmp_path):
         ex.close()
 
 
+def test_the_job_thread_ends_quietly_when_closed_during_a_task(monkeypatch):
+    """Closing an in-process executor while its job thread ran a job's turn cleared the queues
+    under it: the turn's end looked its owner up, and the thread died on a KeyError. It ends
+    quietly now, whether the turn yielded or finished."""
+    from arrcoc.service.client.inprocess import FairScheduler
+
+    errors: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    for finished in (False, True):
+        started, go = threading.Event(), threading.Event()
+        jobs = FairScheduler(slice_s=1.0)
+
+        def turn(_yield_now, finished=finished, started=started, go=go) -> bool:
+            started.set()
+            go.wait(10)
+            return finished
+
+        jobs.add("a", turn)
+        jobs.add("a", turn)  # a job behind it: the owner's queue is not empty when the turn ends
+        assert started.wait(10)
+        jobs.shutdown()
+        go.set()
+        jobs._thread.join(10)
+        assert not jobs._thread.is_alive() and errors == []
+
+
 def test_a_corrupt_stored_entry_fails_its_item_alone(inprocess):
     """A stored entry's CRC is checked when the pipeline reads it: the corrupt photo fails with
     that reason, its neighbours run (the zip was refused whole before, after a serial CRC pass)."""
@@ -1032,6 +1058,41 @@ def test_a_corrupt_stored_entry_fails_its_item_alone(inprocess):
     assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 1), st
     failed = inprocess.store.failed_items(job)
     assert list(failed) == [2] and "'2.png' is corrupt (its checksum does not match)" in failed[2]
+
+
+def test_a_reservation_is_never_read_half_written(settings, tmp_path):
+    """A job's reservation was rewritten in place when the job ended: a budget check reading it
+    meanwhile found an empty file and counted the job as holding nothing (and a test reading it
+    failed). It is replaced whole now: every read while it is rewritten sees one version or the
+    other."""
+    from arrcoc.service.jobs.budget import RESERVED, release, reserve
+
+    jd = tmp_path / "jobs" / "j1"
+    reserve(settings, jd, "client:a", 1000)
+    (jd / "results").mkdir()
+    (jd / "results" / "rows").write_bytes(b"x" * 10)
+    bad: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            text = (jd / RESERVED).read_text()
+            try:
+                json.loads(text)
+            except ValueError:
+                bad.append(text)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(300):
+            release(jd)
+    finally:
+        stop.set()
+        reader.join()
+    assert bad == []
+    assert json.loads((jd / RESERVED).read_text())["bytes"] == 10
+    assert sorted(p.name for p in jd.iterdir()) == [RESERVED, "results"]  # nothing left beside it
 
 
 def test_a_jobs_disk_share_is_its_payers_whatever_the_session(settings, tmp_path):

@@ -81,6 +81,8 @@ class FairScheduler:
                 log.exception("job task failed")
                 finished = True
             with self._cv:
+                if self._stopped:  # shut down while the task ran: the queues are gone
+                    return
                 if finished:
                     queue.popleft()
                 if queue:

@@ -163,7 +163,15 @@ def reserve(
             "host": socket.gethostname(),
             "pid": os.getpid(),
         }
-        (job_dir / RESERVED).write_text(json.dumps(doc))
+        _write(job_dir, doc)
+
+
+def _write(job_dir: Path, doc: dict) -> None:
+    """The reservation replaced whole (written beside it, then renamed): a reader never sees it
+    half written, which would count the job as holding nothing. Writers hold the budget's lock."""
+    tmp = job_dir / f".{RESERVED}.tmp"
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, job_dir / RESERVED)
 
 
 def folder_bytes(path: Path) -> int:
@@ -185,7 +193,7 @@ def release(job_dir: Path) -> None:
         with _locked(job_dir.parent):
             doc = json.loads((job_dir / RESERVED).read_text())
             doc["bytes"] = folder_bytes(job_dir)
-            (job_dir / RESERVED).write_text(json.dumps(doc))
+            _write(job_dir, doc)
 
 
 def creator_gone(job_dir: Path) -> bool:
