@@ -549,7 +549,7 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
     from arrcoc.service.jobs import batch
     from arrcoc.service.jobs.budget import folder_bytes
     from arrcoc.service.jobs.files import job_dir
-    from arrcoc.service.jobs.parts import PART_SUFFIX, part_pictures
+    from arrcoc.service.jobs.parts import PART_SUFFIX, read_part
     from arrcoc.service.jobs.results_zip import ResultsZip, build_results_zip
 
     def content(path):
@@ -582,7 +582,7 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
         for part in parts:
             with zipfile.ZipFile(part) as zf:
                 assert not [n for n in zf.namelist() if n.startswith("overlays/")]
-        named = {part_pictures(part).file for part in parts}
+        named = {read_part(part).pictures.file for part in parts}
         assert len(named) == 1 and (jd / named.pop()).samefile(jd / "results.zip")
         files = [f for f in jd.rglob("*") if f.is_file() and f.name != "reserved.json"]
         assert folder_bytes(jd) == sum(f.stat().st_size for f in files) - (jd / "results.zip").stat().st_size

@@ -231,51 +231,57 @@ def write_part(
     return jd / "results" / name
 
 
-def part_table(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """A part's rows, read in place: the stored entry memory-mapped, so that a run of its rows
-    copies nothing and the index alone touches only its own pages. Parts are this service's own
-    files, written whole and then renamed, so the entry's CRC is not computed again on every read
-    (building results.zip reads each part twice)."""
+@dataclass(frozen=True, eq=False)  # one part is one object: runs of rows compare parts by identity
+class Part:
+    """A part read back: its rows, mapped in place, and where its pictures are."""
+
+    path: Path
+    rows: pa.Table
+    pictures: Pictures
+
+
+def read_part(path: Path) -> Part:
+    """A part, its directory read once. Its rows are read in place: the stored entry
+    memory-mapped, so a run of its rows copies nothing and its index touches only its own pages.
+    Parts are this service's own files, written whole and then renamed, so the entry's CRC is not
+    computed again on every read."""
     with zipfile.ZipFile(path) as zf:
         info = zf.getinfo(ROWS)
+        pictures = Pictures.from_json(zf.read(PICTURES))
         if info.compress_type != zipfile.ZIP_STORED:
-            return from_ipc(zf.read(info), columns)
+            return Part(path, from_ipc(zf.read(info)), pictures)
     mapped = pa.memory_map(str(path))  # its buffers keep the mapping while the table lives
     start = stored_data_start(mapped.read_at(zipfile.sizeFileHeader, info.header_offset))
     if start is None:
         raise zipfile.BadZipFile(f"{path.name}: {ROWS} has no local header where the directory says")
     mapped.seek(info.header_offset + start)
-    return from_ipc(mapped.read_buffer(info.file_size), columns)  # a view of the mapping, no copy
-
-
-def part_pictures(path: Path) -> Pictures:
-    with zipfile.ZipFile(path) as zf:
-        return Pictures.from_json(zf.read(PICTURES))
+    return Part(path, from_ipc(mapped.read_buffer(info.file_size)), pictures)  # a view, no copy
 
 
 # -- reading parts back ---------------------------------------------------------------------------
-def read_parts(jd: Path) -> dict[int, tuple[Path, int]]:
+def read_parts(jd: Path) -> dict[int, tuple[Part, int]]:
     """index -> (part, row) of every written row. Parts are read oldest first, so an item written
     again (its first worker died before recording it) keeps its last row: the one the job store
     recorded."""
-    found: dict[int, tuple[Path, int]] = {}
+    found: dict[int, tuple[Part, int]] = {}
     for path in sorted((jd / "results").glob(f"*{PART_SUFFIX}")) if (jd / "results").is_dir() else ():
-        index = part_table(path, ["index"])["index"].to_numpy()
-        found.update({int(i): (path, row) for row, i in enumerate(index)})
+        part = read_part(path)
+        index = part.rows["index"].to_numpy()
+        found.update({int(i): (part, row) for row, i in enumerate(index)})
     return found
 
 
-def runs(found: dict[int, tuple[Path, int]], order: list[int]) -> Iterator[tuple[Path, int, int]]:
+def runs(found: dict[int, tuple[Part, int]], order: list[int]) -> Iterator[tuple[Part, int, int]]:
     """(part, start, stop): the rows in index order as runs of consecutive rows of one part."""
     run: list | None = None
     for i in order:
-        path, row = found[i]
-        if run is not None and run[0] == path and run[2] == row:
+        part, row = found[i]
+        if run is not None and run[0] is part and run[2] == row:
             run[2] += 1
             continue
         if run is not None:
             yield run[0], run[1], run[2]
-        run = [path, row, row + 1]
+        run = [part, row, row + 1]
     if run is not None:
         yield run[0], run[1], run[2]
 

@@ -30,8 +30,6 @@ from .parts import (
     contiguous,
     copy_pictures,
     overlay_names,
-    part_pictures,
-    part_table,
     read_parts,
     runs,
 )
@@ -66,9 +64,10 @@ class ResultsZip:
         self.holds_pictures = False  # pictures that parts name: the file outlives this object
         self.ms = 0.0  # the time the steps' pictures and rows took
 
-    def add(self, path: Path, rows: pa.Table) -> None:
-        """Rows of a part (a run of its rows, in index order): pictures copied, rows appended."""
-        copy_pictures(self.jd, part_pictures(path), overlay_names(rows), self._zf)
+    def add(self, pictures: Pictures, rows: pa.Table) -> None:
+        """A run of a part's rows, in index order, and where the part's pictures are: the rows'
+        pictures copied, the rows appended."""
+        copy_pictures(self.jd, pictures, overlay_names(rows), self._zf)
         self._add_rows(rows)
 
     def _add_rows(self, rows: pa.Table, summary: bytes | None = None) -> None:
@@ -181,8 +180,8 @@ def build_results_zip(jd: Path, jsonl: bool = False) -> Path:
     order = sorted(found)
     out = ResultsZip(jd, jsonl)
     try:
-        for path, start, stop in runs(found, order):
-            out.add(path, part_table(path).slice(start, stop - start))
+        for part, start, stop in runs(found, order):
+            out.add(part.pictures, part.rows.slice(start, stop - start))
     except BaseException:
         out.abandon()
         raise
