@@ -235,7 +235,6 @@ def write_part(
 class Part:
     """A part read back: its rows, mapped in place, and where its pictures are."""
 
-    path: Path
     rows: pa.Table
     pictures: Pictures
 
@@ -249,13 +248,13 @@ def read_part(path: Path) -> Part:
         info = zf.getinfo(ROWS)
         pictures = Pictures.from_json(zf.read(PICTURES))
         if info.compress_type != zipfile.ZIP_STORED:
-            return Part(path, from_ipc(zf.read(info)), pictures)
+            return Part(from_ipc(zf.read(info)), pictures)
     mapped = pa.memory_map(str(path))  # its buffers keep the mapping while the table lives
     start = stored_data_start(mapped.read_at(zipfile.sizeFileHeader, info.header_offset))
     if start is None:
         raise zipfile.BadZipFile(f"{path.name}: {ROWS} has no local header where the directory says")
     mapped.seek(info.header_offset + start)
-    return Part(path, from_ipc(mapped.read_buffer(info.file_size)), pictures)  # a view, no copy
+    return Part(from_ipc(mapped.read_buffer(info.file_size)), pictures)  # a view, no copy
 
 
 # -- reading parts back ---------------------------------------------------------------------------

@@ -140,9 +140,8 @@ def to_ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def from_ipc(data: bytes | pa.Buffer, columns: list[str] | None = None) -> pa.Table:
-    table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-    return table.select(columns) if columns is not None else table
+def from_ipc(data: bytes | pa.Buffer) -> pa.Table:
+    return pa.ipc.open_file(pa.BufferReader(data)).read_all()
 
 
 class ResultsWriter:
