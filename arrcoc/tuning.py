@@ -37,6 +37,12 @@ LOAD_RETRY_S = 300.0
 
 # --- Jobs (arrcoc.service.jobs) ---
 
+# How often the first chunk's worker, writing results.zip while the job's other chunks run, looks
+# for their parts when it has caught up: the last chunk's rows wait at most this long to be appended.
+FOLLOW_POLL_S = 0.05
+# Chunks following their job's other chunks at once in one worker process: each holds one of the
+# process's task threads, which must stay free to take the chunks they wait for.
+FOLLOWERS = 2
 TOMBSTONE_S = 30 * 24 * 3600  # how long "expired" is remembered after a job's TTL
 LOST_AFTER_BEATS = 3  # a chunk whose worker missed this many heartbeats is lost
 ORPHAN_AGE_S = 24 * 3600  # a job folder without job.json (its creation died) is removed after this

@@ -546,7 +546,7 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
     same; each picture is on disk once; steps out of order make the streamed zip give up, leaving
     nothing."""
     from arrcoc.service.client.inprocess import InProcessExecutor
-    from arrcoc.service.jobs import batch
+    from arrcoc.service.jobs import batch, finishing
     from arrcoc.service.jobs.budget import folder_bytes
     from arrcoc.service.jobs.files import job_dir
     from arrcoc.service.jobs.parts import PART_SUFFIX, read_part
@@ -567,7 +567,7 @@ def test_results_zip_written_as_the_job_runs_equals_one_built_from_its_parts(set
         def not_built(jd, jsonl=False):
             raise AssertionError("results.zip built again after the job instead of written as it ran")
 
-        monkeypatch.setattr(batch, "build_results_zip", not_built)
+        monkeypatch.setattr(finishing, "build_results_zip", not_built)
         files = {f"img{i:02d}.png": png_bytes(i) for i in range(20)} | {"broken.png": b"\x89PNG not really"}
         job = ex.submit_batch(make_zip(files), "the red mug", overlays="relevance")
         st = wait_finished(ex, job)

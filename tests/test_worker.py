@@ -236,6 +236,44 @@ def test_batch_job_with_progress_and_zip(celery_ex):
         assert len(zf.read("summary.csv").decode().splitlines()) == n + 2
 
 
+def test_a_job_of_several_chunks_gets_the_results_zip_its_first_chunk_wrote_as_the_others_ran(env, worker):
+    """Through Celery a job runs as chunks side by side. The first chunk's worker goes on writing
+    results.zip while the others run, appending their parts as they are recorded, so results.zip is
+    not built again at the end: it is a second name for the file that chunk wrote, and equals the
+    results.zip built from the parts (every member, every row once, in order)."""
+    from arrcoc.service.client.celery_executor import CeleryExecutor
+    from arrcoc.service.jobs.files import job_dir
+    from arrcoc.service.jobs.parts import PART_SUFFIX, read_part
+    from arrcoc.service.jobs.results_zip import build_results_zip
+
+    settings = make_settings(env, batching={"chunk_items": 8})
+    ex8 = CeleryExecutor(settings)
+    try:
+        n = 40
+        files = {f"p{i:02d}.png": png_bytes(300 + i) for i in range(n)} | {"p13x.png": b"\x89PNG not really"}
+        job = ex8.submit_batch(make_zip(files), "the red mug", overlays="relevance")
+        st = wait_finished(ex8, job)
+        assert (st.state, st.done, st.failed) == (JobState.DONE, n, 1), st
+        jd = job_dir(settings, job)
+        written = {read_part(p).pictures.file for p in (jd / "results").glob(f"*{PART_SUFFIX}")}
+        streamed = [f for f in written if f.endswith(".results.zip")]
+        assert len(streamed) == 1 and (jd / streamed[0]).samefile(jd / "results.zip")
+
+        def content(path):
+            with zipfile.ZipFile(path) as zf:
+                assert zf.testzip() is None  # every member's CRC checks out
+                return {m: zf.read(m) for m in zf.namelist() if m != "results.parquet"}, result_rows(zf)
+
+        followed = content(jd / "results.zip")
+        assert [r["index"] for r in followed[1]] == list(range(n + 1))
+        assert len([m for m in followed[0] if m.startswith("overlays/")]) == n
+        (jd / "results.zip").rename(jd / "followed.zip")
+        rebuilt = content(build_results_zip(jd))
+        assert rebuilt[0] == followed[0] and rebuilt[1] == followed[1]
+    finally:
+        ex8.close()
+
+
 def test_cancel_and_unknown(celery_ex):
     job = celery_ex.submit_batch(make_zip({f"{i}.png": png_bytes(i) for i in range(40)}), "q")
     st = celery_ex.cancel(job)

@@ -37,11 +37,11 @@ def rig(tmp_path_factory):
         started.append(w)
         return w.ready(300)
 
-    def executor():
+    def executor(**overrides):
         from arrcoc.service.client.celery_executor import CeleryExecutor
 
         service = {"service": {"broker_url": redis.url, "data_dir": root / "data"}}
-        return CeleryExecutor(default_settings(**merged(settings, service)))
+        return CeleryExecutor(default_settings(**merged(settings, service, overrides)))
 
     try:
         yield {
@@ -80,12 +80,16 @@ def assert_every_item_exactly_once(ex, job, total):
         assert all(r["ok"] for r in rows)
 
 
-def test_sigkill_mid_batch_then_new_worker_completes_every_item_once(rig):
+@pytest.mark.parametrize("chunk_items", [256, 16], ids=["one-chunk", "chunks"])
+def test_sigkill_mid_batch_then_new_worker_completes_every_item_once(rig, chunk_items):
+    """One chunk, or ten: then the killed worker may have been writing results.zip while the other
+    chunks ran (the first chunk's), which the job's next finisher does instead."""
     worker = rig["start_worker"]()
-    ex = rig["executor"]()
+    ex = rig["executor"](batching={"chunk_items": chunk_items})
     total = 160  # long enough that the kill lands mid-job (8 items a step; a step takes tens of ms here)
     job = ex.submit_batch(make_zip({f"{i:03d}.png": png_bytes(i) for i in range(total)}), "the sky")
-    st = wait_for(ex, job, lambda s: s.done >= 4 or s.state.finished, 120)
+    # past the first chunk of 16: its worker is writing results.zip as the second one runs
+    st = wait_for(ex, job, lambda s: s.done >= 20 or s.state.finished, 120)
     assert not st.state.finished, "the job finished before the kill; make it longer"
     worker.kill(signal.SIGKILL)
     worker.p.wait(10)

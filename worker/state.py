@@ -28,11 +28,12 @@ from arrcoc.service.host.wiring import Wiring
 from arrcoc.service.jobs import batch, bench
 from arrcoc.service.jobs.budget import release
 from arrcoc.service.jobs.files import job_dir
+from arrcoc.service.jobs.finishing import maybe_finalize
 from arrcoc.service.jobs.guard import TRANSPORT_ERRORS, fail_unrecorded, reason_for
 from arrcoc.service.jobs.store import RedisJobStore, redis_client
 from arrcoc.service.jobs.types import JobState
 from arrcoc.settings import Settings
-from arrcoc.tuning import GIVE_BACK_WAIT_S, LOAD_RETRY_S
+from arrcoc.tuning import FOLLOWERS, GIVE_BACK_WAIT_S, LOAD_RETRY_S
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class FairGate:
 
     @contextlib.contextmanager
     def turn(self, owner: str):
+        """The slot, in `owner`'s turn; yields `leave`, which frees it early."""
         with self._cv:
             self._seq += 1
             me = (self._seq, owner)
@@ -87,12 +89,21 @@ class FairGate:
             if len(self._served) > 10_000:  # bounded: the oldest owners are forgotten
                 for old in sorted(self._served, key=self._served.get)[:5_000]:
                     del self._served[old]
+        left = False
+
+        def leave() -> None:
+            """The slot freed before the turn's block ends (once)."""
+            nonlocal left
+            if not left:
+                left = True
+                with self._cv:
+                    self._busy -= 1
+                    self._cv.notify_all()
+
         try:
-            yield
+            yield leave
         finally:
-            with self._cv:
-                self._busy -= 1
-                self._cv.notify_all()
+            leave()
 
 
 class Heartbeat:
@@ -193,6 +204,7 @@ class WorkerState:
         self.chunk_gate = FairGate(
             max(1, len(s.engine.devices)) if s is not None and Wiring.from_env().in_group else 1
         )
+        self._followers = threading.BoundedSemaphore(FOLLOWERS)
 
     def host(self) -> EngineHost:
         """The engine in this process, or the group's engine process (`arrcoc worker --processes N`)."""
@@ -433,16 +445,36 @@ class WorkerState:
         time.sleep(GIVE_BACK_WAIT_S)
         raise DataUnreachable(reason)
 
+    @contextlib.contextmanager
+    def _following(self, leave_turn):
+        """Whether a chunk that began its job may go on writing its results.zip while the job's
+        other chunks run (arrcoc.service.jobs.finishing.follow): its turn at the device is over
+        (the slot goes to the next chunk), and at most FOLLOWERS chunks of this process follow."""
+        leave_turn()
+        allowed = self._followers.acquire(blocking=False)
+        try:
+            yield allowed
+        finally:
+            if allowed:
+                self._followers.release()
+
     def batch_chunk(self, job_id: str, start: int, stop: int) -> dict[str, Any]:
         s = self.settings
         self.check_job_data(job_id)
-        with self.chunk_gate.turn(self._owner(job_id)):
+        with self.chunk_gate.turn(self._owner(job_id)) as leave_turn:
             deadline = time.monotonic() + s.jobs.task_time_limit_s  # from its turn: waiting is not working
             try:
                 with self.heartbeat.chunk(job_id, start, stop):
                     out = _riding_out_redis(
                         lambda: batch.run_chunk(
-                            job_id, start, stop, self.loaded_host(), self.store(), s, deadline
+                            job_id,
+                            start,
+                            stop,
+                            self.loaded_host(),
+                            self.store(),
+                            s,
+                            deadline,
+                            following=lambda: self._following(leave_turn),
                         )
                     )
             except TRANSPORT_ERRORS:
@@ -452,7 +484,7 @@ class WorkerState:
                 reason = reason_for(e)
                 _riding_out_redis(lambda: fail_unrecorded(job_id, start, stop, self.store(), s, reason))
                 try:
-                    batch.maybe_finalize(job_id, self.store(), s)
+                    maybe_finalize(job_id, self.store(), s)
                 except Exception as again:  # noqa: BLE001 -- e.g. the disk still full: the job still ends
                     log.warning("batch job %s: could not finish its results (%s)", job_id, again)
                     self.store().set_state(

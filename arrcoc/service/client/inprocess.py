@@ -22,6 +22,7 @@ from ..host.runtime import Runtime
 from ..jobs import batch, bench
 from ..jobs.budget import release
 from ..jobs.files import Reaper, job_dir, sweep_unreachable
+from ..jobs.finishing import maybe_finalize
 from ..jobs.guard import fail_unrecorded, reason_for
 from ..jobs.store import MemoryJobStore
 from ..jobs.types import BenchRequest, JobState
@@ -141,12 +142,12 @@ class InProcessExecutor(Executor):
                 )
                 if ran.get("yielded"):
                     return False
-            batch.maybe_finalize(job_id, self.store, self.settings)
+            maybe_finalize(job_id, self.store, self.settings)
         except Exception as e:  # never leave a job "running": what was not recorded fails with the reason
             log.exception("batch job %s failed", job_id)
             try:
                 fail_unrecorded(job_id, 0, total, self.store, self.settings, reason_for(e))
-                batch.maybe_finalize(job_id, self.store, self.settings)
+                maybe_finalize(job_id, self.store, self.settings)
             except Exception as again:  # noqa: BLE001 -- e.g. the disk is still full: the job still ends
                 log.warning("batch job %s: could not finish its results (%s)", job_id, again)
             self.store.set_state(

@@ -12,6 +12,7 @@ redelivered chunk adds no duplicate rows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -30,8 +31,8 @@ from ...request import Controls, check_overlays
 from ...settings import DEFAULT_OVERLAY_KIND, OVERLAY_EXTENSIONS, Settings
 from ..host.interface import ProcessedBatch, StepOutputs
 from .archive import CorruptEntry, Item, load_items, skipped_note, unpack
-from .budget import release
 from .files import job_dir, new_job_id
+from .finishing import finishing, follow, maybe_finalize
 from .guard import process_isolated
 from .parts import Mark, picture_names, step_marks, write_part
 from .results import ItemKey, step_table, summary_lines
@@ -151,10 +152,13 @@ def run_chunk(
     settings: Settings,
     deadline: float | None = None,
     yield_now: Callable[[], bool] | None = None,
+    following: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
 ) -> dict[str, Any]:
     """Process items [start, stop) of a batch job; skips what is already recorded. `yield_now`,
     asked between steps, stops the chunk early (what ran is recorded; "yielded" in the answer):
-    the in-process scheduler turns to another owner's job."""
+    the in-process scheduler turns to another owner's job. `following`: the chunk that begins the
+    job, once its own items ran, goes on writing results.zip while the job's other chunks run
+    (finishing.follow) within `following()`, when that says it may (a Celery worker's chunk)."""
     t_chunk = time.perf_counter()
     rec = store.record(job_id)
     state = JobState(rec["state"])
@@ -190,8 +194,8 @@ def run_chunk(
     _fail_items(jd, store, job_id, skipped)
     stages: dict[str, float] = {}
     processed = 0
-    # a job run whole from its start (in-process, or one Celery chunk) writes results.zip as it goes
-    streamed = ResultsZip(jd, settings.jobs.results_jsonl) if len(fresh) == len(every) else None
+    # a chunk that begins the job, none of it recorded yet, writes results.zip as it goes
+    streamed = ResultsZip(jd, settings.jobs.results_jsonl) if start == 0 and fresh == items else None
     yielded: list[bool] = []
 
     asked: list[bool] = []
@@ -224,15 +228,24 @@ def run_chunk(
             if done is None:
                 return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
             processed += done
+        _add(stages, "chunk", t_chunk)
         t_final = time.perf_counter()
 
         def record() -> None:  # before the job reads as done: whoever sees it done sees its timings too
             _add(stages, "finalize", t_final)
-            _add(stages, "chunk", t_chunk)
             if streamed is not None:
                 stages["results_zip"] = streamed.ms
             store.add_stage_ms(job_id, stages)
 
+        if streamed is not None and stop < len(every) and following is not None:
+            with following() as allowed, finishing(jd) as mine:
+                if allowed and mine:
+                    follow(job_id, streamed, len(every), store, deadline)
+                    _add(stages, "follow", t_final)  # beside the other chunks: not a serial end
+                    t_final = time.perf_counter()
+                    if streamed.complete(len(every)):
+                        maybe_finalize(job_id, store, settings, record, streamed, locked=True)
+                        return {"job_id": job_id, "processed": processed, "stage_ms": stages}
         maybe_finalize(job_id, store, settings, before_done=record, streamed=streamed)
     finally:
         if streamed is not None and not streamed.finished:
@@ -407,45 +420,7 @@ def _add(stages: dict[str, float], name: str, since: float) -> None:
     stages[name] = stages.get(name, 0.0) + (time.perf_counter() - since) * 1e3
 
 
-# -- finishing ------------------------------------------------------------------------------------
-def maybe_finalize(
-    job_id: str,
-    store: JobStore,
-    settings: Settings,
-    before_done: Callable[[], None] | None = None,
-    streamed: ResultsZip | None = None,
-) -> bool:
-    """Once every item is recorded, build results.zip (finish `streamed` if it holds them all)
-    and mark the job done. Idempotent. `before_done` runs once: between the two, or before
-    returning when the job is not done."""
-    st = store.status(job_id)
-    if st.done + st.failed < st.total or st.state in (JobState.CANCELLED, JobState.EXPIRED):
-        if before_done is not None:
-            before_done()
-        return False
-    jd = job_dir(settings, job_id)
-    if not (jd / "results.zip").exists() or st.state != JobState.DONE:
-        if streamed is not None and streamed.complete(st.total):
-            streamed.finish()
-        else:
-            build_results_zip(jd, settings.jobs.results_jsonl)
-    release(jd)  # every item recorded: its inputs go before anyone sees the job finished
-    if before_done is not None:
-        before_done()
-    if st.state.finished:
-        return True
-    if st.done == 0 and st.total:
-        first = next(iter(store.failed_items(job_id).values()), "")
-        return store.set_state(
-            job_id,
-            JobState.FAILED,
-            f"Every item failed; the first: {first}",
-            expect=(JobState.PENDING, JobState.RUNNING),
-        )
-    note = f"{st.failed} of {st.total} items failed; see summary.csv." if st.failed else ""
-    return store.set_state(job_id, JobState.DONE, note, expect=(JobState.PENDING, JobState.RUNNING))
-
-
+# -- fetching -------------------------------------------------------------------------------------
 def results_zip(job_id: str, store: JobStore, settings: Settings) -> Path:
     st = store.status(job_id)
     if st.state == JobState.EXPIRED:

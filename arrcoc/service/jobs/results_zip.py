@@ -59,7 +59,7 @@ class ResultsZip:
         self._parquet = ResultsWriter(jd / f".results.{tag}.parquet")
         self._summary = open(jd / f".summary.{tag}.csv", "w+b")  # noqa: SIM115 -- closed in _close
         self._zf = zipfile.ZipFile(self.path, "w", zipfile.ZIP_STORED)
-        self.next_index = 0  # the index the next step must begin with, when written as the job runs
+        self.next_index = 0  # the index the next rows must begin with, when written as the job runs
         self.abandoned = self.finished = False
         self.holds_pictures = False  # pictures that parts name: the file outlives this object
         self.ms = 0.0  # the time the steps' pictures and rows took
@@ -67,8 +67,11 @@ class ResultsZip:
     def add(self, pictures: Pictures, rows: pa.Table) -> None:
         """A run of a part's rows, in index order, and where the part's pictures are: the rows'
         pictures copied, the rows appended."""
+        t0 = time.perf_counter()
         copy_pictures(self.jd, pictures, overlay_names(rows), self._zf)
         self._add_rows(rows)
+        self.next_index += rows.num_rows
+        self.ms += (time.perf_counter() - t0) * 1e3
 
     def _add_rows(self, rows: pa.Table, summary: bytes | None = None) -> None:
         """`rows` appended (a row group) with their summary.csv lines (`summary`: made already)."""
