@@ -43,6 +43,9 @@ FOLLOW_POLL_S = 0.05
 # Chunks following their job's other chunks at once in one worker process: each holds one of the
 # process's task threads, which must stay free to take the chunks they wait for.
 FOLLOWERS = 2
+# How long closing an in-process executor waits for the job it is running to stop (it fails at its
+# next step): long enough for a CPU step to end, short enough for a shutdown.
+JOB_STOP_WAIT_S = 10.0
 TOMBSTONE_S = 30 * 24 * 3600  # how long "expired" is remembered after a job's TTL
 LOST_AFTER_BEATS = 3  # a chunk whose worker missed this many heartbeats is lost
 ORPHAN_AGE_S = 24 * 3600  # a job folder without job.json (its creation died) is removed after this

@@ -18,6 +18,7 @@ from ...pipeline import RelevancePipeline
 from ...request import Controls
 from ...result import RelevanceResult
 from ...settings import Settings, get_settings
+from ...tuning import JOB_STOP_WAIT_S
 from ..host.runtime import Runtime
 from ..jobs import batch, bench
 from ..jobs.budget import release
@@ -100,6 +101,10 @@ class FairScheduler:
         if wait:
             self._thread.join()
 
+    def join(self, timeout: float) -> None:
+        """Wait up to `timeout` s for the thread to end (after `shutdown`)."""
+        self._thread.join(timeout)
+
 
 class InProcessExecutor(Executor):
     def __init__(self, settings: Settings | None = None, pipeline: RelevancePipeline | None = None):
@@ -168,4 +173,6 @@ class InProcessExecutor(Executor):
     def close(self) -> None:
         self.reaper.stop()
         self._jobs.shutdown(wait=False, cancel_futures=True)
-        self.runtime.close()
+        self.runtime.close()  # a job still running fails at its next step, recording why
+        # and ends before the interpreter does: a daemon thread still inside torch at exit aborts it
+        self._jobs.join(JOB_STOP_WAIT_S)
