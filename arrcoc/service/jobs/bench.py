@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ...errors import ArrcocError, InvalidInputError, JobCancelled, JobError
 from ...settings import BACKENDS, Settings
 from ...tuning import BENCH_STATUS_EVERY_S
-from .files import atomic_write, job_dir, new_job_id
+from .atomic import atomic_write
+from .files import job_dir, new_job_id
 from .store import JobStore
 from .types import BenchRequest, JobKind, JobState
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from ...errors import InvalidInputError
 from ...settings import Settings
 from ...tuning import PICTURE_BYTES_PER_PIXEL, PICTURE_HEADER_BYTES, ROW_BYTES
+from .atomic import atomic_write
 
 RESERVED = "reserved.json"
 # What an item's row and overlay picture may take (the estimates: arrcoc.tuning): the picture is
@@ -167,11 +168,9 @@ def reserve(
 
 
 def _write(job_dir: Path, doc: dict) -> None:
-    """The reservation replaced whole (written beside it, then renamed): a reader never sees it
-    half written, which would count the job as holding nothing. Writers hold the budget's lock."""
-    tmp = job_dir / f".{RESERVED}.tmp"
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, job_dir / RESERVED)
+    """The reservation replaced whole: a reader never sees it half written, which would count the
+    job as holding nothing."""
+    atomic_write(job_dir / RESERVED, json.dumps(doc).encode())
 
 
 def folder_bytes(path: Path) -> int:

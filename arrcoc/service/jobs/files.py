@@ -1,10 +1,9 @@
-"""Where a job's files live: `<data_dir>/jobs/<id>/`, written atomically, removed after the TTL."""
+"""Where a job's files live (`<data_dir>/jobs/<id>/`) and their removal after the TTL."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import secrets
 import shutil
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 from ...errors import ArrcocError, JobError
 from ...settings import Settings
 from ...tuning import ORPHAN_AGE_S, UNREACHABLE_AGE_S
+from .budget import creator_gone
 from .types import JobKind, JobState
 
 if TYPE_CHECKING:
@@ -34,12 +34,6 @@ def job_dir(settings: Settings, job_id: str) -> Path:
     if not _JOB_ID.match(job_id):
         raise JobError(f"{job_id!r} is not a job id (they look like batch-0123456789abcdef).")
     return Path(settings.service.data_dir) / "jobs" / job_id
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def sweep_expired(settings: Settings, now: float | None = None) -> int:
@@ -68,8 +62,6 @@ def sweep_unreachable(settings: Settings, store: JobStore, in_memory: bool, now:
     """Delete the folders of jobs nobody can fetch any more, before their TTL: jobs the store does
     not know or reports expired (a flushed Redis), and, for a store held in a process's memory,
     jobs whose creating process has ended (a restart forgot them). Returns how many."""
-    from .budget import creator_gone
-
     root = Path(settings.service.data_dir) / "jobs"
     now = now or time.time()
     removed = 0
