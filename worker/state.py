@@ -494,8 +494,8 @@ class WorkerState:
                         expect=(JobState.PENDING, JobState.RUNNING),
                     )
                 out = {"job_id": job_id, "error": reason}
-            with contextlib.suppress(Exception):
-                if JobState(self.store().record(job_id)["state"]).finished:
+            with contextlib.suppress(Exception):  # finished done, it was released as it was marked so
+                if JobState(self.store().record(job_id)["state"]) in (JobState.CANCELLED, JobState.FAILED):
                     release(job_dir(s, job_id))  # over: its inputs go, its reservation shrinks to its results
             return out
 

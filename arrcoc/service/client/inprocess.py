@@ -141,13 +141,14 @@ class InProcessExecutor(Executor):
         the job is over. Items are taken in one chunk, not Celery's: chunks are Celery's unit of
         redelivery, which a job thread does not have, and each chunk's pipeline fills and drains anew."""
         try:
-            if total:
+            if total:  # finished when its last item is recorded (batch.run_chunk)
                 ran = batch.run_chunk(
                     job_id, 0, total, self.runtime, self.store, self.settings, yield_now=yield_now
                 )
                 if ran.get("yielded"):
                     return False
-            maybe_finalize(job_id, self.store, self.settings)
+            else:
+                maybe_finalize(job_id, self.store, self.settings)
         except Exception as e:  # never leave a job "running": what was not recorded fails with the reason
             log.exception("batch job %s failed", job_id)
             try:
@@ -158,7 +159,12 @@ class InProcessExecutor(Executor):
             self.store.set_state(
                 job_id, JobState.FAILED, reason_for(e), expect=(JobState.PENDING, JobState.RUNNING)
             )
-        release(job_dir(self.settings, job_id))  # over: its inputs go, its reservation shrinks to its results
+        if (
+            JobState(self.store.record(job_id)["state"]) != JobState.DONE
+        ):  # done: released as it was marked so
+            release(
+                job_dir(self.settings, job_id)
+            )  # over: its inputs go, its reservation shrinks to its results
         return True
 
     def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:
