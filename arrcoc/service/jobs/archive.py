@@ -677,6 +677,7 @@ def skipped_note(job_dir: Path) -> str:
     return f"Skipped {len(files)} {noun} of the zip, {doc.get('why', '')}: {_listing(files)}."
 
 
-def load_items(job_dir: Path) -> list[Item]:
-    with open(job_dir / "items.jsonl", "rb") as f:
-        return [Item(**orjson.loads(line)) for line in f if line.strip()]
+def load_items(job_dir: Path, start: int = 0, stop: int | None = None) -> list[Item]:
+    """The job's items [start, stop): only their lines parsed (a chunk's, of a job of any size)."""
+    lines = (job_dir / "items.jsonl").read_bytes().splitlines()
+    return [Item(**orjson.loads(line)) for line in lines[start:stop] if line.strip()]

@@ -170,8 +170,8 @@ def run_chunk(
     controls = Controls.from_wire(json.loads(rec.get("controls") or "{}"))
     # a job queued before `overlays` existed named only what its pictures showed
     drawn = check_overlays(rec.get("overlays") or rec.get("overlay_kind") or "none")
-    every = load_items(jd)
-    items = every[start:stop]
+    total = int(rec["total"])
+    items = load_items(jd, start, stop)
     finished = store.finished_items(job_id, [it.index for it in items])
     todo = [it for it in items if it.index not in finished]
     # an attempt is counted when an item's step is handed to the engine (_run_group): items a
@@ -237,13 +237,13 @@ def run_chunk(
                 stages["results_zip"] = streamed.ms
             store.add_stage_ms(job_id, stages)
 
-        if streamed is not None and stop < len(every) and following is not None:
+        if streamed is not None and stop < total and following is not None:
             with following() as allowed, finishing(jd) as mine:
                 if allowed and mine:
-                    follow(job_id, streamed, len(every), store, deadline)
+                    follow(job_id, streamed, total, store, deadline)
                     _add(stages, "follow", t_final)  # beside the other chunks: not a serial end
                     t_final = time.perf_counter()
-                    if streamed.complete(len(every)):
+                    if streamed.complete(total):
                         maybe_finalize(job_id, store, settings, record, streamed, locked=True)
                         return {"job_id": job_id, "processed": processed, "stage_ms": stages}
         maybe_finalize(job_id, store, settings, before_done=record, streamed=streamed)

@@ -92,7 +92,7 @@ def fail_unrecorded(
     Their rows go in a part when the disk takes it, else the job store alone records them."""
     jd = job_dir(settings, job_id)
     try:
-        keys = [(it.index, it.file, it.query) for it in load_items(jd)[start:stop]]
+        keys = [(it.index, it.file, it.query) for it in load_items(jd, start, stop)]
     except Exception as e:  # noqa: BLE001 -- the job's files are what failed: the items by index alone
         log.warning("job %s: its items cannot be read (%s)", job_id, e)
         keys = [(i, "", "") for i in range(start, stop)]
