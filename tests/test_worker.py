@@ -274,6 +274,54 @@ def test_a_job_of_several_chunks_gets_the_results_zip_its_first_chunk_wrote_as_t
         ex8.close()
 
 
+def test_a_job_cancelled_while_its_first_chunk_follows_lets_go_and_keeps_what_ran(env, worker):
+    """Cancelled after its first chunk: the worker writing its results.zip stops following (the
+    job's finish lock is free again, no thread waits on), the results fetched hold every recorded
+    item once, and the worker serves the next job."""
+    import fcntl
+
+    from arrcoc.service.client.celery_executor import CeleryExecutor
+    from arrcoc.service.jobs.files import job_dir
+    from arrcoc.service.jobs.finishing import FINISH_LOCK
+
+    settings = make_settings(env, batching={"chunk_items": 8})
+    ex8 = CeleryExecutor(settings)
+    try:
+        n = 160
+        job = ex8.submit_batch(make_zip({f"p{i:03d}.png": png_bytes(500 + i) for i in range(n)}), "the sky")
+        st = ex8.status(job)
+        t0 = time.monotonic()
+        while st.done < 12 and not st.state.finished and time.monotonic() - t0 < 180:  # past the first chunk
+            time.sleep(0.02)
+            st = ex8.status(job)
+        assert not st.state.finished, "the job finished before the cancel; make it longer"
+        assert ex8.cancel(job).state == JobState.CANCELLED
+        lock = job_dir(settings, job) / "results" / FINISH_LOCK
+
+        def free() -> bool:
+            with open(lock, "a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+                return True
+
+        t0 = time.monotonic()
+        while not free():
+            assert time.monotonic() - t0 < 60, "the first chunk's worker still follows a cancelled job"
+            time.sleep(0.1)
+        st = wait_finished(ex8, job)
+        assert st.state == JobState.CANCELLED and st.done < n
+        with zipfile.ZipFile(ex8.batch_results(job)) as zf:  # what was recorded when it was built
+            rows = result_rows(zf)
+        indices = [r["index"] for r in rows]
+        assert indices == sorted(set(indices)) and len(indices) >= st.done + st.failed >= 12
+        after = ex8.submit_batch(make_zip({f"{i}.png": png_bytes(700 + i) for i in range(8)}), "the sky")
+        assert wait_finished(ex8, after).state == JobState.DONE
+    finally:
+        ex8.close()
+
+
 def test_cancel_and_unknown(celery_ex):
     job = celery_ex.submit_batch(make_zip({f"{i}.png": png_bytes(i) for i in range(40)}), "q")
     st = celery_ex.cancel(job)
