@@ -1253,6 +1253,14 @@ def write_png(report: dict[str, Any], path: Path) -> bool:
         for k in (f"interactive_{p}_1", f"interactive_{p}_n")
         if k in report
     ]
+    every = report.get("celery_devices") or {}  # the same worker group over several devices
+    if every:
+        on = f"celery on {len(every['devices'])} devices"
+        jobs += [(f"{on} {kind}", row) for kind, row in every.get("batch_celery", {}).items()]
+        if "interactive_celery_n" in every:
+            calls.append(
+                (f"{on}, {every['interactive_celery_n']['clients']} callers", every["interactive_celery_n"])
+            )
     if not jobs and not calls:
         return False
     env = report["env"]
@@ -1303,7 +1311,7 @@ def write_png(report: dict[str, Any], path: Path) -> bool:
         ax.grid(axis="x", alpha=0.3)
         ax.margins(x=0.35)
     # room right of the longest bar for its label: its rate, p50 and p99
-    ax_call.set_xlim(0, 2.4 * max([r["throughput_rps"] for r in crows], default=1.0))
+    ax_call.set_xlim(0, 3.2 * max([r["throughput_rps"] for r in crows], default=1.0))
     fig.suptitle(
         f"End to end: {env.get('gpu') or env['cpu']} ({env['device']}), {_served(report)}, "
         f"backend {report['config']['backend']}, "
