@@ -1,7 +1,7 @@
 """Where the GIL's time went in an interactive run or a batch job: a `py-spy record --gil --format raw` file of
-tools/interactive_probe.py, tools/batch_probe.py or of a worker group's engine or Celery process, by thread role
-(callers, the batcher's decode and engine threads, the engine process's connection threads,
-Celery's consumer and task threads) and by function (inclusive), as shares of those samples.
+tools/interactive_probe.py or of a worker group's engine or Celery process, by thread role
+(callers, the batcher's thread, the engine process's connection threads, a batch job's step
+threads and follower, Celery's consumer and task threads; "other": none of these) and by function (inclusive), as shares of those samples.
 
     python tools/spy_summary.py spy-interactive.txt [--top 40]
 """
@@ -18,16 +18,14 @@ ROLES = (
     ("client", "_drive"),
     ("engine", "_engine_loop"),
     ("batcher", "DynamicBatcher._loop"),  # the gather stage's one loop (arrcoc.service.host.batching)
-    ("batcher", "DynamicBatcher._pipelined_loop"),  # its GPU loop in profiles recorded before the one loop
     ("connection", "EngineServer._serve"),
+    # a batch job: the chunk that writes results.zip while the job's other chunks run, a pipeline
+    # step (read, the engine host's call, rows, part), the thread handing steps out
+    ("follower", "follow (arrcoc/service/jobs/finishing.py"),
+    ("step", "_run_step (arrcoc/service/jobs/batch.py"),
     ("celery task", "fast_trace_task"),
     ("celery consumer", "asynloop"),
-    # a batch job in-process (tools/batch_probe.py): the engine-host call's thread, the job's own, its reader,
-    # its writer (pictures, part, results.zip), the part writer's feeder and the benchmark's poll
-    ("job engine", "Runtime.process"),
-    ("job writer", "_write_step"),
-    ("job reader", "_read (arrcoc/service/jobs/batch.py"),
-    ("writer feeder", "_feed"),
+    ("heartbeat", "Heartbeat._run"),
     ("job", "_run_group"),
     ("bench poll", "batch_job"),
 )
@@ -45,9 +43,7 @@ def main() -> int:
     for line in args.raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = [LINE.sub(r" (\1)", f) for f in stack.split(";")]
-        role = next((r for r, mark in ROLES if any(mark in f for f in frames)), None)
-        if role is None:
-            continue
+        role = next((r for r, mark in ROLES if any(mark in f for f in frames)), "other")
         roles[role] += int(count)
         own[role, frames[-1]] += int(count)
         for name in dict.fromkeys(frames):
