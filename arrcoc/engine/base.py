@@ -140,13 +140,14 @@ class Backend(ABC):
         self, images: Tensor, query: Tensor, controls: Tensor | None = None
     ) -> Callable[[], ModelOutput]:
         """`run_host` in two steps: the batch started now, the returned function waits for its
-        outputs on the host. A batch that one captured CUDA graph runs is queued on the device (its
-        inputs copied straight from where they are into the graph's) and comes back in one copy
-        (see arrcoc.engine.cuda_graph); other backends run it now."""
-        if self.graphs is not None and self.warmed and 0 < images.shape[0] <= self.table.largest:
+        outputs on the host. With captured CUDA graphs the batch is queued on the device, split
+        across the largest bucket where it must be (its inputs copied straight from where they are
+        into the graphs'), and comes back in one copy (see arrcoc.engine.cuda_graph); other
+        backends run it now."""
+        if self.graphs is not None and self.warmed:
             images, query, controls = self._checked(images, query, controls, move=False)
             with torch.inference_mode():
-                wait = self.graphs.launch_host(self.bucket_for(images.shape[0]), images, query, controls)
+                wait = self.graphs.launch_host(self.table.split(images.shape[0]), images, query, controls)
             return lambda: ModelOutput(*wait())
         out = ModelOutput(*(t.numpy() for t in to_host(self.run(images, query, controls))))
         return lambda: out

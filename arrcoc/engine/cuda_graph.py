@@ -10,13 +10,18 @@ Each graph also packs its outputs, row by row, into one byte buffer (`RowLayout`
 `launch_host` brings a batch's every output to the host in one copy. On a server every torch
 call lets another thread take the GIL; eleven clones, eleven copies and their bookkeeping per
 batch would be the bulk of an interactive engine stage's calls (docs/service.md#dynamic-batching).
+
+Callers take turns (the engine host's device lock) but may launch from different CUDA streams, and
+need not wait for a launch to finish before the next: every use of the static buffers waits, on
+the device, for the previous use to be done (an event), so a call launches while the one before it
+still runs and neither sees the other's rows.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +113,7 @@ class CudaGraphRunner:
         self.frozen = False
         self.stats = CaptureStats()
         self.layout: RowLayout | None = None
+        self._done: torch.cuda.Event | None = None  # the last use of the static buffers, finished
 
     @torch.inference_mode()
     def capture(self, buckets: tuple[int, ...], warm_iters: int = 2) -> CaptureStats:
@@ -152,20 +158,25 @@ class CudaGraphRunner:
         """Copy n <= bucket real rows in, replay, return the n rows of every output, cloned."""
         captured = self._replayed(bucket, inputs)
         n = inputs[0].shape[0]
-        return tuple(o[:n].clone() for o in captured.outputs)
+        out = tuple(o[:n].clone() for o in captured.outputs)
+        self._released()
+        return out
 
-    def launch_host(self, bucket: int, *inputs: Tensor) -> Callable[[], list[np.ndarray]]:
-        """As `replay`, but the n rows of every output come to the host, in one copy: the replay and
-        the copy are queued now, and the returned function waits for them and gives the outputs as
-        numpy views of one pinned buffer (which the arrays own). The calling thread is free in
-        between; the next replay may be queued first (the copy runs before it, in stream order).
-        Inputs may be on the host: each is copied straight into its static buffer."""
-        captured = self._replayed(bucket, inputs)
+    def launch_host(
+        self, split: Sequence[tuple[int, int, int]], *inputs: Tensor
+    ) -> Callable[[], list[np.ndarray]]:
+        """As `replay` for a batch of any size, its outputs on the host: each (lo, hi, bucket)
+        piece of `split` replayed in turn and its rows copied into one pinned buffer. The replays
+        and copies are queued now; the returned function waits for them and gives the outputs as
+        numpy views of that buffer (which the arrays own). The calling thread is free in between,
+        and the next launch may be queued first. Inputs may be on the host: each is copied
+        straight into its static buffer."""
         n = inputs[0].shape[0]
-        host = torch.empty((n, captured.packed.shape[1]), dtype=torch.uint8, pin_memory=True)
-        host.copy_(captured.packed[:n], non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(torch.cuda.current_stream(self._index))
+        host = torch.empty((n, self.layout.row_bytes), dtype=torch.uint8, pin_memory=True)
+        for lo, hi, bucket in split:
+            captured = self._replayed(bucket, tuple(t[lo:hi] for t in inputs))
+            host[lo:hi].copy_(captured.packed[: hi - lo], non_blocking=True)
+        copied = self._released()
         layout = self.layout
 
         def wait() -> list[np.ndarray]:
@@ -184,9 +195,20 @@ class CudaGraphRunner:
                 raise EngineError(
                     f"Input shape {tuple(src.shape)} does not fit the captured {tuple(dst.shape)}."
                 )
+        if self._done is not None:  # the previous launch, perhaps from another stream, is done first
+            torch.cuda.current_stream(self._index).wait_event(self._done)
+        for dst, src in zip(captured.inputs, inputs, strict=True):
             dst[:n].copy_(src, non_blocking=True)
         captured.graph.replay()
         return captured
+
+    def _released(self) -> torch.cuda.Event:
+        """Marks, on this stream, where this use of the static buffers ends (after its outputs
+        were copied out): the next use waits for it."""
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self._index))
+        self._done = done
+        return done
 
     def close(self) -> None:
         self.graphs.clear()

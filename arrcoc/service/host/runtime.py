@@ -49,7 +49,8 @@ class Runtime(EngineHost):
         self._build_lock = threading.RLock()
         self._stages: dict[str, Stages] = {}  # each backend's decode, engine and outputs stages
         self._batchers: dict[str, DynamicBatcher] = {}  # each backend's gather stage
-        self.device_lock = threading.RLock()  # held per engine call; a benchmark holds it throughout
+        # held while an engine call starts; a benchmark holds it throughout
+        self.device_lock = threading.RLock()
         self._streams = threading.local()  # a CUDA stream per thread (_thread_stream)
 
     # -- the engine ------------------------------------------------------------------------
@@ -333,6 +334,9 @@ class Runtime(EngineHost):
         t0 = time.perf_counter()
         before = self.submitted
         with self.device_lock:
+            device = resolve_device(self.settings.engine.device)
+            if device.type == "cuda" and torch.cuda.is_initialized():
+                torch.cuda.synchronize(device)  # the engine calls started before it, finished
             note: dict[str, Any] = {"waited_for_device_ms": round((time.perf_counter() - t0) * 1e3, 1)}
             t1 = time.perf_counter()
             try:

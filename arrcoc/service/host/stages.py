@@ -7,8 +7,8 @@
 - **decode**: an interactive batch's JPEGs, which `prepare` only checked, in one nvJPEG call on a
   stream of its own (`Stages.decode`; elsewhere requests arrive decoded, in their own threads); a
   step's images, and their overlays' views, together (`RelevancePipeline.prepare_many`).
-- **engine**: one engine call under the device lock, padded to its bucket, started now and
-  waited for later (`Stages.engine_calls`); a call that fails to start runs again item by item
+- **engine**: one engine call, started under the device lock and waited for later, padded to its
+  bucket (`Stages.engine_calls`); a call that fails to start runs again item by item
   (`arrcoc.isolation.isolated`), so a bad item fails only itself.
 - **outputs**: per interactive request its result, built by the request's own thread
   (`Stages.engine`, `arrcoc.pipeline.BatchResults`); per step its results as columns
@@ -60,7 +60,7 @@ class Stages:
 
     def __init__(self, pipe: RelevancePipeline, device_lock: threading.RLock):
         self.pipe = pipe
-        self.device_lock = device_lock  # held per engine call; a benchmark holds it throughout
+        self.device_lock = device_lock  # held while an engine call starts; a benchmark holds it throughout
         # on a GPU that decodes JPEGs, a gathered batch decodes on a stream of its own while the
         # device runs the batch before (the gather stage overlaps them); elsewhere nothing to overlap
         self.overlap = pipe.decoder.gpu
@@ -95,22 +95,11 @@ class Stages:
     ) -> Callable[[], list[tuple[list[int], BatchResults | Exception]]]:
         """The requests in one engine call, started now; the returned function waits for it: per
         call, its requests' positions and its outputs or error (one call, or one per request when
-        the batch failed to start: `isolated`). The device is held from one to the other (call
-        the function, on this thread)."""
-        self.device_lock.acquire()
-        try:
-            wait = isolated(self.pipe.launch, requests)
-        except BaseException:
-            self.device_lock.release()
-            raise
-
-        def collect() -> list[tuple[list[int], BatchResults | Exception]]:
-            try:
-                return wait()
-            finally:
-                self.device_lock.release()
-
-        return collect
+        the batch failed to start: `isolated`). The device is held while the call starts: the next
+        may start before this one ends, its work queued behind this one's on the device
+        (arrcoc.engine.cuda_graph)."""
+        with self.device_lock:
+            return isolated(self.pipe.launch, requests)
 
     # -- outputs ---------------------------------------------------------------------------
     def engine(self, requests: list[PreparedRequest]) -> Callable[[], list[ItemResult | Exception]]:
