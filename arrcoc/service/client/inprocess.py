@@ -159,12 +159,9 @@ class InProcessExecutor(Executor):
             self.store.set_state(
                 job_id, JobState.FAILED, reason_for(e), expect=(JobState.PENDING, JobState.RUNNING)
             )
-        if (
-            JobState(self.store.record(job_id)["state"]) != JobState.DONE
-        ):  # done: released as it was marked so
-            release(
-                job_dir(self.settings, job_id)
-            )  # over: its inputs go, its reservation shrinks to its results
+        # over: its inputs go, its reservation shrinks to its results (a done job's went as it was marked so)
+        if JobState(self.store.record(job_id)["state"]) != JobState.DONE:
+            release(job_dir(self.settings, job_id))
         return True
 
     def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:

@@ -24,7 +24,7 @@ from ...settings import Settings
 from ...tuning import FOLLOW_POLL_S
 from .budget import release
 from .files import job_dir
-from .parts import PART_SUFFIX, Part, read_part, runs
+from .parts import Part, read_parts, runs
 from .results_zip import ResultsZip, build_results_zip
 from .store import JobStore
 from .types import JobState
@@ -103,7 +103,7 @@ def follow(job_id: str, out: ResultsZip, total: int, store: JobStore, deadline: 
     read: set[str] = set()
     all_recorded = False  # every item was recorded when last asked
     while not out.complete(total):
-        _read_new_parts(jd, read, found)
+        read_parts(jd, found, read)
         ready = out.next_index
         while ready in found:
             ready += 1
@@ -133,16 +133,6 @@ def follow(job_id: str, out: ResultsZip, total: int, store: JobStore, deadline: 
             time.sleep(FOLLOW_POLL_S)
     if not out.complete(total):
         out.abandon()
-
-
-def _read_new_parts(jd: Path, read: set[str], found: dict[int, tuple[Part, int]]) -> None:
-    """Parts not read yet, oldest first, into `found` (a later part's row for an item wins)."""
-    for path in sorted((jd / "results").glob(f"*{PART_SUFFIX}")):
-        if path.name in read:
-            continue
-        read.add(path.name)
-        part = read_part(path)
-        found.update({int(i): (part, row) for row, i in enumerate(part.rows["index"].to_numpy())})
 
 
 __all__ = ["FINISH_LOCK", "finishing", "follow", "maybe_finalize"]

@@ -258,12 +258,19 @@ def read_part(path: Path) -> Part:
 
 
 # -- reading parts back ---------------------------------------------------------------------------
-def read_parts(jd: Path) -> dict[int, tuple[Part, int]]:
-    """index -> (part, row) of every written row. Parts are read oldest first, so an item written
-    again (its first worker died before recording it) keeps its last row: the one the job store
-    recorded."""
-    found: dict[int, tuple[Part, int]] = {}
+def read_parts(
+    jd: Path, found: dict[int, tuple[Part, int]] | None = None, read: set[str] | None = None
+) -> dict[int, tuple[Part, int]]:
+    """index -> (part, row) of every written row, added to `found`; parts named in `read` are
+    skipped, and those read now are added to it (a caller reading the parts again as they come).
+    Parts are read oldest first, so an item written again (its first worker died before recording
+    it) keeps its last row: the one the job store recorded."""
+    found = {} if found is None else found
     for path in sorted((jd / "results").glob(f"*{PART_SUFFIX}")) if (jd / "results").is_dir() else ():
+        if read is not None:
+            if path.name in read:
+                continue
+            read.add(path.name)
         part = read_part(path)
         index = part.rows["index"].to_numpy()
         found.update({int(i): (part, row) for row, i in enumerate(index)})
