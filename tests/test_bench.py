@@ -244,6 +244,8 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     mean = (report["engine_alone"]["images_per_s"] + report["engine_alone_after"]["images_per_s"]) / 2
     assert ratio["against_mean"] == round(job["images_per_s"] / mean, 3)
     assert ratio["against_faster"] <= ratio["against_mean"]
+    bare = report["batch_inprocess"]["jpeg_800x600_no_overlays"]  # the job without overlays, the same way
+    assert ratio["no_overlays"]["against_mean"] == round(bare["images_per_s"] / mean, 3)
     alone = report["stages_alone"]  # the job's other stages alone: what one process cannot outrun
     assert {"decode", "decode_pixels", "overlays", "decode_interactive"} <= set(alone)
     assert "decode_12mp" not in alone
@@ -296,6 +298,7 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     assert (
         f"**{best['overlays']}x**" in text
         and "| inprocess | jpeg_800x600_no_overlays | 16 (0 failed) | none |" in text
+        and f"without overlays **{ratio['no_overlays']['against_mean']}**" in text
     )
     paths = write(report, tmp_path / "e2e")
     assert json.loads(paths[0].read_text())["job_over_engine_alone"] == ratio
