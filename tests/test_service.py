@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from helpers import BROKER, make_zip, png_bytes, seeded_weights
 from PIL import Image
 
@@ -322,6 +323,46 @@ def test_a_runtime_leaves_a_lent_pipeline_open(settings):
         assert owner.process([png_bytes(3)], ["the sky"], Controls(), "jpeg").result(0) is not None
     finally:
         owner.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_steps_at_once_on_the_gpu_get_what_each_gets_alone():
+    """Engine calls start while earlier ones still run, each step thread on its own CUDA stream,
+    all into the same captured graphs (arrcoc.engine.cuda_graph orders their uses on the device):
+    steps run 8 at once on 8 threads give, bit for bit, what each gives alone — steps over the
+    largest bucket, within it, and of odd sizes. A missing wait between two calls' uses of the
+    graphs' buffers shows as rows of another step."""
+    from arrcoc.service.host.runtime import Runtime
+
+    def jpeg(seed: int) -> bytes:
+        out = io.BytesIO()
+        Image.open(io.BytesIO(png_bytes(seed, size=160))).convert("RGB").save(out, "JPEG")
+        return out.getvalue()
+
+    rt = Runtime(
+        default_settings(engine={"device": "cuda", "backend": "compiled", "backends": ("compiled",)})
+    )
+    try:
+        rt.warm()
+        photos = [jpeg(i) for i in range(600)]
+        queries = [("the sky", "a red car", "green grass", "a face", "water")[i % 5] for i in range(600)]
+        fields = ("relevance", "selected", "budgets", "budget_map", "match_score")
+        for size in (128, 200, 37):
+            spans = [(lo, min(len(photos), lo + size)) for lo in range(0, len(photos), size)]
+
+            def step(span: tuple[int, int]):
+                return rt.process(photos[span[0] : span[1]], queries[span[0] : span[1]], Controls(), "none")
+
+            alone = [step(span) for span in spans]
+            with ThreadPoolExecutor(8) as pool:
+                together = list(pool.map(step, spans))
+            for a, b in zip(alone, together, strict=True):
+                assert all(b.outputs.ok) and all(
+                    np.array_equal(getattr(a.outputs, f), getattr(b.outputs, f)) for f in fields
+                ), f"a step of {size} differs when run beside others"
+    finally:
+        rt.close()
 
 
 def test_the_device_is_held_while_a_batch_starts_and_never_left_held(settings, monkeypatch):
