@@ -330,9 +330,9 @@ def test_a_runtime_leaves_a_lent_pipeline_open(settings):
 def test_steps_at_once_on_the_gpu_get_what_each_gets_alone():
     """Engine calls start while earlier ones still run, each step thread on its own CUDA stream,
     all into the same captured graphs (arrcoc.engine.cuda_graph orders their uses on the device):
-    steps run 8 at once on 8 threads give, bit for bit, what each gives alone — steps over the
-    largest bucket, within it, and of odd sizes. A missing wait between two calls' uses of the
-    graphs' buffers shows as rows of another step."""
+    steps run at once on the runtime's step threads, as a job runs them, give bit for bit what
+    each gives alone — steps over the largest bucket, within it, and of odd sizes. A missing wait
+    between two calls' uses of the graphs' buffers shows as rows of another step."""
     from arrcoc.service.host.runtime import Runtime
 
     def jpeg(seed: int) -> bytes:
@@ -355,8 +355,7 @@ def test_steps_at_once_on_the_gpu_get_what_each_gets_alone():
                 return rt.process(photos[span[0] : span[1]], queries[span[0] : span[1]], Controls(), "none")
 
             alone = [step(span) for span in spans]
-            with ThreadPoolExecutor(8) as pool:
-                together = list(pool.map(step, spans))
+            together = list(rt.step_pool.map(step, spans))
             for a, b in zip(alone, together, strict=True):
                 assert all(b.outputs.ok) and all(
                     np.array_equal(getattr(a.outputs, f), getattr(b.outputs, f)) for f in fields

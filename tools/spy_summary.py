@@ -1,7 +1,8 @@
-"""Where the GIL's time went in an interactive run or a batch job: a `py-spy record --gil --format raw` file of
-tools/interactive_probe.py or of a worker group's engine or Celery process, by thread role
+"""Where the GIL's time went in an interactive run or a batch job: a `py-spy record --gil --format raw`
+file of tools/interactive_probe.py or of a worker group's engine or Celery process, by thread role
 (callers, the batcher's thread, the engine process's connection threads, a batch job's step
-threads and follower, Celery's consumer and task threads; "other": none of these) and by function (inclusive), as shares of those samples.
+threads and follower, Celery's consumer and task threads; "other": none of these) and by function
+(inclusive), as shares of those samples.
 
     python tools/spy_summary.py spy-interactive.txt [--top 40]
 """

@@ -984,17 +984,15 @@ def markdown(report: dict[str, Any]) -> str:
         ]
     ratio = report.get("job_over_engine_alone")
     if ratio:
-        lines += [
-            "",
+        line = (
             f"The 800x600 job in-process over the engine alone: **{ratio['against_mean']}** against the"
             f" mean of the two, {ratio['against_faster']} against the faster"
-            + (
-                f"; without overlays **{ratio['no_overlays']['against_mean']}**,"
-                f" {ratio['no_overlays']['against_faster']} against the faster."
-                if ratio.get("no_overlays")
-                else "."
-            ),
-        ]
+        )
+        if bare := ratio.get("no_overlays"):
+            line += (
+                f"; without overlays **{bare['against_mean']}**, {bare['against_faster']} against the faster"
+            )
+        lines += ["", line + "."]
     peers = report.get("peers")
     if peers:
         lines += [

@@ -156,6 +156,7 @@ class CudaGraphRunner:
 
     def replay(self, bucket: int, *inputs: Tensor) -> tuple[Tensor, ...]:
         """Copy n <= bucket real rows in, replay, return the n rows of every output, cloned."""
+        self._after_previous()
         captured = self._replayed(bucket, inputs)
         n = inputs[0].shape[0]
         out = tuple(o[:n].clone() for o in captured.outputs)
@@ -173,6 +174,7 @@ class CudaGraphRunner:
         straight into its static buffer."""
         n = inputs[0].shape[0]
         host = torch.empty((n, self.layout.row_bytes), dtype=torch.uint8, pin_memory=True)
+        self._after_previous()
         for lo, hi, bucket in split:
             captured = self._replayed(bucket, tuple(t[lo:hi] for t in inputs))
             host[lo:hi].copy_(captured.packed[: hi - lo], non_blocking=True)
@@ -195,12 +197,15 @@ class CudaGraphRunner:
                 raise EngineError(
                     f"Input shape {tuple(src.shape)} does not fit the captured {tuple(dst.shape)}."
                 )
-        if self._done is not None:  # the previous launch, perhaps from another stream, is done first
-            torch.cuda.current_stream(self._index).wait_event(self._done)
-        for dst, src in zip(captured.inputs, inputs, strict=True):
             dst[:n].copy_(src, non_blocking=True)
         captured.graph.replay()
         return captured
+
+    def _after_previous(self) -> None:
+        """This stream waits, on the device, for the previous use of the static buffers (perhaps
+        launched from another stream) to end before this use begins."""
+        if self._done is not None:
+            torch.cuda.current_stream(self._index).wait_event(self._done)
 
     def _released(self) -> torch.cuda.Event:
         """Marks, on this stream, where this use of the static buffers ends (after its outputs

@@ -310,12 +310,17 @@ class Runtime(EngineHost):
             stream = self._streams.stream = torch.cuda.Stream(device)
         return stream
 
+    def _gpu_in_use(self) -> torch.device | None:
+        """This process's GPU once CUDA is up in it; None otherwise (nothing there to wait for)."""
+        device = resolve_device(self.settings.engine.device)
+        return device if device.type == "cuda" and torch.cuda.is_initialized() else None
+
     def device_lost(self) -> str | None:
         """Why this process's GPU can run nothing more, or None. A CUDA error that sticks to the
         process's context (a device-side assert, an illegal memory access) fails every later call,
         so it shows in a synchronize; other errors (out of memory, a bad argument) do not."""
-        device = resolve_device(self.settings.engine.device)
-        if device.type != "cuda" or not torch.cuda.is_initialized():
+        device = self._gpu_in_use()
+        if device is None:
             return None
         try:
             torch.cuda.synchronize(device)
@@ -334,8 +339,7 @@ class Runtime(EngineHost):
         t0 = time.perf_counter()
         before = self.submitted
         with self.device_lock:
-            device = resolve_device(self.settings.engine.device)
-            if device.type == "cuda" and torch.cuda.is_initialized():
+            if (device := self._gpu_in_use()) is not None:
                 torch.cuda.synchronize(device)  # the engine calls started before it, finished
             note: dict[str, Any] = {"waited_for_device_ms": round((time.perf_counter() - t0) * 1e3, 1)}
             t1 = time.perf_counter()

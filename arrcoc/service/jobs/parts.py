@@ -266,11 +266,11 @@ def read_parts(
     Parts are read oldest first, so an item written again (its first worker died before recording
     it) keeps its last row: the one the job store recorded."""
     found = {} if found is None else found
+    read = set() if read is None else read
     for path in sorted((jd / "results").glob(f"*{PART_SUFFIX}")) if (jd / "results").is_dir() else ():
-        if read is not None:
-            if path.name in read:
-                continue
-            read.add(path.name)
+        if path.name in read:
+            continue
+        read.add(path.name)
         part = read_part(path)
         index = part.rows["index"].to_numpy()
         found.update({int(i): (part, row) for row, i in enumerate(index)})
