@@ -164,7 +164,7 @@ class BatchingSettings(BaseModel):
     # 16, not 32: with many callers on a GPU two batches then take turns, one decoding while the
     # other runs, which serves more requests a second than one larger batch
     # (docs/service.md#dynamic-batching; tools/interactive_probe.py measures it)
-    max_size: int = 16
+    max_size: int = 32
     max_delay_ms: float = 5.0
     # wait the batching delay even when idle: off, a request arriving in a quiet period (the last
     # batch was a single request and nobody is waiting) runs at once instead of waiting for company
