@@ -99,7 +99,7 @@ class EngineSettings(BaseModel):
     # process's consumer is bound by its GIL; several feed one batcher). 1 (and no devices): the
     # engine runs inside the worker process.
     worker_processes: int = 1
-    worker_threads: int | None = None  # None: batching.max_size + 4 (threads pool: batching needs them)
+    worker_threads: int | None = None  # None: arrcoc.tuning.WORKER_THREADS
 
     _lists = field_validator("devices", "backends", "buckets", mode="before")(_list)
 
@@ -161,9 +161,9 @@ class BatchingSettings(BaseModel):
 
     model_config = _GROUP
 
-    # 16, not 32: with many callers on a GPU two batches then take turns, one decoding while the
-    # other runs, which serves more requests a second than one larger batch
-    # (docs/service.md#dynamic-batching; tools/interactive_probe.py measures it)
+    # 32: with many callers on a GPU fewer, larger batches spend less of the batcher's one thread
+    # per request on nvJPEG's and the engine's per-call costs (docs/service.md#dynamic-batching;
+    # tools/interactive_probe.py and `arrcoc bench e2e` measure it)
     max_size: int = 32
     max_delay_ms: float = 5.0
     # wait the batching delay even when idle: off, a request arriving in a quiet period (the last

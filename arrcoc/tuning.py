@@ -28,6 +28,13 @@ LARGE_DECODES = 2
 
 # --- Workers (worker/) ---
 
+# A Celery process's threads unless ARRCOC_ENGINE__WORKER_THREADS says otherwise. Each task holds
+# one while it runs (an interactive request waiting on the engine, a chunk running its steps), and
+# with a prefetch of one per thread it is also how many messages the process reserves: enough for
+# its interactive requests to fill a batch together with other processes', not so many that one
+# process holds chunks that others could run.
+WORKER_THREADS = 20
+
 # How long a worker that cannot read a job's data holds its chunk before giving it back: a worker
 # that sees the data may take it meanwhile, and the chunk does not spin between the two.
 GIVE_BACK_WAIT_S = 2.0

@@ -8,10 +8,11 @@ from typing import Any
 
 from arrcoc.service.client.queue import queue_config
 from arrcoc.settings import Settings
+from arrcoc.tuning import WORKER_THREADS
 
 
 def worker_threads(settings: Settings) -> int:
-    return settings.engine.worker_threads or max(settings.batching.max_size, 1) + 4
+    return settings.engine.worker_threads or WORKER_THREADS
 
 
 def build(settings: Settings) -> dict[str, Any]:

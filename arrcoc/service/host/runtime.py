@@ -130,7 +130,7 @@ class Runtime(EngineHost):
 
     @property
     def interactive_batch(self) -> int:
-        """Largest batch the dynamic batcher gathers: ARRCOC_BATCHING__MAX_SIZE (16 by default) on a
+        """Largest batch the dynamic batcher gathers: ARRCOC_BATCHING__MAX_SIZE (32 by default) on a
         GPU, 1 on a CPU unless it is set (see CPU_MAX_BATCH); never over the largest bucket."""
         size = self.settings.batching.max_size
         if self.pipeline.device.type == "cpu":
