@@ -99,7 +99,7 @@ class EngineSettings(BaseModel):
     # process's consumer is bound by its GIL; several feed one batcher). 1 (and no devices): the
     # engine runs inside the worker process.
     worker_processes: int = 1
-    worker_threads: int | None = None  # None: arrcoc.tuning.WORKER_THREADS
+    worker_threads: int | None = None  # None: worker.config.worker_threads decides
 
     _lists = field_validator("devices", "backends", "buckets", mode="before")(_list)
 

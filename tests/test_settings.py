@@ -122,3 +122,18 @@ def test_the_cli_says_which_variable_to_rename_in_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("arrcoc: error:") and "ARRCOC_BROKER_URL -> ARRCOC_SERVICE__BROKER_URL" in err
     assert "Traceback" not in err
+
+
+def test_a_celery_process_has_the_threads_to_fill_a_batch_size_that_is_set(monkeypatch):
+    """A one-process worker's batches gather from its own task threads: a batch size set larger
+    than the default thread count gets the threads to fill it; an explicit thread count wins."""
+    from arrcoc.tuning import WORKER_THREADS
+    from worker.config import worker_threads
+
+    for name in ("ARRCOC_BATCHING__MAX_SIZE", "ARRCOC_ENGINE__WORKER_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    assert worker_threads(Settings()) == WORKER_THREADS
+    monkeypatch.setenv("ARRCOC_BATCHING__MAX_SIZE", "64")
+    assert worker_threads(Settings()) == 68
+    monkeypatch.setenv("ARRCOC_ENGINE__WORKER_THREADS", "3")
+    assert worker_threads(Settings()) == 3

@@ -12,7 +12,14 @@ from arrcoc.tuning import WORKER_THREADS
 
 
 def worker_threads(settings: Settings) -> int:
-    return settings.engine.worker_threads or WORKER_THREADS
+    """A Celery process's threads: ARRCOC_ENGINE__WORKER_THREADS; else, when the batch size is set,
+    enough to fill a batch (a one-process worker's batches gather from its own threads); else
+    WORKER_THREADS."""
+    if settings.engine.worker_threads:
+        return settings.engine.worker_threads
+    if "max_size" in settings.batching.model_fields_set:
+        return max(settings.batching.max_size, 1) + 4
+    return WORKER_THREADS
 
 
 def build(settings: Settings) -> dict[str, Any]:
