@@ -1,8 +1,9 @@
 """Batch-job overlays: the relevance map blended over the image, or the foveated view, a step at a
 time, where the pixels are.
 
-On a GPU the step's pictures are drawn together as tensors (arrcoc.render.blend_overlays) and come
-to the host in one copy, where Pillow encodes each (JPEG or PNG), as on a CPU worker. On a CPU worker Pillow draws (arrcoc.render.overlay)
+On a GPU the step's pictures are drawn together as tensors (arrcoc.render.blend_overlays); JPEGs
+are encoded there in one batched `encode_jpeg` call and come to the host in one copy, PNGs come to
+the host in one copy and Pillow encodes them. On a CPU worker Pillow draws (arrcoc.render.overlay)
 and encodes each picture, where the same tensor operations run several times slower. Both draw the
 same picture (to one level of rounding: tests/test_decode.py). The foveated view is tensor work on
 either device (arrcoc.foveate.foveate_views: one call per size of picture in the step). All of it
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from . import nvjpeg
 from .foveate import foveate_views
 from .render import blend_overlays, overlay
 from .settings import DEFAULT_OVERLAY_KIND
@@ -46,21 +48,27 @@ def encode(
             _save(overlay(Image.fromarray(v.numpy().transpose(1, 2, 0)), m), fmt, quality)
             for v, m in zip(views, maps, strict=True)
         ]
-    # drawn on the device, encoded on the host: Pillow encodes each picture without the GIL, so
-    # steps in flight encode side by side, where torchvision's nvJPEG encoder (one per process)
-    # takes one picture at a time and waits for each on a device busy with the other steps
-    return [_save(Image.fromarray(a), fmt, quality) for a in to_host(pictures)]
+    if fmt == "jpeg" and views[0].is_cuda:
+        # torchvision's encoder reads the pictures on a stream of its own, which does not wait
+        # for the one they were drawn on
+        torch.cuda.current_stream(views[0].device).synchronize()
+        return _to_host_bytes(nvjpeg.encode(pictures, quality))
+    return [_save(Image.fromarray(a.transpose(1, 2, 0)), fmt, quality) for a in to_host(pictures)]
 
 
 def to_host(pictures: Sequence[torch.Tensor]) -> list[np.ndarray]:
-    """(3, h, w) uint8 tensors on the device -> (h, w, 3) numpy arrays on the host (Pillow's
-    layout, laid out on the device), in one copy for the step."""
-    flat = torch.cat([p.permute(1, 2, 0).reshape(-1) for p in pictures]).cpu().numpy()
-    shapes = [(int(p.shape[1]), int(p.shape[2]), int(p.shape[0])) for p in pictures]
+    """(3, h, w) uint8 tensors on the device -> numpy arrays on the host, in one copy for the step."""
+    flat = torch.cat([p.reshape(-1) for p in pictures]).cpu().numpy()
     ends = np.cumsum([p.numel() for p in pictures])
-    return [
-        flat[end - p.numel() : end].reshape(hwc) for p, end, hwc in zip(pictures, ends, shapes, strict=True)
-    ]
+    return [flat[end - p.numel() : end].reshape(p.shape) for p, end in zip(pictures, ends, strict=True)]
+
+
+def _to_host_bytes(encoded: Sequence[torch.Tensor]) -> list[bytes]:
+    """Encoded pictures on the device -> bytes: one copy to the host for the step (the lengths are
+    known on the host)."""
+    flat = torch.cat(list(encoded)).cpu().numpy()
+    ends = np.cumsum([t.numel() for t in encoded])
+    return [flat[end - t.numel() : end].tobytes() for t, end in zip(encoded, ends, strict=True)]
 
 
 def _save(picture: Image.Image, fmt: str, quality: int = JPEG_QUALITY) -> bytes:
