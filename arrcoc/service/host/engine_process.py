@@ -49,7 +49,7 @@ from ...settings import DEFAULT_OVERLAY_KIND, Settings, get_settings
 from ...tuning import BENCH_PROGRESS_EVERY_S, ENGINE_DOWN_S
 from ..codec import error_from_wire, error_to_wire
 from ..jobs.types import BenchRequest
-from .interface import EngineHost, ProcessedBatch, Progress
+from .interface import EngineHost, ProcessedBatch, Progress, step_threads
 from .runtime import Runtime
 from .wiring import Wiring
 
@@ -271,6 +271,7 @@ class EngineClient(EngineHost):
         self._authkey = authkey
         self._lock = threading.Lock()
         self._info: dict[str, Any] | None = None
+        self.step_pool = step_threads(settings)
 
     def _conn(self, route: _Route) -> Connection:
         conn = getattr(route.local, "conn", None)
@@ -435,7 +436,7 @@ class EngineClient(EngineHost):
             self._release(route, 0)
 
     def close(self) -> None:
-        self._close_step_pool()
+        self.step_pool.shutdown(wait=False, cancel_futures=True)
         for route in self._routes:
             self._drop(route)
 

@@ -9,7 +9,6 @@ client/inprocess.py).
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -157,12 +156,16 @@ class ProcessedBatch:
         )
 
 
-_STEP_POOL_LOCK = threading.Lock()  # only while a host's step threads are first made
+def step_threads(settings: Settings) -> ThreadPoolExecutor:
+    """An engine host's batch pipeline step threads (batching.steps_in_flight; each starts on first
+    use), shared by every chunk the host runs, whoever sent it: each carries a step from its files
+    to its recorded results, so one step is written while the next is decoded and run."""
+    return ThreadPoolExecutor(settings.batching.steps_in_flight, thread_name_prefix="arrcoc-step")
 
 
 class EngineHost(ABC):
     settings: Settings
-    _steps: ThreadPoolExecutor | None = None
+    step_pool: ThreadPoolExecutor  # step_threads(settings), made with the host
 
     @abstractmethod
     def warm(self) -> None:
@@ -198,21 +201,6 @@ class EngineHost(ABC):
         few engine calls as the buckets allow, overlays drawn and encoded together (`overlay`:
         jpeg, png or none; `kind`: what they show, arrcoc.settings.OVERLAY_KINDS). Results as
         columns over the items, in order; a bad item fails alone."""
-
-    @property
-    def step_pool(self) -> ThreadPoolExecutor:
-        """The batch pipeline's step threads on this side (batching.steps_in_flight), shared by every
-        chunk this process runs, whoever sent it: each carries a step from its files to its
-        recorded results, so one step is written while the next is decoded and run."""
-        with _STEP_POOL_LOCK:
-            if self._steps is None:
-                n = self.settings.batching.steps_in_flight
-                self._steps = ThreadPoolExecutor(n, thread_name_prefix="arrcoc-step")
-            return self._steps
-
-    def _close_step_pool(self) -> None:
-        if self._steps is not None:
-            self._steps.shutdown(wait=False, cancel_futures=True)
 
     @abstractmethod
     def benchmark(

@@ -32,7 +32,7 @@ from ...tuning import CPU_MAX_BATCH
 from ..codec import error_to_wire
 from ..jobs.types import BenchRequest
 from .batching import DynamicBatcher
-from .interface import EngineHost, ProcessedBatch, Progress
+from .interface import EngineHost, ProcessedBatch, Progress, step_threads
 from .stages import Stages, on_stream
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class Runtime(EngineHost):
         # held while an engine call starts; a benchmark holds it throughout
         self.device_lock = threading.RLock()
         self._streams = threading.local()  # a CUDA stream per thread (_thread_stream)
+        self.step_pool = step_threads(settings)
 
     # -- the engine ------------------------------------------------------------------------
     @property
@@ -154,7 +155,7 @@ class Runtime(EngineHost):
             with self._build_lock:
                 stages = self._stages.get(name)
                 if stages is None:
-                    stages = self._stages[name] = Stages(pipe, self.device_lock)
+                    stages = self._stages[name] = Stages(pipe, self.device_lock, self._thread_stream)
         return stages
 
     def run_batch(
@@ -363,7 +364,7 @@ class Runtime(EngineHost):
         return report, note
 
     def close(self) -> None:
-        self._close_step_pool()
+        self.step_pool.shutdown(wait=False, cancel_futures=True)
         for batcher in self._batchers.values():
             batcher.close()
         for pipe in self._pipelines.values():

@@ -58,17 +58,18 @@ def on_stream(stream: torch.cuda.Stream) -> Iterator[None]:
 class Stages:
     """One backend's decode, engine and outputs stages on this engine host."""
 
-    def __init__(self, pipe: RelevancePipeline, device_lock: threading.RLock):
+    def __init__(
+        self,
+        pipe: RelevancePipeline,
+        device_lock: threading.RLock,
+        thread_stream: Callable[[torch.device], torch.cuda.Stream | None],
+    ):
         self.pipe = pipe
         self.device_lock = device_lock  # held while an engine call starts; a benchmark holds it throughout
+        self.thread_stream = thread_stream  # the calling thread's own CUDA stream (Runtime._thread_stream)
         # on a GPU that decodes JPEGs, a gathered batch decodes on a stream of its own while the
         # device runs the batch before (the gather stage overlaps them); elsewhere nothing to overlap
         self.overlap = pipe.decoder.gpu
-
-    @functools.cached_property
-    def _stream(self) -> torch.cuda.Stream:
-        """The decode stage's own CUDA stream (made on first use: a step never decodes on it)."""
-        return torch.cuda.Stream(self.pipe.device)
 
     # -- decode ----------------------------------------------------------------------------
     def decode(self, requests: list[PreparedRequest]) -> list[PreparedRequest | ArrcocError]:
@@ -76,7 +77,7 @@ class Stages:
         with its pixels or its ImageError (off the GPU decoder, the requests as they came)."""
         if not self.overlap:
             return requests
-        stream = self._stream
+        stream = self.thread_stream(self.pipe.device)  # the batcher's, beside the engine's
         t0 = time.perf_counter()
 
         def stamp() -> float:
