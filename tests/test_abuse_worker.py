@@ -225,7 +225,7 @@ def test_a_chunk_that_raises_ends_its_job_with_counts(ex):
     from arrcoc.service.client.queue import PRIORITY_CHUNK, TASK_CHUNK
     from arrcoc.service.jobs import batch
 
-    job, chunks = batch.create_batch_job(
+    job, chunks, _ = batch.create_batch_job(
         make_zip({f"{i}.png": png_bytes(48, seed=i) for i in range(6)}),
         "the sky",
         None,

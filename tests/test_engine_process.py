@@ -93,7 +93,9 @@ def test_a_chunk_runs_in_the_engine_process_as_in_process(served, tmp_path):
     store = RedisJobStore(redis_client(BROKER, 5.0), prefix)
     try:
         files = {f"{i}.png": png_bytes(i) for i in range(3)} | {"bad.png": b"not an image"}
-        job, chunks = batch.create_batch_job(make_zip(files), "the sky", None, s, store, overlays="relevance")
+        job, chunks, _ = batch.create_batch_job(
+            make_zip(files), "the sky", None, s, store, overlays="relevance"
+        )
         out = batch.run_chunk(job, 0, 4, client, store, s)
         assert out["processed"] == 4, out
         st = store.status(job)

@@ -726,7 +726,7 @@ def test_a_redelivered_chunk_leaves_every_item_once(inprocess, settings, monkeyp
 
     step = jobs.step_items(inprocess.runtime)
     n = 2 * step + 3
-    job, chunks = jobs.create_batch_job(
+    job, chunks, _ = jobs.create_batch_job(
         make_zip({f"{i:02d}.png": png_bytes(i) for i in range(n)}),
         "q",
         None,
@@ -802,7 +802,7 @@ def test_inprocess_cancel_and_bench(inprocess):
 def test_an_item_that_keeps_killing_workers_fails_with_a_reason(inprocess, settings):
     from arrcoc.service.jobs import batch as jobs
 
-    job, chunks = jobs.create_batch_job(
+    job, chunks, _ = jobs.create_batch_job(
         make_zip({f"{i}.png": png_bytes(i) for i in range(3)}), "q", None, settings, inprocess.store
     )
     for _ in range(settings.jobs.max_redeliveries):  # three deliveries that each died on item 1
@@ -876,7 +876,7 @@ def test_a_chunk_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatc
     monkeypatch.setattr(jobs, "write_part", write)
     steps = 6
     n = steps * jobs.step_items(inprocess.runtime)
-    job, _ = jobs.create_batch_job(
+    job, _, _ = jobs.create_batch_job(
         make_zip({f"{i}.png": png_bytes(i) for i in range(n)}), "q", None, settings, inprocess.store
     )
     jobs.run_chunk(job, 0, n, CountedHost(), inprocess.store, settings)
@@ -988,7 +988,7 @@ def test_a_step_holds_at_most_step_bytes_of_input(inprocess, settings, monkeypat
         return real_read(jd, items)
 
     monkeypatch.setattr(jobs, "_read", read)
-    job, _ = jobs.create_batch_job(make_zip(photos), "q", None, settings, inprocess.store)
+    job, _, _ = jobs.create_batch_job(make_zip(photos), "q", None, settings, inprocess.store)
     jobs.run_chunk(job, 0, len(photos), inprocess.runtime, inprocess.store, settings)
     st = inprocess.status(job)
     assert (st.state, st.done, st.failed) == (JobState.DONE, len(photos), 0)

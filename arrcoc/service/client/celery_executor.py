@@ -154,7 +154,7 @@ class CeleryExecutor(Executor):
         ]
 
     # -- jobs --------------------------------------------------------------------------------
-    def _start_batch(self, job_id, chunks, owner):
+    def _start_batch(self, job_id, chunks, owner, pending):
         # the job's options are kept with the job (its record), so the chunk tasks' arguments stay as they were
         try:
             # a job's later chunks queue behind every job's first ones (Redis serves lower numbers

@@ -22,6 +22,7 @@ from ..jobs.types import BenchRequest, JobStatus
 
 if TYPE_CHECKING:
     from ...result import RelevanceResult
+    from ..jobs.archive import PendingArchive
 
 
 class Executor(ABC):
@@ -62,15 +63,31 @@ class Executor(ABC):
         None: the owner's).
         """
         self._check_types(archive, controls)
-        job_id, chunks = batch.create_batch_job(
-            bytes(archive), query, controls, self.settings, self.store, owner, overlays, paid_by
+        job_id, chunks, pending = batch.create_batch_job(
+            bytes(archive),
+            query,
+            controls,
+            self.settings,
+            self.store,
+            owner,
+            overlays,
+            paid_by,
+            defer_archive=self.starts_jobs_unwritten,
         )
-        self._start_batch(job_id, chunks, owner)
+        self._start_batch(job_id, chunks, owner, pending)
         return job_id
 
+    # whether a job may start before its zip is on disk, writing it ahead of its steps
+    # (batch.create_batch_job's `defer_archive`): where one thread runs the job, not processes that
+    # take its chunks from a queue and read its files
+    starts_jobs_unwritten = False
+
     @abstractmethod
-    def _start_batch(self, job_id: str, chunks: list[tuple[int, int]], owner: str | None) -> None:
-        """Hand a recorded job's chunks [start, stop) to whoever runs them."""
+    def _start_batch(
+        self, job_id: str, chunks: list[tuple[int, int]], owner: str | None, pending: PendingArchive | None
+    ) -> None:
+        """Hand a recorded job's chunks [start, stop) to whoever runs them; `pending`: its zip's
+        part still to write (only where `starts_jobs_unwritten`)."""
 
     @abstractmethod
     def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:

@@ -21,6 +21,7 @@ from ...settings import Settings, get_settings
 from ...tuning import JOB_STOP_WAIT_S
 from ..host.runtime import Runtime
 from ..jobs import batch, bench
+from ..jobs.archive import PendingArchive
 from ..jobs.budget import release
 from ..jobs.files import Reaper, job_dir, sweep_unreachable
 from ..jobs.finishing import maybe_finalize
@@ -49,6 +50,11 @@ class FairScheduler:
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    def idle(self) -> bool:
+        """No job running or waiting: one added now starts at once."""
+        with self._cv:
+            return not self._owners
 
     def add(self, owner: str, task: Task) -> None:
         with self._cv:
@@ -132,20 +138,40 @@ class InProcessExecutor(Executor):
         self._check_types(image, controls)
         return self.runtime.infer(bytes(image), query, controls or Controls(), timeout, backend)
 
-    def _start_batch(self, job_id, chunks, owner):
-        total = chunks[-1][1] if chunks else 0
-        self._jobs.add(owner or "", lambda yield_now: self._run_batch(job_id, total, yield_now))
+    starts_jobs_unwritten = True
 
-    def _run_batch(self, job_id: str, total: int, yield_now: Callable[[], bool] | None = None) -> bool:
+    def _start_batch(self, job_id, chunks, owner, pending):
+        total = chunks[-1][1] if chunks else 0
+        if pending is not None and not self._jobs.idle():
+            pending.write_all()  # it waits its turn: its zip on disk, not in memory
+        self._jobs.add(owner or "", lambda yield_now: self._run_batch(job_id, total, yield_now, pending))
+
+    def _run_batch(
+        self,
+        job_id: str,
+        total: int,
+        yield_now: Callable[[], bool] | None = None,
+        pending: PendingArchive | None = None,
+    ) -> bool:
         """The job's items not recorded yet, until `yield_now` says another owner waits; True once
         the job is over. Items are taken in one chunk, not Celery's: chunks are Celery's unit of
-        redelivery, which a job thread does not have, and each chunk's pipeline fills and drains anew."""
+        redelivery, which a job thread does not have, and each chunk's pipeline fills and drains anew.
+        `pending`: the job's zip still to write, ahead of the steps that read it."""
         try:
             if total:  # finished when its last item is recorded (batch.run_chunk)
                 ran = batch.run_chunk(
-                    job_id, 0, total, self.runtime, self.store, self.settings, yield_now=yield_now
+                    job_id,
+                    0,
+                    total,
+                    self.runtime,
+                    self.store,
+                    self.settings,
+                    yield_now=yield_now,
+                    pending=pending,
                 )
                 if ran.get("yielded"):
+                    if pending is not None:
+                        pending.write_all()  # it waits its next turn: its zip on disk, not in memory
                     return False
             else:
                 maybe_finalize(job_id, self.store, self.settings)

@@ -20,7 +20,7 @@ import struct
 import unicodedata
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -32,7 +32,7 @@ from ...errors import InvalidInputError, ServiceUnavailableError
 from ...images import draft_size, jpeg_header
 from ...request import validate_query
 from ...settings import Settings
-from ...tuning import CENTRAL_BYTES_PER_ENTRY, HEADER_READ_BYTES, PACK_ITEMS
+from ...tuning import ARCHIVE_PIECE, CENTRAL_BYTES_PER_ENTRY, HEADER_READ_BYTES, PACK_ITEMS
 from .budget import RESERVED, disk_full, outputs_estimate, reserve
 from .parts import stored_data_start
 
@@ -450,6 +450,39 @@ def _write_archive(archive: bytes, path: Path) -> None:
     path.write_bytes(archive)
 
 
+class PendingArchive:
+    """A job's archive (ARCHIVE) not yet on disk, written a piece at a time just ahead of the steps
+    that read its entries: in-process a job starts while its zip is still being written, instead of
+    after. Owned by the thread that runs the job: nothing else writes or reads its state."""
+
+    def __init__(self, archive: bytes, path: Path):
+        self.data: memoryview | None = memoryview(archive)
+        self.path = path
+        self.written = 0
+
+    def write_through(self, end: int) -> None:
+        """At least the archive's first `end` bytes on disk (whole pieces, ARCHIVE_PIECE)."""
+        if self.data is None or end <= self.written:
+            return
+        stop = min(len(self.data), max(end, self.written + ARCHIVE_PIECE))
+        with open(self.path, "r+b" if self.written else "wb") as f:
+            f.seek(self.written)
+            f.write(self.data[self.written : stop])
+        self.written = stop
+        if stop == len(self.data):
+            self.data = None  # all on disk: its memory goes
+
+    def write_all(self) -> None:
+        if self.data is not None:
+            self.write_through(len(self.data))
+
+    def write_items(self, items: Sequence[Item]) -> None:
+        """Whatever of the archive `items` read, on disk."""
+        ends = [it.offset + it.length for it in items if it.path == ARCHIVE]
+        if ends:
+            self.write_through(max(ends))
+
+
 def unpack(
     archive: bytes,
     query: str | None,
@@ -458,8 +491,11 @@ def unpack(
     owner: str | None = None,
     paid_by: str | None = None,
     pictures: bool = True,
+    write_archive: bool = True,
 ) -> list[Item]:
     """Check the zip, write its items under job_dir/inputs and job_dir/items.jsonl; return them.
+    `write_archive` False: the archive, which stored entries are read from in place, is left for
+    the caller to write (PendingArchive), its disk reserved already.
     Stored entries stay where they are in the archive, written once (ARCHIVE); compressed ones
     are decompressed into packs. Disk: at most the archive plus its declared expansion, both
     bounded by the settings, and its results (`pictures`: whether the job draws overlays),
@@ -489,7 +525,7 @@ def unpack(
     )
     reserve(settings, job_dir, owner, need, paid_by)
     try:
-        items = _extract(archive, zf, view, by_name, spans, pairs, job_dir, settings)
+        items = _extract(archive, zf, view, by_name, spans, pairs, job_dir, settings, write_archive)
         with open(job_dir / "items.jsonl", "wb") as f:
             f.writelines(orjson.dumps(it.to_json()) + b"\n" for it in items)
         if skipped:  # said in the job's status, never dropped silently
@@ -558,11 +594,14 @@ def _extract(
     pairs: list[tuple[str, str]],
     job_dir: Path,
     settings: Settings,
+    write_archive: bool = True,
 ) -> list[Item]:
     """The items' bytes written under job_dir/inputs: stored ones in place in the archive (written
-    once), compressed ones into packs, one copy per file."""
+    once, here unless `write_archive` is False), compressed ones into packs, one copy per file."""
     (job_dir / "inputs").mkdir(parents=True, exist_ok=True)
-    if spans:  # written as it came; each stored entry's CRC is checked when its item is read
+    if (
+        spans and write_archive
+    ):  # written as it came; each stored entry's CRC is checked when its item is read
         _write_archive(archive, job_dir / ARCHIVE)
     budget = _Budget(settings.limits.max_unpacked_bytes)
     # one copy per file, however many manifest rows name it

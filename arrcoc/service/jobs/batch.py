@@ -30,7 +30,7 @@ from ...errors import JobError
 from ...request import Controls, check_overlays
 from ...settings import DEFAULT_OVERLAY_KIND, OVERLAY_EXTENSIONS, Settings
 from ..host.interface import ProcessedBatch, StepOutputs
-from .archive import CorruptEntry, Item, load_items, skipped_note, unpack
+from .archive import ARCHIVE, CorruptEntry, Item, PendingArchive, load_items, skipped_note, unpack
 from .files import job_dir, new_job_id
 from .finishing import finishing, follow, maybe_finalize
 from .guard import process_isolated
@@ -55,8 +55,10 @@ def create_batch_job(
     owner: str | None = None,
     overlays: str | None = None,
     paid_by: str | None = None,
-) -> tuple[str, list[tuple[int, int]]]:
-    """Check and unpack the zip, record the job; returns its id and its chunks [start, stop).
+    defer_archive: bool = False,
+) -> tuple[str, list[tuple[int, int]], PendingArchive | None]:
+    """Check and unpack the zip, record the job; returns its id, its chunks [start, stop) and,
+    with `defer_archive`, the part of its inputs left to write as it runs (None: all on disk).
     `overlays`: the pictures it draws (arrcoc.settings.OVERLAYS; None: none, rows only);
     `paid_by`: whose disk share its reservation counts against (budget.payer; None: the owner's).
     Expired jobs' files are removed by the reaper (files.Reaper), not here."""
@@ -65,7 +67,18 @@ def create_batch_job(
     jd = job_dir(settings, job_id)
     jd.mkdir(parents=True)
     try:
-        items = unpack(archive, query, jd, settings, owner, paid_by=paid_by, pictures=drawn != "none")
+        items = unpack(
+            archive,
+            query,
+            jd,
+            settings,
+            owner,
+            paid_by=paid_by,
+            pictures=drawn != "none",
+            write_archive=not defer_archive,
+        )
+        in_place = any(it.path == ARCHIVE for it in items)
+        pending = PendingArchive(archive, jd / ARCHIVE) if defer_archive and in_place else None
         chunk = max(1, settings.batching.chunk_items)
         # job.json is the reaper's: it tells when the folder's files go
         (jd / "job.json").write_text(json.dumps({"expires_at": time.time() + settings.jobs.ttl_s}))
@@ -84,7 +97,7 @@ def create_batch_job(
     except BaseException:
         shutil.rmtree(jd, ignore_errors=True)
         raise
-    return job_id, [(i, min(i + chunk, len(items))) for i in range(0, len(items), chunk)]
+    return job_id, [(i, min(i + chunk, len(items))) for i in range(0, len(items), chunk)], pending
 
 
 # -- running a chunk --------------------------------------------------------------------------
@@ -153,12 +166,14 @@ def run_chunk(
     deadline: float | None = None,
     yield_now: Callable[[], bool] | None = None,
     following: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
+    pending: PendingArchive | None = None,
 ) -> dict[str, Any]:
     """Process items [start, stop) of a batch job; skips what is already recorded. `yield_now`,
     asked between steps, stops the chunk early (what ran is recorded; "yielded" in the answer):
     the in-process scheduler turns to another owner's job. `following`: the chunk that begins the
     job, once its own items ran, goes on writing results.zip while the job's other chunks run
-    (finishing.follow) within `following()`, when that says it may (a Celery worker's chunk)."""
+    (finishing.follow) within `following()`, when that says it may (a Celery worker's chunk).
+    `pending`: the job's inputs still to write (create_batch_job), each step's before it is handed out."""
     t_chunk = time.perf_counter()
     rec = store.record(job_id)
     state = JobState(rec["state"])
@@ -224,6 +239,7 @@ def run_chunk(
                 stages,
                 streamed,
                 yielding,
+                pending,
             )
             if done is None:
                 return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
@@ -288,6 +304,7 @@ def _run_group(
     stages: dict[str, float],
     streamed: ResultsZip | None,
     yield_now: Callable[[], bool] | None = None,
+    pending: PendingArchive | None = None,
 ) -> int | None:
     """The group's items through the batch pipeline, step by step; how many ran, or None if the
     job was cancelled. Each step goes read -> decode -> engine -> outputs (overlays when asked) ->
@@ -318,6 +335,8 @@ def _run_group(
                 late = "The chunk ran past its time limit; this item was not processed."
                 _fail_items(jd, store, job_id, [(it, late) for it in step])
                 continue
+            if pending is not None:  # the step reads its items from disk
+                pending.write_items(step)
             store.attempt_items(job_id, [it.index for it in step])
             # the engine host's step threads (docs/service.md#concurrency), shared with other chunks
             before = host.step_pool.submit(_run_step, host, jd, step, controls, fmt, kind, before, sink)
