@@ -1101,6 +1101,61 @@ def test_a_corrupt_stored_entry_fails_its_item_alone(inprocess):
     assert list(failed) == [2] and "'2.png' is corrupt (its checksum does not match)" in failed[2]
 
 
+def stored_zip(files: dict[str, bytes]) -> bytes:
+    """Entries stored as they are, as zip tools keep photos: the job reads them in place."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_a_job_that_starts_before_its_zip_is_written_reads_every_photo_whole(inprocess, monkeypatch):
+    """In-process a job starts while its zip is still being written, a piece ahead of each step:
+    with pieces of one byte and steps of a few photos, every photo is read whole (a photo read
+    before its bytes were on disk would fail its checksum)."""
+    from arrcoc.service.jobs import archive as archive_mod
+    from arrcoc.service.jobs import batch as batch_mod
+
+    monkeypatch.setattr(archive_mod, "ARCHIVE_PIECE", 1)
+    monkeypatch.setattr(batch_mod, "STEP_ITEMS", 3)
+    monkeypatch.setattr(batch_mod, "MIN_STEP_ITEMS", 3)
+    files = {f"{i}.png": png_bytes(i) for i in range(10)}
+    data = stored_zip(files)
+    written: list[int] = []
+    write_through = archive_mod.PendingArchive.write_through
+
+    def noted(self, end):
+        write_through(self, end)
+        written.append(self.written)
+
+    monkeypatch.setattr(archive_mod.PendingArchive, "write_through", noted)
+    job = inprocess.submit_batch(data, "the sky")
+    st = wait_finished(inprocess, job)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, 10, 0), inprocess.store.failed_items(job)
+    # the first step started with part of the zip on disk; each later one had its own bytes added
+    assert written[0] < len(data) and len(set(written)) > 1 and written == sorted(written)
+
+
+def test_a_job_that_waits_its_turn_has_its_zip_on_disk_when_submitted(inprocess):
+    """A job queued behind another holds no zip in memory: it is written whole at submission."""
+    from arrcoc.service.jobs.archive import ARCHIVE
+    from arrcoc.service.jobs.files import job_dir
+
+    running, release = threading.Event(), threading.Event()
+    inprocess._jobs.add("someone", lambda _yield_now: (running.set(), release.wait(60), True)[2])
+    assert running.wait(30)
+    data = stored_zip({f"{i}.png": png_bytes(i) for i in range(4)})
+    try:
+        job = inprocess.submit_batch(data, "the sky", owner="me")
+        assert (job_dir(inprocess.settings, job) / ARCHIVE).read_bytes() == data
+        assert inprocess.status(job, "me").state == JobState.PENDING
+    finally:
+        release.set()
+    st = wait_finished(inprocess, job)
+    assert (st.state, st.done, st.failed) == (JobState.DONE, 4, 0)
+
+
 def test_a_reservation_is_never_read_half_written(settings, tmp_path):
     """A job's reservation was rewritten in place when the job ended: a budget check reading it
     meanwhile found an empty file and counted the job as holding nothing (and a test reading it
