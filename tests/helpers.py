@@ -24,9 +24,11 @@ def png_bytes(seed: int, size: int = 48) -> bytes:
     return buf.getvalue()
 
 
-def make_zip(files: dict[str, bytes]) -> bytes:
+def make_zip(files: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> bytes:
+    """A zip of `files`; ZIP_STORED keeps them as they are, as zip tools keep photos (a job reads
+    such entries in place, from the archive)."""
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+    with zipfile.ZipFile(buf, "w", compression) as zf:
         for name, data in files.items():
             zf.writestr(name, data)
     return buf.getvalue()

@@ -1088,26 +1088,13 @@ def test_a_corrupt_stored_entry_fails_its_item_alone(inprocess):
     """A stored entry's CRC is checked when the pipeline reads it: the corrupt photo fails with
     that reason, its neighbours run (the zip was refused whole before, after a serial CRC pass)."""
     files = {f"{i}.png": png_bytes(i) for i in range(4)}
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:  # stored, as zip tools keep photos
-        for name, photo in files.items():
-            zf.writestr(name, photo)
-    data = bytearray(buf.getvalue())
+    data = bytearray(make_zip(files, zipfile.ZIP_STORED))
     data[data.find(files["2.png"]) + 100] ^= 0xFF  # one byte of one photo, its headers intact
     job = inprocess.submit_batch(bytes(data), "the sky")
     st = wait_finished(inprocess, job)
     assert (st.state, st.done, st.failed) == (JobState.DONE, 3, 1), st
     failed = inprocess.store.failed_items(job)
     assert list(failed) == [2] and "'2.png' is corrupt (its checksum does not match)" in failed[2]
-
-
-def stored_zip(files: dict[str, bytes]) -> bytes:
-    """Entries stored as they are, as zip tools keep photos: the job reads them in place."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
 
 
 def test_a_job_that_starts_before_its_zip_is_written_reads_every_photo_whole(inprocess, monkeypatch):
@@ -1121,7 +1108,7 @@ def test_a_job_that_starts_before_its_zip_is_written_reads_every_photo_whole(inp
     monkeypatch.setattr(batch_mod, "STEP_ITEMS", 3)
     monkeypatch.setattr(batch_mod, "MIN_STEP_ITEMS", 3)
     files = {f"{i}.png": png_bytes(i) for i in range(10)}
-    data = stored_zip(files)
+    data = make_zip(files, zipfile.ZIP_STORED)
     written: list[int] = []
     write_through = archive_mod.PendingArchive.write_through
 
@@ -1145,7 +1132,7 @@ def test_a_job_that_waits_its_turn_has_its_zip_on_disk_when_submitted(inprocess)
     running, release = threading.Event(), threading.Event()
     inprocess._jobs.add("someone", lambda _yield_now: (running.set(), release.wait(60), True)[2])
     assert running.wait(30)
-    data = stored_zip({f"{i}.png": png_bytes(i) for i in range(4)})
+    data = make_zip({f"{i}.png": png_bytes(i) for i in range(4)}, zipfile.ZIP_STORED)
     try:
         job = inprocess.submit_batch(data, "the sky", owner="me")
         assert (job_dir(inprocess.settings, job) / ARCHIVE).read_bytes() == data

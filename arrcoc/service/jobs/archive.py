@@ -453,7 +453,8 @@ def _write_archive(archive: bytes, path: Path) -> None:
 class PendingArchive:
     """A job's archive (ARCHIVE) not yet on disk, written a piece at a time just ahead of the steps
     that read its entries: in-process a job starts while its zip is still being written, instead of
-    after. Owned by the thread that runs the job: nothing else writes or reads its state."""
+    after. One thread at a time writes it: the submitter's while the job waits to be queued, then
+    the job thread's."""
 
     def __init__(self, archive: bytes, path: Path):
         self.data: memoryview | None = memoryview(archive)
