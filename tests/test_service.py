@@ -1001,6 +1001,21 @@ def test_a_step_holds_at_most_step_bytes_of_input(inprocess, settings, monkeypat
     assert [[it.index for it in step] for step in jobs.steps_of(big, 2)] == [[0, 1], [2, 3], [4]]
 
 
+def test_steps_in_flight_start_and_end_on_smaller_steps():
+    """With steps running side by side, a group's first step is cut into a quarter, a quarter and a
+    half, its last into a half, a quarter and a quarter (the decoder starts sooner, less is left once
+    it ends); every item still goes once, in order, and the byte cap still holds."""
+    from arrcoc.service.jobs import batch as jobs
+
+    items = [jobs.Item(i, f"{i}", "q", "p", 0, 10) for i in range(30)]
+    steps = jobs.steps_of(items, 8, ramp=True)
+    assert [len(s) for s in steps] == [2, 2, 4, 8, 8, 4, 1, 1]  # the last step of 6: 4, 1 and 1
+    assert [it.index for s in steps for it in s] == list(range(30))
+    assert [len(s) for s in jobs.steps_of(items[:8], 8, ramp=True)] == [2, 2, 4]
+    assert [len(s) for s in jobs.steps_of(items[:3], 8, ramp=True)] == [3]  # too few to cut
+    assert [len(s) for s in jobs.steps_of(items, 8)] == [8, 8, 8, 6]  # one step at a time: as they come
+
+
 def test_a_first_step_whose_items_all_failed_leaves_results_parquet_whole(inprocess):
     """A step whose items all failed knows neither K nor the grid: results.parquet still has the
     job's schema (the maps' width from the steps that ran), its rows first, one row group a step."""

@@ -110,8 +110,9 @@ def create_batch_job(
 STEP_ITEMS = 128
 MIN_STEP_ITEMS = 8
 # A step also ends at this much input (at least one item): its photos' bytes are in memory while it
-# runs, a few steps at once, so large photos go fewer to a step.
-STEP_BYTES = 64 << 20
+# runs, a few steps at once, so large photos go fewer to a step. Large photos' steps are still
+# several nvJPEG batches deep: the decoder, which they wait for, stays busy.
+STEP_BYTES = 32 << 20
 
 
 def step_items(host: EngineHost) -> int:
@@ -126,9 +127,13 @@ def steps_in_flight(host: EngineHost, settings: Settings) -> int:
     return 1 if host.on_cpu else settings.batching.steps_in_flight
 
 
-def steps_of(group: list[Item], size: int) -> list[list[Item]]:
+def steps_of(group: list[Item], size: int, ramp: bool = False) -> list[list[Item]]:
     """`group` cut into steps, in order, of at most `size` items and STEP_BYTES of input each (an
-    item larger than that alone)."""
+    item larger than that alone). With `ramp` (for steps that run side by side) the first step is
+    cut into a quarter, a quarter and a half, and the last into a half, a quarter and a quarter: the
+    decoder starts on a few items while the next are still being read, and little is left to draw
+    and write once the last decode ends. A job of large photos is a few steps long, so its start
+    and end are much of its time."""
     steps: list[list[Item]] = []
     step: list[Item] = []
     held = 0
@@ -139,7 +144,20 @@ def steps_of(group: list[Item], size: int) -> list[list[Item]]:
             step, held = [], 0
         step.append(it)
         held += n
-    return [*steps, step] if step else steps
+    steps = [*steps, step] if step else steps
+    if not ramp or not steps:
+        return steps
+    head = _quartered(steps[0])
+    if len(steps) == 1:
+        return head
+    tail = [part[::-1] for part in _quartered(steps[-1][::-1])][::-1]
+    return [*head, *steps[1:-1], *tail]
+
+
+def _quartered(step: list[Item]) -> list[list[Item]]:
+    """A step as a quarter, a quarter and the rest (steps of fewer than 4 items as they are)."""
+    q = len(step) // 4
+    return [step[:q], step[q : 2 * q], step[2 * q :]] if q else [step]
 
 
 def _key(it: Item) -> ItemKey:
@@ -240,6 +258,7 @@ def run_chunk(
                 streamed,
                 yielding,
                 pending,
+                ramp=start == 0 and stop >= total,
             )
             if done is None:
                 return {"job_id": job_id, "skipped": "cancelled", "processed": processed, "stage_ms": stages}
@@ -305,13 +324,16 @@ def _run_group(
     streamed: ResultsZip | None,
     yield_now: Callable[[], bool] | None = None,
     pending: PendingArchive | None = None,
+    ramp: bool = False,
 ) -> int | None:
     """The group's items through the batch pipeline, step by step; how many ran, or None if the
     job was cancelled. Each step goes read -> decode -> engine -> outputs (overlays when asked) ->
     sink on one of `steps_in_flight` step threads, the sink in step order: a step is written and
     recorded after the one before it, so while one writes, the next is on the device. This thread
     hands the steps out, asking before each whether the job was cancelled, another owner waits
-    (`yield_now`) or the deadline passed; what was handed out is recorded whatever stops it."""
+    (`yield_now`) or the deadline passed; what was handed out is recorded whatever stops it.
+    `ramp`: the group is the whole job, whose start and end nothing else runs beside (`steps_of`);
+    a chunk among others through Celery runs beside them, and cuts no more steps than it needs."""
     fmt = "none" if drawn == "none" else settings.jobs.overlay_format
     kind = DEFAULT_OVERLAY_KIND if drawn == "none" else drawn
     sink = _Sink(job_id, jd, store, OVERLAY_EXTENSIONS.get(fmt, ""), stages, streamed)
@@ -321,7 +343,7 @@ def _run_group(
     ran = 0
     cancelled = False
     try:
-        for step in steps_of(group, step_items(host)):
+        for step in steps_of(group, step_items(host), ramp=ramp and in_flight > 1):
             if len(running) == in_flight:  # a step is over (written) before another starts: bounded memory
                 done, future = running.popleft()
                 future.result()
