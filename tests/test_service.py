@@ -882,8 +882,10 @@ def test_a_chunk_holds_a_bounded_number_of_steps(inprocess, settings, monkeypatc
     jobs.run_chunk(job, 0, n, CountedHost(), inprocess.store, settings)
     st = inprocess.status(job)
     assert (st.state, st.done, st.failed) == (JobState.DONE, n, 0)
-    assert (seen["read"], seen["written"]) == (steps, steps)
     at_once = 1 if on_cpu else in_flight
+    # steps side by side start and end on smaller ones (batch.steps_of): 3 + 4 + 3 of the 6
+    cut = steps + 4 if at_once > 1 else steps
+    assert (seen["read"], seen["written"]) == (cut, cut)
     assert seen["most_active"] == at_once  # the steps overlap, as many as asked and no more
     assert seen["most_held"] <= at_once  # read and not yet written: the steps in flight
     assert (seen["written_while_running"] >= 1) == (at_once > 1)  # one written while the next runs
