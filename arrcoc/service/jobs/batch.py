@@ -110,8 +110,9 @@ def create_batch_job(
 STEP_ITEMS = 128
 MIN_STEP_ITEMS = 8
 # A step also ends at this much input (at least one item): its photos' bytes are in memory while it
-# runs, a few steps at once, so large photos go fewer to a step. Large photos' steps are still
-# several nvJPEG batches deep: the decoder, which they wait for, stays busy.
+# runs, a few steps at once, so large photos go fewer to a step. A step of 12 MP photos still holds
+# dozens: nvJPEG's hardware decoder, which such a job waits for, is kept busy only by several
+# photos a call.
 STEP_BYTES = 32 << 20
 
 
