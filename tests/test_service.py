@@ -1006,7 +1006,7 @@ def test_a_step_holds_at_most_step_bytes_of_input(inprocess, settings, monkeypat
 def test_steps_in_flight_start_and_end_on_smaller_steps():
     """With steps running side by side, a group's first step is cut into a quarter, a quarter and a
     half, its last into a half, a quarter and a quarter (the decoder starts sooner, less is left once
-    it ends); every item still goes once, in order, and the byte cap still holds."""
+    it ends); every item still goes once, in order; one step at a time, they are cut as they come."""
     from arrcoc.service.jobs import batch as jobs
 
     items = [jobs.Item(i, f"{i}", "q", "p", 0, 10) for i in range(30)]

@@ -151,14 +151,17 @@ def steps_of(group: list[Item], size: int, ramp: bool = False) -> list[list[Item
     head = _quartered(steps[0])
     if len(steps) == 1:
         return head
-    tail = [part[::-1] for part in _quartered(steps[-1][::-1])][::-1]
-    return [*head, *steps[1:-1], *tail]
+    return [*head, *steps[1:-1], *_quartered(steps[-1], from_end=True)]
 
 
-def _quartered(step: list[Item]) -> list[list[Item]]:
-    """A step as a quarter, a quarter and the rest (steps of fewer than 4 items as they are)."""
+def _quartered(step: list[Item], from_end: bool = False) -> list[list[Item]]:
+    """A step as a quarter, a quarter and the rest, or `from_end` as the rest, a quarter and a
+    quarter (steps of fewer than 4 items as they are)."""
     q = len(step) // 4
-    return [step[:q], step[q : 2 * q], step[2 * q :]] if q else [step]
+    if not q:
+        return [step]
+    a, b = (len(step) - 2 * q, len(step) - q) if from_end else (q, 2 * q)
+    return [step[:a], step[a:b], step[b:]]
 
 
 def _key(it: Item) -> ItemKey:
