@@ -62,9 +62,6 @@ BENCH_STATUS_EVERY_S = 0.5
 # Inputs are unpacked PACK_ITEMS to a file (inputs/<first index>.pack, items at offsets): creating
 # a file per item would be most of what unpacking costs (docs/service.md#batch-jobs).
 PACK_ITEMS = 64
-# A job whose zip is still being written (in-process: arrcoc.service.jobs.archive.PendingArchive)
-# writes it this much at a time ahead of its steps: few calls, and the first step waits for little.
-ARCHIVE_PIECE = 32 << 20
 # what one central-directory entry may take on average (46 fixed bytes, its name, extra field and
 # comment): the directory's size is bounded by the entry limit times this
 CENTRAL_BYTES_PER_ENTRY = 512

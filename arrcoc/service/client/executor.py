@@ -77,7 +77,7 @@ class Executor(ABC):
         self._start_batch(job_id, chunks, owner, pending)
         return job_id
 
-    # whether a job may start before its zip is on disk, writing it ahead of its steps
+    # whether a job may run from its zip in memory, never writing it unless it waits for a turn
     # (batch.create_batch_job's `defer_archive`): where one thread runs the job, not processes that
     # take its chunks from a queue and read its files
     starts_jobs_unwritten = False
@@ -86,8 +86,8 @@ class Executor(ABC):
     def _start_batch(
         self, job_id: str, chunks: list[tuple[int, int]], owner: str | None, pending: PendingArchive | None
     ) -> None:
-        """Hand a recorded job's chunks [start, stop) to whoever runs them; `pending`: its zip's
-        part still to write (only where `starts_jobs_unwritten`)."""
+        """Hand a recorded job's chunks [start, stop) to whoever runs them; `pending`: its zip,
+        still in memory (only where `starts_jobs_unwritten`)."""
 
     @abstractmethod
     def submit_bench(self, request: BenchRequest, owner: str | None = None) -> str:

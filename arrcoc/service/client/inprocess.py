@@ -156,7 +156,7 @@ class InProcessExecutor(Executor):
         """The job's items not recorded yet, until `yield_now` says another owner waits; True once
         the job is over. Items are taken in one chunk, not Celery's: chunks are Celery's unit of
         redelivery, which a job thread does not have, and each chunk's pipeline fills and drains anew.
-        `pending`: the job's zip still to write, ahead of the steps that read it."""
+        `pending`: the job's zip while in memory, which its steps read from."""
         try:
             if total:  # finished when its last item is recorded (batch.run_chunk)
                 ran = batch.run_chunk(

@@ -20,7 +20,7 @@ import struct
 import unicodedata
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -32,7 +32,7 @@ from ...errors import InvalidInputError, ServiceUnavailableError
 from ...images import draft_size, jpeg_header
 from ...request import validate_query
 from ...settings import Settings
-from ...tuning import ARCHIVE_PIECE, CENTRAL_BYTES_PER_ENTRY, HEADER_READ_BYTES, PACK_ITEMS
+from ...tuning import CENTRAL_BYTES_PER_ENTRY, HEADER_READ_BYTES, PACK_ITEMS
 from .budget import RESERVED, disk_full, outputs_estimate, reserve
 from .parts import stored_data_start
 
@@ -70,7 +70,10 @@ class Item:
         if f is None:
             f = opened[self.path] = open(job_dir / self.path, "rb")  # noqa: SIM115 -- closed by the caller
         f.seek(self.offset)
-        data = f.read(self.length)
+        return self.checked(f.read(self.length))
+
+    def checked(self, data: bytes) -> bytes:
+        """`data`, its bytes, once they match the CRC the zip declares (CorruptEntry if not)."""
         if self.crc is not None and zlib.crc32(data) != self.crc:
             raise CorruptEntry(
                 f"The zip entry {self.file!r} is corrupt (its checksum does not match); rebuild the zip."
@@ -446,42 +449,32 @@ def _stored_span(view: memoryview, info: zipfile.ZipInfo) -> tuple[int, int] | N
     return (start, info.file_size) if start + info.file_size <= len(view) else None
 
 
-def _write_archive(archive: bytes, path: Path) -> None:
+def _write_archive(archive: bytes | memoryview, path: Path) -> None:
     path.write_bytes(archive)
 
 
 class PendingArchive:
-    """A job's archive (ARCHIVE) not yet on disk, written a piece at a time just ahead of the steps
-    that read its entries: in-process a job starts while its zip is still being written, instead of
-    after. One thread at a time writes it: the submitter's while the job waits to be queued, then
-    the job thread's."""
+    """A job's archive (ARCHIVE) while it is in memory, not yet on disk. In-process a job starts at
+    once and its steps read their items from here; the archive goes to disk only when the job
+    waits for a turn (`write_all`), so a job that runs in one turn never writes it, nor reads it
+    back. One thread at a time writes it: the submitter's while the job waits to be queued, then
+    the job thread's between turns, when no step of the job runs."""
 
     def __init__(self, archive: bytes, path: Path):
         self.data: memoryview | None = memoryview(archive)
         self.path = path
-        self.written = 0
 
-    def write_through(self, end: int) -> None:
-        """At least the archive's first `end` bytes on disk (whole pieces, ARCHIVE_PIECE)."""
-        if self.data is None or end <= self.written:
-            return
-        stop = min(len(self.data), max(end, self.written + ARCHIVE_PIECE))
-        with open(self.path, "r+b" if self.written else "wb") as f:
-            f.seek(self.written)
-            f.write(self.data[self.written : stop])
-        self.written = stop
-        if stop == len(self.data):
-            self.data = None  # all on disk: its memory goes
+    def read(self, item: Item) -> bytes | None:
+        """`item`'s bytes from memory, checked; None when they are on disk."""
+        if self.data is None or item.path != ARCHIVE:
+            return None
+        return item.checked(bytes(self.data[item.offset : item.offset + item.length]))
 
     def write_all(self) -> None:
+        """The archive on disk, and out of memory."""
         if self.data is not None:
-            self.write_through(len(self.data))
-
-    def write_items(self, items: Sequence[Item]) -> None:
-        """Whatever of the archive `items` read, on disk."""
-        ends = [it.offset + it.length for it in items if it.path == ARCHIVE]
-        if ends:
-            self.write_through(max(ends))
+            _write_archive(self.data, self.path)
+            self.data = None
 
 
 def unpack(

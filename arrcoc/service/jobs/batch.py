@@ -58,7 +58,7 @@ def create_batch_job(
     defer_archive: bool = False,
 ) -> tuple[str, list[tuple[int, int]], PendingArchive | None]:
     """Check and unpack the zip, record the job; returns its id, its chunks [start, stop) and,
-    with `defer_archive`, the part of its inputs left to write as it runs (None: all on disk).
+    with `defer_archive`, its zip still in memory, which its steps read from (None: all on disk).
     `overlays`: the pictures it draws (arrcoc.settings.OVERLAYS; None: none, rows only);
     `paid_by`: whose disk share its reservation counts against (budget.payer; None: the owner's).
     Expired jobs' files are removed by the reaper (files.Reaper), not here."""
@@ -195,7 +195,7 @@ def run_chunk(
     the in-process scheduler turns to another owner's job. `following`: the chunk that begins the
     job, once its own items ran, goes on writing results.zip while the job's other chunks run
     (finishing.follow) within `following()`, when that says it may (a Celery worker's chunk).
-    `pending`: the job's inputs still to write (create_batch_job), each step's before it is handed out."""
+    `pending`: the job's zip while it is in memory (create_batch_job), which the steps read from."""
     t_chunk = time.perf_counter()
     rec = store.record(job_id)
     state = JobState(rec["state"])
@@ -292,15 +292,19 @@ def run_chunk(
     return {"job_id": job_id, "processed": processed, "stage_ms": stages, "yielded": bool(yielded)}
 
 
-def _read(jd: Path, items: list[Item]) -> tuple[list[bytes], list[str | None]]:
-    """The items' bytes, and per item why it could not be read (None: it was)."""
+def _read(
+    jd: Path, items: list[Item], pending: PendingArchive | None = None
+) -> tuple[list[bytes], list[str | None]]:
+    """The items' bytes (from `pending`'s memory where it holds them, else from disk), and per item
+    why they could not be read (None: they were)."""
     datas: list[bytes] = []
     errors: list[str | None] = []
     opened: dict[str, Any] = {}
     try:
         for it in items:
             try:
-                datas.append(it.read(jd, opened))
+                data = pending.read(it) if pending is not None else None
+                datas.append(it.read(jd, opened) if data is None else data)
                 errors.append(None)
             except CorruptEntry as e:
                 datas.append(b"")
@@ -361,11 +365,11 @@ def _run_group(
                 late = "The chunk ran past its time limit; this item was not processed."
                 _fail_items(jd, store, job_id, [(it, late) for it in step])
                 continue
-            if pending is not None:  # the step reads its items from disk
-                pending.write_items(step)
             store.attempt_items(job_id, [it.index for it in step])
             # the engine host's step threads (docs/service.md#concurrency), shared with other chunks
-            before = host.step_pool.submit(_run_step, host, jd, step, controls, fmt, kind, before, sink)
+            before = host.step_pool.submit(
+                _run_step, host, jd, step, controls, fmt, kind, before, sink, pending
+            )
             running.append((step, before))
     finally:  # nothing of this chunk runs on once it returns
         wait([future for _, future in running])
@@ -384,12 +388,13 @@ def _run_step(
     kind: str,
     before: Future | None,
     sink: _Sink,
+    pending: PendingArchive | None = None,
 ) -> None:
     """A step thread's work: the step from its files to its rows (and its part, when its pictures
     need no place in a results.zip written in order), then, once the step before it is in the sink
     (a step after a failed one is not: its items are run again), its place in index order."""
     t0 = time.perf_counter()
-    datas, unread = _read(jd, step)
+    datas, unread = _read(jd, step, pending)
     read_ms = (time.perf_counter() - t0) * 1e3
     batch = process_isolated(host, datas, [it.query for it in step], controls, fmt, kind)
     for i, why in enumerate(unread):  # said as it is, not as the empty image the decoder saw
