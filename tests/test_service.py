@@ -985,9 +985,9 @@ def test_a_step_holds_at_most_step_bytes_of_input(inprocess, settings, monkeypat
     reads: list[int] = []
     real_read = jobs._read
 
-    def read(jd, items):
+    def read(jd, items, pending=None):
         reads.append(sum(it.length for it in items))
-        return real_read(jd, items)
+        return real_read(jd, items, pending)
 
     monkeypatch.setattr(jobs, "_read", read)
     job, _, _ = jobs.create_batch_job(make_zip(photos), "q", None, settings, inprocess.store)
@@ -1119,8 +1119,8 @@ def test_a_corrupt_stored_entry_fails_its_item_alone(inprocess):
 
 def test_a_job_that_runs_in_one_turn_reads_its_photos_from_memory(inprocess, monkeypatch):
     """In-process a job runs from its zip in memory: one that runs in one turn never writes the zip
-    to disk, and with steps of a few photos every photo is read whole (one read at a wrong offset
-    or cut short would fail its checksum)."""
+    to disk, with steps of a few photos every photo is read whole (one read at a wrong offset or
+    cut short would fail its checksum), and once the job is over the zip leaves memory."""
     from arrcoc.service.jobs import archive as archive_mod
     from arrcoc.service.jobs import batch as batch_mod
 
@@ -1142,11 +1142,25 @@ def test_a_job_that_runs_in_one_turn_reads_its_photos_from_memory(inprocess, mon
         return read(self, job_dir, opened)
 
     monkeypatch.setattr(archive_mod.Item, "read", read_noted)
+    held: list[archive_mod.PendingArchive] = []
+    init = archive_mod.PendingArchive.__init__
+
+    def init_noted(self, archive, path):
+        init(self, archive, path)
+        held.append(self)
+
+    monkeypatch.setattr(archive_mod.PendingArchive, "__init__", init_noted)
     files = {f"{i}.png": png_bytes(i) for i in range(10)}
     job = inprocess.submit_batch(make_zip(files, zipfile.ZIP_STORED), "the sky")
     st = wait_finished(inprocess, job)
     assert (st.state, st.done, st.failed) == (JobState.DONE, 10, 0), inprocess.store.failed_items(job)
     assert written == [] and from_disk == []
+    # once the job is over its zip leaves memory (the job thread lets go of it just after)
+    deadline = time.monotonic() + 60
+    while held and held[0].data is not None:
+        assert time.monotonic() < deadline, "the finished job's zip is still held in memory"
+        time.sleep(0.05)
+    assert len(held) == 1
 
 
 def test_a_job_that_waits_its_turn_has_its_zip_on_disk_when_submitted(inprocess):

@@ -186,6 +186,8 @@ class InProcessExecutor(Executor):
                 job_id, JobState.FAILED, reason_for(e), expect=(JobState.PENDING, JobState.RUNNING)
             )
         # over: its inputs go, its reservation shrinks to its results (a done job's went as it was marked so)
+        if pending is not None:
+            pending.drop()
         if JobState(self.store.record(job_id)["state"]) != JobState.DONE:
             release(job_dir(self.settings, job_id))
         return True

@@ -476,6 +476,10 @@ class PendingArchive:
             _write_archive(self.data, self.path)
             self.data = None
 
+    def drop(self) -> None:
+        """The job is over: the archive leaves memory, unwritten."""
+        self.data = None
+
 
 def unpack(
     archive: bytes,
