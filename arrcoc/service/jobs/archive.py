@@ -466,9 +466,10 @@ class PendingArchive:
 
     def read(self, item: Item) -> bytes | None:
         """`item`'s bytes from memory, checked; None when they are on disk."""
-        if self.data is None or item.path != ARCHIVE:
+        data = self.data  # read once: the check and the slice see the same value
+        if data is None or item.path != ARCHIVE:
             return None
-        return item.checked(bytes(self.data[item.offset : item.offset + item.length]))
+        return item.checked(bytes(data[item.offset : item.offset + item.length]))
 
     def write_all(self) -> None:
         """The archive on disk, and out of memory."""
