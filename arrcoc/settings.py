@@ -173,7 +173,9 @@ class BatchingSettings(BaseModel):
     # results by a thread of its own: while one is written, the next decodes and runs
     # (docs/service.md#concurrency); a CPU host runs one
     steps_in_flight: int = Field(4, ge=1, le=4)
-    chunk_items: int = 256  # items per batch-job task (a unit of redelivery and progress)
+    # items per batch-job task (a unit of redelivery and progress); a job's last quarter goes in
+    # tasks a quarter as large (arrcoc.service.jobs.batch.chunks_of)
+    chunk_items: int = 256
 
 
 class JobSettings(BaseModel):

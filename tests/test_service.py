@@ -1018,6 +1018,22 @@ def test_steps_in_flight_start_and_end_on_smaller_steps():
     assert [len(s) for s in jobs.steps_of(items, 8)] == [8, 8, 8, 6]  # one step at a time: as they come
 
 
+def test_a_jobs_last_quarter_goes_in_smaller_chunks():
+    """Chunks of chunk_items, the job's last quarter in chunks a quarter as large (less is left to
+    append to results.zip once the last chunks end); every item in exactly one chunk, in order; a
+    job of one chunk stays one."""
+    from arrcoc.service.jobs import batch as jobs
+
+    sizes = lambda total, size: [b - a for a, b in jobs.chunks_of(total, size)]  # noqa: E731
+    assert sizes(8192, 256) == [256] * 24 + [64] * 32
+    assert sizes(1000, 256) == [256] * 2 + [64] * 7 + [40]
+    assert sizes(256, 256) == [256] and sizes(3, 256) == [3] and sizes(0, 256) == []
+    for total in range(1, 300):
+        chunks = jobs.chunks_of(total, 16)
+        assert [i for a, b in chunks for i in range(a, b)] == list(range(total)), total
+        assert all(0 < b - a <= 16 for a, b in chunks), (total, chunks)
+
+
 def test_a_first_step_whose_items_all_failed_leaves_results_parquet_whole(inprocess):
     """A step whose items all failed knows neither K nor the grid: results.parquet still has the
     job's schema (the maps' width from the steps that ran), its rows first, one row group a step."""
