@@ -239,3 +239,35 @@ def test_the_groups_wiring_travels_outside_the_users_settings():
     assert Wiring.from_env(env) == w and w.in_group and not Wiring.from_env({}).in_group
     assert all(k.startswith("_ARRCOC_ENGINE_") for k in env)
     assert not {"engine_socket", "engine_authkey", "engine_pool", "engine_group"} & set(Settings.model_fields)
+
+
+def test_messages_cross_whole_and_a_peer_gone_mid_message_is_an_error_not_a_hang():
+    """The wire's reader takes multiprocessing's frames: a message of megabytes arrives whole, one
+    sent by `send_bytes` too; a peer gone between messages is EOF (the server's thread ends), one
+    gone within a message an OSError."""
+    import os
+    import pickle
+    from multiprocessing.connection import Pipe
+
+    from arrcoc.service.host.engine_process import _recv, _send
+
+    a, b = Pipe()
+    photos = [os.urandom(n) for n in (1, 70_000, 3_000_000)]
+    sender = threading.Thread(target=_send, args=(a, ("process", photos, ["q"] * 3)))
+    sender.start()
+    assert _recv(b) == ("process", photos, ["q"] * 3)
+    sender.join()
+    a.send_bytes(pickle.dumps(("ok", 1)))
+    assert _recv(b) == ("ok", 1)
+    a.close()
+    with pytest.raises(EOFError):
+        _recv(b)
+    b.close()
+
+    a, b = Pipe()
+    data = pickle.dumps(("process", photos))
+    os.write(a.fileno(), len(data).to_bytes(4, "big") + data[:1000])  # the frame cut short
+    a.close()
+    with pytest.raises(OSError, match="end of file during message"):
+        _recv(b)
+    b.close()

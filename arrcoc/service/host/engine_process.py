@@ -34,6 +34,7 @@ import logging
 import os
 import pickle
 import signal
+import struct
 import sys
 import threading
 import time
@@ -41,6 +42,8 @@ from collections.abc import Iterator, Sequence
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
+
+import numpy as np
 
 from ...errors import ArrcocError, DeadlineExceeded, EngineError, JobCancelled, ServiceUnavailableError
 from ...request import Controls
@@ -65,7 +68,30 @@ def _send(conn: Connection, msg: Any) -> None:
 
 
 def _recv(conn: Connection) -> Any:
-    return pickle.loads(conn.recv_bytes())
+    """The next message, read as `Connection.recv_bytes` frames it (a 4-byte length, or -1 and an
+    8-byte one) into one buffer by `os.readv`, which lets go of the GIL while the kernel copies.
+    recv_bytes reads a large message piece by piece, allocating and copying each under the GIL: a
+    step's photos, megabytes, cost the engine process's other threads their turn meanwhile."""
+    fd = conn.fileno()
+    (size,) = struct.unpack("!i", _read_exact(fd, 4, first=True))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exact(fd, 8))
+    return pickle.loads(_read_exact(fd, size))
+
+
+def _read_exact(fd: int, size: int, first: bool = False) -> memoryview:
+    """`size` bytes from `fd`; EOFError when it ends before the `first` bytes of a message,
+    OSError when it ends within one."""
+    buf = memoryview(np.empty(size, np.uint8))  # not zeroed: every byte is read into
+    got = 0
+    while got < size:
+        n = os.readv(fd, [buf[got:]])
+        if n == 0:
+            if first and got == 0:
+                raise EOFError
+            raise OSError("got end of file during message")
+        got += n
+    return buf
 
 
 @dataclasses.dataclass
