@@ -10,9 +10,13 @@ one device, each on a stream of its own (a batch job's steps, an engine process'
 more threads than PyTorch's pool has streams, that is a matter of time.
 
 Here each call allocates while a stream of the codec's own is current, one that nothing else ever
-runs on (a high-priority stream: everything else draws from the default-priority pool); the
-outputs are marked as used on the caller's stream, which waits for them, so their memory is handed
-on only once the caller's work on them is done.
+runs on (a high-priority stream: everything else draws from the default-priority pool), and the
+caller's stream waits for the outputs. Freed, an output's memory goes back to the codecs' stream
+at once: so the caller holds each output until its own stream is done with it (the decoder
+synchronizes its stream, the overlays copy their bytes to the host) and marks with
+`record_stream` one it keeps beyond that. The outputs are not marked on the caller's stream here:
+each mark is a call that hands the GIL over, a batch has hundreds of outputs, and a thread that
+waits its turn for the GIL after each holds up every item of its batch.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ def _own_stream(index: int) -> torch.cuda.Stream:
 
 
 def _on_own_stream(device: torch.device, call: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
-    """`call()`'s output tensors allocated on the codecs' stream, then handed to the caller's."""
+    """`call()`'s output tensors allocated on the codecs' stream, then handed to the caller's,
+    which holds each until its stream is done with it (see the module docstring)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     caller = torch.cuda.current_stream(index)
     own = _own_stream(index)
@@ -40,14 +45,13 @@ def _on_own_stream(device: torch.device, call: Callable[[], list[torch.Tensor]])
     finally:
         torch.cuda.set_stream(caller)
     caller.wait_stream(own)  # torchvision made the current stream (own) wait for its writes
-    for tensor in out:
-        tensor.record_stream(caller)  # freed, its memory waits for the caller's work on it
     return out
 
 
 def decode(datas: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """JPEG bytes (uint8 CPU tensors) -> (3, H, W) uint8 RGB tensors on `device`, in one nvJPEG
-    call. RuntimeError when nvJPEG refuses one of them."""
+    call, each held until the caller's stream is done with it. RuntimeError when nvJPEG refuses
+    one of them."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     return _on_own_stream(
@@ -56,9 +60,9 @@ def decode(datas: Sequence[torch.Tensor], device: torch.device) -> list[torch.Te
 
 
 def encode(pictures: Sequence[torch.Tensor], quality: int) -> list[torch.Tensor]:
-    """(3, H, W) uint8 tensors on one GPU -> their JPEGs' bytes as uint8 tensors on that GPU. The
-    pictures must be whole on the current stream (torchvision's encoder reads them from a stream
-    that waits for nothing)."""
+    """(3, H, W) uint8 tensors on one GPU -> their JPEGs' bytes as uint8 tensors on that GPU, each
+    held until the caller's stream is done with it. The pictures must be whole on the current
+    stream (torchvision's encoder reads them from a stream that waits for nothing)."""
     from torchvision.io import encode_jpeg
 
     device = pictures[0].device

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -181,19 +181,36 @@ class Decoder:
         def launch(run: list[Encoded]) -> Callable[[], list[torch.Tensor]]:
             return done(nvjpeg.decode([jpeg_tensor(e.data) for e in run], self.device))
 
-        images: dict[int, torch.Tensor] = {}  # what nvJPEG decoded, by position
+        raw: list[torch.Tensor] = []  # nvJPEG's outputs, held until this stream is done with them
+        images: dict[int, torch.Tensor] = {}  # the upright images, by position
         for positions, got in isolated(launch, encoded)():
             if not isinstance(got, Exception):
+                raw += got
                 images.update(
                     (i, _orient(img, encoded[i].orientation)) for i, img in zip(positions, got, strict=True)
                 )
         finished = (
             dict(zip(images, self._finish(list(images.values()), view_side), strict=True)) if images else {}
         )
+        if raw and self.device.type == "cuda":
+            self._let_go(raw, finished.values())
         return [
             finished[i] if i in finished else _guarded(self._cpu_one, e.data, view_side)
             for i, e in enumerate(encoded)
         ]
+
+    def _let_go(self, raw: list[torch.Tensor], pixels: Iterable[Pixels]) -> None:
+        """nvJPEG's outputs come unmarked as used on this thread's stream (arrcoc.nvjpeg): they go
+        once the stream is done with them, and a view that is one of them, which the overlays read
+        later, is marked as used there (a photo no larger than the overlays needs no resize)."""
+        stream = torch.cuda.current_stream(self.device)
+        stream.synchronize()
+        views = [p.view for p in pixels if p.view is not None]
+        if views:
+            decoded = {t.data_ptr() for t in raw}
+            for view in views:
+                if view.data_ptr() in decoded:
+                    view.record_stream(stream)
 
     def _finish(self, images: list[torch.Tensor], view_side: int | None) -> list[Pixels]:
         """Upright decoded images -> Pixels: the engine's pixels and the overlays' views each

@@ -73,8 +73,7 @@ def test_a_decodes_outputs_come_from_the_codecs_own_stream_and_go_to_the_callers
     assert len(out) == 3
     assert log == [
         ("codec", "own-1"),  # allocated on a high-priority stream nothing else runs on
-        ("wait", "caller", "own-1"),
-        *[("record", "own-1", "caller")] * 3,  # freed, each waits for the caller's work on it
+        ("wait", "caller", "own-1"),  # the caller holds them until its stream is done with them
     ]
     assert state["current"].name == "caller"
 
@@ -87,7 +86,6 @@ def test_an_encodes_copies_are_waited_for_and_its_outputs_handed_to_the_caller(g
         ("codec", "own-1"),
         ("synchronize", "legacy"),  # torchvision's last copy runs on the legacy default stream
         ("wait", "caller", "own-1"),
-        *[("record", "own-1", "caller")] * 2,
     ]
     assert state["current"].name == "caller"
 
@@ -102,6 +100,35 @@ def test_the_callers_stream_comes_back_when_the_codec_refuses(gpu, monkeypatch):
     with pytest.raises(RuntimeError, match="bad stream"):
         nvjpeg.decode([torch.zeros(4, dtype=torch.uint8)], torch.device("cuda", 0))
     assert state["current"].name == "caller"
+
+
+@dataclass
+class Decoded:
+    """An nvJPEG output, or a tensor of its own: where its memory starts, and where it was marked used."""
+
+    ptr: int
+    log: list = field(repr=False)
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def record_stream(self, stream: FakeStream) -> None:
+        self.log.append(("record", self.ptr, stream.name))
+
+
+def test_the_decoder_lets_go_of_nvjpegs_outputs_once_its_stream_is_done_and_marks_only_those_it_keeps(gpu):
+    """`Decoder._let_go`: the stream the decode ran on is synchronized (its resize read the
+    outputs), and an output kept whole as an overlay's view (a small photo) is marked used on
+    that stream, since the overlays read it later; a view of its own memory is not."""
+    from arrcoc.images import ImageLimits
+    from arrcoc.preprocess import Decoder, Pixels
+
+    log, _ = gpu
+    raw = [Decoded(1, log), Decoded(2, log)]
+    resized = Decoded(9, log)  # a view the resize made: the caller's stream's own memory
+    pixels = [Pixels(None, (8, 8), raw[0]), Pixels(None, (900, 900), resized), Pixels(None, (8, 8), None)]
+    Decoder(torch.device("cuda", 0), 64, ImageLimits())._let_go(raw, pixels)
+    assert log == [("synchronize", "caller"), ("record", 1, "caller")]
 
 
 def _nvjpeg_on_this_machine() -> bool:
