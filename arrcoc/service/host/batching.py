@@ -72,7 +72,8 @@ class DynamicBatcher:
         self.max_delay_s = max_delay_s
         self.submitted = 0  # requests ever submitted
         self._last_size = 0  # the size of the last batch gathered
-        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        # the C queue: callers put and the batcher gathers without a Python-level lock between them
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
