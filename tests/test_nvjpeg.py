@@ -103,7 +103,7 @@ def test_the_callers_stream_comes_back_when_the_codec_refuses(gpu, monkeypatch):
 
 
 @dataclass
-class Decoded:
+class FakeTensor:
     """An nvJPEG output, or a tensor of its own: where its memory starts, and where it was marked used."""
 
     ptr: int
@@ -124,8 +124,8 @@ def test_the_decoder_lets_go_of_nvjpegs_outputs_once_its_stream_is_done_and_mark
     from arrcoc.preprocess import Decoder, Pixels
 
     log, _ = gpu
-    raw = [Decoded(1, log), Decoded(2, log)]
-    resized = Decoded(9, log)  # a view the resize made: the caller's stream's own memory
+    raw = [FakeTensor(1, log), FakeTensor(2, log)]
+    resized = FakeTensor(9, log)  # a view the resize made: the caller's stream's own memory
     pixels = [Pixels(None, (8, 8), raw[0]), Pixels(None, (900, 900), resized), Pixels(None, (8, 8), None)]
     Decoder(torch.device("cuda", 0), 64, ImageLimits())._let_go(raw, pixels)
     assert log == [("synchronize", "caller"), ("record", 1, "caller")]
