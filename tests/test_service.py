@@ -1024,7 +1024,9 @@ def test_a_jobs_last_quarter_goes_in_smaller_chunks():
     job of one chunk stays one."""
     from arrcoc.service.jobs import batch as jobs
 
-    sizes = lambda total, size: [b - a for a, b in jobs.chunks_of(total, size)]  # noqa: E731
+    def sizes(total: int, size: int) -> list[int]:
+        return [b - a for a, b in jobs.chunks_of(total, size)]
+
     assert sizes(8192, 256) == [256] * 24 + [64] * 32
     assert sizes(1000, 256) == [256] * 2 + [64] * 7 + [40]
     assert sizes(256, 256) == [256] and sizes(3, 256) == [3] and sizes(0, 256) == []
