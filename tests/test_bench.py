@@ -304,6 +304,30 @@ def test_end_to_end_benchmark_reports_jobs_requests_and_the_job_over_the_engine(
     assert json.loads(paths[0].read_text())["job_over_engine_alone"] == ratio
 
 
+def test_a_celery_report_splits_a_requests_mean_into_its_legs():
+    """Through Celery a request's mean splits into the legs each result's timings mark (outside the
+    task, in the task around the engine call, the engine process's round trip), and the report says
+    what its callers, each waiting for its answer, could make at most with no wait for a batch
+    ahead; an in-process row has no task to split by and adds no line."""
+    from arrcoc.bench.e2e import _legs_lines, celery_legs
+
+    timings = {"task_wall_ms": 19.0, "engine_wall_ms": 18.0, "preprocess_ms": 0.5, "batch_decode_ms": 5.0}
+    row = {"clients": 32, "mean_ms": 28.0, "timings_ms_mean": timings | {"model_ms": 1.5}}
+    assert celery_legs(row) == {
+        "outside_task_ms": 9.0,
+        "around_engine_call_ms": 1.0,
+        "engine_round_trip_ms": 18.0,
+        "own_batch_ms": 7.0,
+        "ceiling_rps": 1882.4,  # 32 callers, each request at least 9 + 1 + 7 ms
+    }
+    said = " ".join(_legs_lines({"interactive_celery_n": row}))
+    assert "32 callers: a request's mean of 28.0 ms is 9.0 outside the task" in said
+    assert "at most **1,882.4 req/s**" in said
+    inprocess = {"clients": 32, "mean_ms": 12.0, "timings_ms_mean": {"model_ms": 1.5, "batch_decode_ms": 4.0}}
+    assert celery_legs(inprocess) is None
+    assert _legs_lines({"interactive_inprocess_n": inprocess}) == []
+
+
 def test_a_phase_whose_items_failed_says_so_beside_its_figures():
     """An e2e report names what failed beside its figures, with the first error (a two-GPU run
     whose engine lost its GPU once reported 413 images/s and nothing else); a clean phase adds

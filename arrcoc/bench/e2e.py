@@ -454,6 +454,28 @@ def interactive(
     return report
 
 
+def celery_legs(row: dict[str, Any]) -> dict[str, float] | None:
+    """Where a request's mean goes through Celery, from the timings each result carries: outside
+    the task (the client's send, Celery's delivery, the reply's way back), in the task around the
+    engine call (the image fetched, the reply pushed), the engine process's round trip, and of that
+    its own check, decode and engine. `ceiling_rps`: what the callers, each waiting for its answer
+    before it sends again, could make at most if no request waited for a batch ahead of its own.
+    None for a path without a task (in-process)."""
+    t = row.get("timings_ms_mean") or {}
+    if "task_wall_ms" not in t or "engine_wall_ms" not in t:
+        return None
+    outside = row["mean_ms"] - t["task_wall_ms"]
+    around = t["task_wall_ms"] - t["engine_wall_ms"]
+    own = t.get("preprocess_ms", 0.0) + t.get("batch_decode_ms", 0.0) + t.get("model_ms", 0.0)
+    return {
+        "outside_task_ms": round(outside, 1),
+        "around_engine_call_ms": round(around, 1),
+        "engine_round_trip_ms": round(t["engine_wall_ms"], 1),
+        "own_batch_ms": round(own, 1),
+        "ceiling_rps": round(row["clients"] / (outside + around + own) * 1e3, 1),
+    }
+
+
 def interactive_rounds(
     make_executor, image: bytes, clients: int, requests: int, processes: int = 1, rounds: int = 1
 ) -> dict[str, Any]:
@@ -1045,6 +1067,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"Many callers: {cfg.get('rounds')} rounds in a row; the row is the round of median req/s,"
             " each round's req/s in brackets.",
         ]
+    lines += _legs_lines(report)
     if "celery_engine_processes" in report:
         lines += [
             "",
@@ -1117,6 +1140,28 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
             f" results.zip, which one process does once per job): {parallel['one']} images/s on one device,"
             f" {parallel['all']} on all, **{ratio:.2f}x** ({ratio / n:.2f} of linear).",
         ]
+    return lines
+
+
+def _legs_lines(report: dict[str, Any]) -> list[str]:
+    """Each Celery interactive row's mean split into its legs (`celery_legs`), and its ceiling."""
+    lines = []
+    for n in ("1", "n"):
+        row = report.get(f"interactive_celery_{n}")
+        legs = celery_legs(row) if row else None
+        if legs:
+            one = row["clients"] == 1
+            who, make = f"{row['clients']} caller" + ("" if one else "s"), "makes" if one else "make"
+            lines += [
+                "",
+                f"Through Celery, {who}: a request's mean of {row['mean_ms']} ms is"
+                f" {legs['outside_task_ms']} outside the task (the client's send, Celery's delivery, the"
+                f" reply's way back), {legs['around_engine_call_ms']} in the task around the engine call"
+                f" and {legs['engine_round_trip_ms']} the engine process's round trip, of which its own"
+                f" batch's decode and engine {legs['own_batch_ms']}; with no wait for a batch ahead,"
+                f" {who} waiting for each answer {make} at most **{legs['ceiling_rps']:,}"
+                " req/s**.",
+            ]
     return lines
 
 
