@@ -23,12 +23,8 @@ ENV_PREFIX = "ARRCOC_"
 # below all read this.
 BACKENDS = ("eager", "compiled", "onnx", "aot")
 # The batch sizes an engine compiles and captures a graph for, unless told otherwise: the settings,
-# the pipeline and the backends default to this (the benchmark harness to these and one larger).
-# A larger batch runs as several replays of the largest: on a GPU a batch job's engine calls
-# share the device with nvJPEG's decoder and encoder on streams of their own, whose small kernels
-# wait for SMs behind whatever kernel is running, and a graph of 32 photos runs shorter kernels
-# than one of 64.
-DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+# the pipeline, the backends and the benchmark harness all default to this.
+DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 # Where `arrcoc worker`, `arrcoc submit` and the Celery executor look for Redis when no
 # ARRCOC_SERVICE__BROKER_URL is given (the in-process executor needs none).
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"

@@ -1018,22 +1018,6 @@ def test_steps_in_flight_start_and_end_on_smaller_steps():
     assert [len(s) for s in jobs.steps_of(items, 8)] == [8, 8, 8, 6]  # one step at a time: as they come
 
 
-def test_a_gpu_step_is_four_engine_batches_of_the_largest_bucket():
-    """A step holds four engine calls of the host's largest batch: 128 items with the default
-    buckets (a graph of 32 photos the largest, its kernels shorter than a 64's, beside nvJPEG's),
-    never more than 128, and at least 8 where the engine runs one image at a time (a CPU)."""
-    from types import SimpleNamespace
-
-    from arrcoc.service.jobs import batch as jobs
-    from arrcoc.settings import DEFAULT_BUCKETS
-
-    def items(largest: int) -> int:
-        return jobs.step_items(SimpleNamespace(max_batch=largest))
-
-    assert max(DEFAULT_BUCKETS) == 32 and items(max(DEFAULT_BUCKETS)) == 128
-    assert items(64) == 128 and items(16) == 64 and items(1) == 8
-
-
 def test_a_jobs_last_quarter_goes_in_smaller_chunks():
     """Chunks of chunk_items, the job's last quarter in chunks a quarter as large (less is left to
     append to results.zip once the last chunks end); every item in exactly one chunk, in order; a

@@ -32,8 +32,7 @@ Progress = Callable[[float, str], None]
 class BenchConfig:
     variants: tuple[str, ...] = ("arrcoc-texture", "arrcoc-clip-b16")
     backends: tuple[str, ...] = BACKENDS
-    # the served buckets and one larger: what the engine alone would gain from a larger graph
-    buckets: tuple[int, ...] = (*DEFAULT_BUCKETS, 64)
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
     iters: int = 100  # timed iterations per backend and bucket
     warmup_iters: int = 10  # untimed calls per backend and bucket before timing
     device: str = "auto"

@@ -126,7 +126,7 @@ class Runtime(EngineHost):
 
     @property
     def max_batch(self) -> int:
-        """Largest batch one engine call runs (a batch job's step is four): the largest bucket."""
+        """Largest batch one engine call runs (a batch job's step is two): the largest bucket."""
         return max(self.buckets)
 
     @property

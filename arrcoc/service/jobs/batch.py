@@ -118,8 +118,8 @@ def chunks_of(total: int, size: int) -> list[tuple[int, int]]:
 # -- running a chunk --------------------------------------------------------------------------
 # A chunk runs step by step; a step is one engine-host call: its items decoded together (on the
 # GPU when it can), run in the largest buckets, overlays drawn and encoded together, its results
-# written as one part. Four engine batches of the largest bucket a step, at least 8 so that
-# progress moves on a CPU, which runs one image at a time. A step's fixed costs (an nvJPEG call's device
+# written as one part. Two engine batches a step, at least 8 so that progress moves on a CPU,
+# which runs one image at a time. A step's fixed costs (an nvJPEG call's device
 # wait, the step's part, row group and record) are paid per step, so the largest step the engine
 # batches allow.
 STEP_ITEMS = 128
@@ -133,7 +133,7 @@ STEP_BYTES = 32 << 20
 
 def step_items(host: EngineHost) -> int:
     """Items in one pipeline step (one engine-host call) on this host."""
-    return min(STEP_ITEMS, max(MIN_STEP_ITEMS, 4 * host.max_batch))
+    return min(STEP_ITEMS, max(MIN_STEP_ITEMS, 2 * host.max_batch))
 
 
 def steps_in_flight(host: EngineHost, settings: Settings) -> int:
