@@ -328,6 +328,13 @@ def test_a_celery_report_splits_a_requests_mean_into_its_legs():
     assert _legs_lines({"interactive_inprocess_n": inprocess}) == []
 
 
+def test_a_report_counts_a_worker_groups_processes_in_words():
+    from arrcoc.bench.e2e import _processes
+
+    assert _processes(1, "engine") == "1 engine process" and _processes(8, "Celery") == "8 Celery processes"
+    assert _processes(8) == "8 processes"
+
+
 def test_a_phase_whose_items_failed_says_so_beside_its_figures():
     """An e2e report names what failed beside its figures, with the first error (a two-GPU run
     whose engine lost its GPU once reported 413 images/s and nothing else); a clean phase adds

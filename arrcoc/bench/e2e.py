@@ -1071,9 +1071,9 @@ def markdown(report: dict[str, Any]) -> str:
     if "celery_engine_processes" in report:
         lines += [
             "",
-            f"Through Celery: a worker group of {cfg['worker_processes']} Celery processes and"
-            f" {report['celery_engine_processes']} engine processes; clients in {cfg['client_processes']}"
-            " processes.",
+            f"Through Celery: a worker group of {_processes(cfg['worker_processes'], 'Celery')} and"
+            f" {_processes(report['celery_engine_processes'], 'engine')}; clients in"
+            f" {_processes(cfg['client_processes'])}.",
         ]
     lines += _failures_lines(report)
     lines += _devices_lines(report)
@@ -1141,6 +1141,11 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
             f" {parallel['all']} on all, **{ratio:.2f}x** ({ratio / n:.2f} of linear).",
         ]
     return lines
+
+
+def _processes(n: int, kind: str = "") -> str:
+    """'1 engine process', '8 Celery processes'."""
+    return f"{n} {kind + ' ' if kind else ''}process{'' if n == 1 else 'es'}"
 
 
 def _legs_lines(report: dict[str, Any]) -> list[str]:
