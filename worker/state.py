@@ -56,35 +56,29 @@ def _riding_out_redis(fn, waits: tuple[float, ...] = (0.5, 1, 2, 4, 8, 15)):
 
 
 class FairGate:
-    """`slots` batch chunks (or benchmarks) at a time in this process, owners in turn: when a slot
+    """One batch chunk (or benchmark) at a time in this process, owners in turn: when the turn
     frees, the waiting chunk whose owner was served longest ago goes next (arrival order among
     equals). Threads of a worker hold chunks it prefetched; a FIFO gate would run every chunk of a
-    big job before the first chunk of a small job that came after it. A worker group over several
-    devices gives each Celery process a slot per device, so that the chunks one process has taken
-    can keep every device busy."""
+    big job before the first chunk of a small job that came after it."""
 
-    def __init__(self, slots: int = 1) -> None:
+    def __init__(self) -> None:
         self._cv = threading.Condition()
-        self._slots = slots
-        self._busy = 0
+        self._busy = False
         self._waiting: list[tuple[int, str]] = []  # (arrival, owner)
         self._served: dict[str, float] = {}  # owner: when its last chunk started
         self._seq = 0
 
     @contextlib.contextmanager
     def turn(self, owner: str):
-        """The slot, in `owner`'s turn; yields `leave`, which frees it early."""
+        """The turn, in `owner`'s order; yields `leave`, which frees it early."""
         with self._cv:
             self._seq += 1
             me = (self._seq, owner)
             self._waiting.append(me)
-            while (
-                self._busy >= self._slots
-                or min(self._waiting, key=lambda w: (self._served.get(w[1], 0.0), w[0])) != me
-            ):
+            while self._busy or min(self._waiting, key=lambda w: (self._served.get(w[1], 0.0), w[0])) != me:
                 self._cv.wait()
             self._waiting.remove(me)
-            self._busy += 1
+            self._busy = True
             self._served[owner] = time.monotonic()
             if len(self._served) > 10_000:  # bounded: the oldest owners are forgotten
                 for old in sorted(self._served, key=self._served.get)[:5_000]:
@@ -92,12 +86,12 @@ class FairGate:
         left = False
 
         def leave() -> None:
-            """The slot freed before the turn's block ends (once)."""
+            """The turn freed before its block ends (once)."""
             nonlocal left
             if not left:
                 left = True
                 with self._cv:
-                    self._busy -= 1
+                    self._busy = False
                     self._cv.notify_all()
 
         try:
@@ -199,11 +193,10 @@ class WorkerState:
         self._host: EngineHost | None = None
         self._store: RedisJobStore | None = None
         self._raw = None
-        # a batch chunk at a time per device of the group, owners in turn; interactive work interleaves
-        s = self.settings
-        self.chunk_gate = FairGate(
-            max(1, len(s.engine.devices)) if s is not None and Wiring.from_env().in_group else 1
-        )
+        # one batch chunk at a time, owners in turn; interactive work interleaves. Over several
+        # devices too: a group has Celery processes per device, so one chunk each keeps every
+        # engine as busy as on one device; more would crowd each engine's decoder and encoder
+        self.chunk_gate = FairGate()
         self._followers = threading.BoundedSemaphore(FOLLOWERS)
 
     def host(self) -> EngineHost:
@@ -449,7 +442,7 @@ class WorkerState:
     def _following(self, leave_turn):
         """Whether a chunk that began its job may go on writing its results.zip while the job's
         other chunks run (arrcoc.service.jobs.finishing.follow): its turn at the device is over
-        (the slot goes to the next chunk), and at most FOLLOWERS chunks of this process follow."""
+        (the turn goes to the next chunk), and at most FOLLOWERS chunks of this process follow."""
         leave_turn()
         allowed = self._followers.acquire(blocking=False)
         try:
