@@ -442,16 +442,19 @@ def interactive(
     report = run_load(make_executor, image, QUERIES, clients, requests, timeout=120.0, processes=processes)
     report["process_cores"] = round((time.process_time() - cpu0) / (time.perf_counter() - t0), 2)
     t = report["timings_ms_mean"]
-    # on a GPU the caller only checks the header (preprocess_ms); the batch decodes (batch_decode_ms)
-    decode = t.get("batch_decode_ms")
-    inside = t.get("preprocess_ms", 0.0) + (decode or 0.0) + t.get("model_ms", 0.0)
     report["stage_ms_mean"] = {
         "decode_resize": t.get("preprocess_ms"),
-        "batch_decode": decode,
+        "batch_decode": t.get("batch_decode_ms"),
         "engine_batch": t.get("model_ms"),
-        "queue_and_rest": round(report["mean_ms"] - inside, 3),
+        "queue_and_rest": round(report["mean_ms"] - _own_batch_ms(t), 3),
     }
     return report
+
+
+def _own_batch_ms(t: dict[str, float]) -> float:
+    """A request's own check, decode and engine batch, from its mean timings: on a GPU the caller
+    only checks the header (preprocess_ms) and its batch decodes (batch_decode_ms)."""
+    return t.get("preprocess_ms", 0.0) + t.get("batch_decode_ms", 0.0) + t.get("model_ms", 0.0)
 
 
 def celery_legs(row: dict[str, Any]) -> dict[str, float] | None:
@@ -466,7 +469,7 @@ def celery_legs(row: dict[str, Any]) -> dict[str, float] | None:
         return None
     outside = row["mean_ms"] - t["task_wall_ms"]
     around = t["task_wall_ms"] - t["engine_wall_ms"]
-    own = t.get("preprocess_ms", 0.0) + t.get("batch_decode_ms", 0.0) + t.get("model_ms", 0.0)
+    own = _own_batch_ms(t)
     return {
         "outside_task_ms": round(outside, 1),
         "around_engine_call_ms": round(around, 1),
@@ -1143,9 +1146,14 @@ def _devices_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 caller', '32 callers', '8 processes'."""
+    return f"{n} {noun}{'' if n == 1 else 'es' if noun.endswith('s') else 's'}"
+
+
 def _processes(n: int, kind: str = "") -> str:
     """'1 engine process', '8 Celery processes'."""
-    return f"{n} {kind + ' ' if kind else ''}process{'' if n == 1 else 'es'}"
+    return _count(n, f"{kind} process".lstrip())
 
 
 def _legs_lines(report: dict[str, Any]) -> list[str]:
@@ -1155,8 +1163,7 @@ def _legs_lines(report: dict[str, Any]) -> list[str]:
         row = report.get(f"interactive_celery_{n}")
         legs = celery_legs(row) if row else None
         if legs:
-            one = row["clients"] == 1
-            who, make = f"{row['clients']} caller" + ("" if one else "s"), "makes" if one else "make"
+            who, make = _count(row["clients"], "caller"), "makes" if row["clients"] == 1 else "make"
             lines += [
                 "",
                 f"Through Celery, {who}: a request's mean of {row['mean_ms']} ms is"
